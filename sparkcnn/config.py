@@ -1,0 +1,276 @@
+"""Run configuration: frozen dataclasses loaded from YAML with overrides.
+
+A config file is a mapping of sections (``run``, ``data``, ``model``, ...);
+``--set section.key=value`` overrides one field (the value is parsed as YAML,
+so ``--set train.epochs=5`` gives an int). Unknown keys, wrong types and
+out-of-range values raise :class:`BadInput` naming the field, e.g.
+"compression.density must be in (0, 1], got 1.5".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from dataclasses import dataclass, field
+
+import yaml
+
+from sparkcnn.errors import BadInput
+
+
+def _check(cond: bool, key: str, rule: str, value) -> None:
+    if not cond:
+        raise BadInput(f"{key} must be {rule}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = "sparkcnn"        # run id prefix; the id adds a timestamp
+    seed: int = 42                # seeds model init, block shuffles, sparsifier samples
+    out_dir: str = "runs"         # runs/<run_id>/ holds config, metrics, model, report
+    deterministic: bool = False   # TF op determinism + fixed seeds (sync mode only)
+
+    def validate(self, p: str) -> None:
+        _check(bool(self.name) and "/" not in self.name, f"{p}.name", "a non-empty name without '/'", self.name)
+        _check(self.seed >= 0, f"{p}.seed", ">= 0", self.seed)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    path: str = "data/fashion-mnist"  # prepared dataset: <path>/train and <path>/test (Parquet)
+    num_blocks: int = 2               # data blocks = Spark partitions of the training set
+    test_blocks: int = 2              # partitions of the test set for distributed evaluation
+
+    def validate(self, p: str) -> None:
+        _check(1 <= self.num_blocks <= 4096, f"{p}.num_blocks", "in [1, 4096]", self.num_blocks)
+        _check(1 <= self.test_blocks <= 4096, f"{p}.test_blocks", "in [1, 4096]", self.test_blocks)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "fmnist_cnn"  # builder name (fmnist_cnn, resnet20) or "package.module:function"
+
+    def validate(self, p: str) -> None:
+        _check(bool(self.name), f"{p}.name", "a builder name", self.name)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 3                 # passes over the training set
+    batch_size: int = 64            # images per local SGD step, per block
+    steps_per_round: int = 50       # H: local steps between communications (amortises ~0.1-0.3 s/job)
+    lr: float = 0.05                # peak learning rate per block (SGD)
+    momentum: float = 0.9           # SGD momentum; state is per block and persists across rounds
+    weight_decay: float = 0.0       # L2 coefficient added to the gradient
+    lr_warmup_epochs: float = 0.3   # linear warm-up from lr/10, in epochs
+    lr_schedule: str = "cosine"     # constant | cosine | step (decay after warm-up)
+
+    def validate(self, p: str) -> None:
+        _check(1 <= self.epochs <= 10000, f"{p}.epochs", "in [1, 10000]", self.epochs)
+        _check(1 <= self.batch_size <= 65536, f"{p}.batch_size", "in [1, 65536]", self.batch_size)
+        _check(1 <= self.steps_per_round <= 100000, f"{p}.steps_per_round", "in [1, 100000]", self.steps_per_round)
+        _check(0 < self.lr <= 10, f"{p}.lr", "in (0, 10]", self.lr)
+        _check(0 <= self.momentum < 1, f"{p}.momentum", "in [0, 1)", self.momentum)
+        _check(0 <= self.weight_decay < 1, f"{p}.weight_decay", "in [0, 1)", self.weight_decay)
+        _check(0 <= self.lr_warmup_epochs <= self.epochs, f"{p}.lr_warmup_epochs",
+               f"in [0, epochs={self.epochs}]", self.lr_warmup_epochs)
+        _check(self.lr_schedule in ("constant", "cosine", "step"), f"{p}.lr_schedule",
+               "one of constant, cosine, step", self.lr_schedule)
+
+
+@dataclass(frozen=True)
+class CompressionConfig:
+    method: str = "none"            # none (dense deltas) | threshold (sampled estimate) | topk (exact)
+    density: float = 0.001          # target fraction of entries sent per tensor per round (uplink)
+    initial_density: float = 0.25   # density at the start of the warm-up
+    warmup_epochs: float = 0.0      # exponential density decay initial -> target over this many epochs
+    value_dtype: str = "float16"    # wire dtype of values: float16 (2 B) | float32 (4 B)
+    dense_below: int = 16384        # tensors with fewer elements (biases, BatchNorm) travel dense
+    density_down: float = 0.0       # downlink density; 0 = dense model broadcast
+    momentum: str = "correction"    # correction (DGC masking) | sparsification_aware
+
+    def validate(self, p: str) -> None:
+        _check(self.method in ("none", "threshold", "topk"), f"{p}.method",
+               "one of none, threshold, topk", self.method)
+        _check(0 < self.density <= 1, f"{p}.density", "in (0, 1]", self.density)
+        _check(0 < self.initial_density <= 1, f"{p}.initial_density", "in (0, 1]", self.initial_density)
+        _check(self.warmup_epochs >= 0, f"{p}.warmup_epochs", ">= 0", self.warmup_epochs)
+        _check(self.value_dtype in ("float16", "float32"), f"{p}.value_dtype",
+               "one of float16, float32", self.value_dtype)
+        _check(self.dense_below >= 0, f"{p}.dense_below", ">= 0", self.dense_below)
+        _check(0 <= self.density_down <= 1, f"{p}.density_down", "in [0, 1]", self.density_down)
+        _check(self.momentum in ("correction", "sparsification_aware"), f"{p}.momentum",
+               "one of correction, sparsification_aware", self.momentum)
+
+
+@dataclass(frozen=True)
+class PSConfig:
+    snapshot_every: int = 150   # versions between dense snapshots of the workers' view U
+    max_log: int = 300          # downlink deltas kept for replicas that fall behind
+    staleness: str = "inverse"  # async: none (lambda = 1) | inverse (lambda = 1/tau)
+    max_staleness: int = 8      # async: a block whose result would be staler is held back
+
+    def validate(self, p: str) -> None:
+        _check(self.snapshot_every >= 1, f"{p}.snapshot_every", ">= 1", self.snapshot_every)
+        _check(self.max_log >= 1, f"{p}.max_log", ">= 1", self.max_log)
+        _check(self.staleness in ("none", "inverse"), f"{p}.staleness", "one of none, inverse", self.staleness)
+        _check(self.max_staleness >= 1, f"{p}.max_staleness", ">= 1", self.max_staleness)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    mode: str = "sync"          # sync (one treeAggregate job per round) | async (ASGD)
+    master: str = ""            # Spark master when no session is active; "" = local[2]
+    pipeline: bool = False      # sync: compute round t+1 while the driver applies round t
+    tree_depth: int = 2         # treeAggregate depth
+    threads: int = 0            # driver job-submission threads; 0 = one per block slot
+
+    def validate(self, p: str) -> None:
+        _check(self.mode in ("sync", "async"), f"{p}.mode", "one of sync, async", self.mode)
+        _check(self.tree_depth >= 1, f"{p}.tree_depth", ">= 1", self.tree_depth)
+        _check(self.threads >= 0, f"{p}.threads", ">= 0", self.threads)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    target_job_seconds: float = 1.0  # async: size H so one job lasts about this long
+    balance: bool = True             # size steps per block by measured speed
+
+    def validate(self, p: str) -> None:
+        _check(self.target_job_seconds > 0, f"{p}.target_job_seconds", "> 0", self.target_job_seconds)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every_rounds: int = 0  # 0 = only at epoch ends
+
+    def validate(self, p: str) -> None:
+        _check(self.every_rounds >= 0, f"{p}.every_rounds", ">= 0", self.every_rounds)
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    """Fault injection, for tests and drills only. Leave at defaults in production."""
+
+    fail_task_probability: float = 0.0  # fail a task's first attempt with this probability
+    slow_executor: float = 1.0          # slow-down factor applied to block 0's tasks (>= 1)
+
+    def validate(self, p: str) -> None:
+        _check(0 <= self.fail_task_probability < 1, f"{p}.fail_task_probability", "in [0, 1)",
+               self.fail_task_probability)
+        _check(self.slow_executor >= 1, f"{p}.slow_executor", ">= 1", self.slow_executor)
+
+
+@dataclass(frozen=True)
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
+    ps: PSConfig = field(default_factory=PSConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    chaos: ChaosConfig = field(default_factory=ChaosConfig)
+
+    def validate(self) -> "Config":
+        for f in dataclasses.fields(self):
+            getattr(self, f.name).validate(f.name)
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def replace(self, **sections) -> "Config":
+        """Copy with whole sections or ``section__key=value`` fields replaced."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for k, v in sections.items():
+            if "__" in k:
+                sec, key = k.split("__", 1)
+                out[sec] = dataclasses.replace(out[sec], **{key: v})
+            else:
+                out[k] = v
+        return Config(**out).validate()
+
+
+def _coerce(key: str, tp, value):
+    """Check ``value`` against the annotated field type; ints widen to floats."""
+    if tp is bool:
+        _check(isinstance(value, bool), key, "true or false", value)
+    elif tp is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), key, "an integer", value)
+    elif tp is float:
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool), key, "a number", value)
+        value = float(value)
+    elif tp is str:
+        _check(isinstance(value, str), key, "a string", value)
+    return value
+
+
+def from_dict(data: dict, source: str = "config") -> Config:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise BadInput(f"{source}: top level must be a mapping of sections, got {type(data).__name__}")
+    sections = {}
+    hints = typing.get_type_hints(Config)
+    for name, value in data.items():
+        if name not in hints:
+            raise BadInput(f"{source}: unknown config key {name!r} (sections: {', '.join(hints)})")
+        cls = hints[name]
+        if not isinstance(value, dict):
+            raise BadInput(f"{source}: {name} must be a mapping, got {value!r}")
+        fhints = typing.get_type_hints(cls)
+        kwargs = {}
+        for k, v in value.items():
+            if k not in fhints:
+                raise BadInput(f"{source}: unknown config key '{name}.{k}' (known: {', '.join(fhints)})")
+            kwargs[k] = _coerce(f"{name}.{k}", fhints[k], v)
+        sections[name] = cls(**kwargs)
+    return Config(**sections).validate()
+
+
+def parse_override(text: str) -> tuple[list[str], object]:
+    if "=" not in text:
+        raise BadInput(f"--set {text!r}: expected section.key=value")
+    key, raw = text.split("=", 1)
+    parts = key.strip().split(".")
+    if len(parts) != 2 or not all(parts):
+        raise BadInput(f"--set {text!r}: key must look like section.key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def load(path: str | None = None, overrides: typing.Iterable[str] = ()) -> Config:
+    """Load a YAML config file (or the defaults) and apply ``section.key=value`` overrides."""
+    data: dict = {}
+    source = "defaults"
+    if path:
+        source = path
+        if not os.path.isfile(path):
+            raise BadInput(f"config file not found: {path}")
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = yaml.safe_load(fh) or {}
+        except yaml.YAMLError as e:
+            line = getattr(getattr(e, "problem_mark", None), "line", None)
+            where = f" line {line + 1}" if line is not None else ""
+            raise BadInput(f"{path}{where}: not valid YAML") from None
+        if not isinstance(data, dict):
+            raise BadInput(f"{path}: top level must be a mapping of sections")
+    for text in overrides:
+        (sec, key), value = parse_override(text)
+        data.setdefault(sec, {})
+        if not isinstance(data[sec], dict):
+            raise BadInput(f"{source}: {sec} must be a mapping")
+        data[sec][key] = value
+    return from_dict(data, source)
+
+
+def dump(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
