@@ -1,0 +1,42 @@
+"""Sparse communication: selection, error feedback, momentum, warm-up, wire codec, sums.
+
+numpy and the standard library only (a test checks that importing this
+package pulls in neither pyspark nor tensorflow).
+"""
+
+from .codec import DecodedParts, decode, decode_parts, encode
+from .delta import Layout, SparseDelta, layout_offsets
+from .feedback import (
+    DGCMomentum,
+    ErrorFeedback,
+    SparsificationAwareMomentum,
+    mask_momentum,
+    quantise,
+)
+from .sparse_sum import decode_and_sum, merge, weighted_sum
+from .sparsify import Sparsifier, target_count, threshold_indices, topk_indices
+from .warmup import density_at, lr_at
+
+__all__ = [
+    "DGCMomentum",
+    "DecodedParts",
+    "ErrorFeedback",
+    "Layout",
+    "SparseDelta",
+    "SparsificationAwareMomentum",
+    "Sparsifier",
+    "decode",
+    "decode_and_sum",
+    "decode_parts",
+    "density_at",
+    "encode",
+    "layout_offsets",
+    "lr_at",
+    "mask_momentum",
+    "merge",
+    "quantise",
+    "target_count",
+    "threshold_indices",
+    "topk_indices",
+    "weighted_sum",
+]

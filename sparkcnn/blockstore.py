@@ -1,0 +1,140 @@
+"""Executor-side storage of data blocks and per-block state.
+
+A data block is a contiguous row range of a prepared Parquet split, read
+straight from the Parquet row groups into one uint8 ``N×H×W×C`` array and one
+int32 label array (Arrow buffers → numpy, no per-row objects). Block ``k`` of
+``N`` holds global rows ``[k·n/N, (k+1)·n/N)``, so any Python worker on any
+executor can rebuild any block deterministically (a moved or retried task, a
+lost executor) without a shuffle.
+
+Blocks and block states live in this process's memory and are spilled to the
+executor's local directory keyed by run id and block id, so every Python
+worker process of the executor can pick them up. Nothing here imports Spark
+or TensorFlow.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from sparkcnn.data.parquet_io import image_column_to_numpy, parquet_files, read_meta
+
+log = logging.getLogger(__name__)
+
+_BLOCKS: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+_STATES: dict[tuple, dict] = {}
+_LOCK = threading.Lock()
+
+
+def block_range(num_rows: int, num_blocks: int, block: int) -> tuple[int, int]:
+    """Rows ``[lo, hi)`` of block ``block``: ``lo = block·n // N``."""
+    return block * num_rows // num_blocks, (block + 1) * num_rows // num_blocks
+
+
+def read_block(split_dir: str, num_blocks: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """Read block ``block`` of ``num_blocks`` from a prepared split, touching only its row groups."""
+    meta = read_meta(split_dir)
+    lo, hi = block_range(meta.num_rows, num_blocks, block)
+    images = np.empty((hi - lo, meta.height, meta.width, meta.channels), np.uint8)
+    labels = np.empty(hi - lo, np.int32)
+    row_bytes = meta.height * meta.width * meta.channels
+    pos = 0  # global row index at the start of the current row group
+    for path in parquet_files(split_dir):
+        pf = pq.ParquetFile(path)
+        for g in range(pf.metadata.num_row_groups):
+            n = pf.metadata.row_group(g).num_rows
+            a, b = max(lo, pos), min(hi, pos + n)
+            if a < b:
+                table = pf.read_row_group(g, columns=["image", "label"]).slice(a - pos, b - a)
+                images[a - lo:b - lo] = image_column_to_numpy(table.column("image"), row_bytes, path).reshape(
+                    b - a, meta.height, meta.width, meta.channels)
+                labels[a - lo:b - lo] = table.column("label").to_numpy().astype(np.int32, copy=False)
+            pos += n
+            if pos >= hi:
+                return images, labels
+    return images, labels
+
+
+def _dir(root: str, run_id: str) -> str:
+    path = os.path.join(root, "sparkcnn", run_id)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def get_block(root: str, run_id: str, split_dir: str, split: str, num_blocks: int,
+              block: int) -> tuple[np.ndarray, np.ndarray]:
+    """The block from this process, else the executor's spill, else rebuilt from Parquet."""
+    key = (run_id, split, num_blocks, block)
+    hit = _BLOCKS.get(key)
+    if hit is not None:
+        return hit
+    base = os.path.join(_dir(root, run_id), f"data-{split}-{num_blocks}-{block}")
+    try:
+        hit = (np.load(base + ".x.npy", mmap_mode="r"), np.load(base + ".y.npy"))
+    except (OSError, ValueError):
+        hit = read_block(split_dir, num_blocks, block)
+        for suffix, arr in ((".x.npy", hit[0]), (".y.npy", hit[1])):
+            _atomic_save(base + suffix, arr)
+    with _LOCK:
+        _BLOCKS[key] = hit
+    return hit
+
+
+def _atomic_save(path: str, arr: np.ndarray) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+    with os.fdopen(fd, "wb") as fh:
+        np.save(fh, arr, allow_pickle=False)
+    os.replace(tmp, path)
+
+
+def save_state(root: str, run_id: str, block: int, round_tag: int, arrays: dict[str, np.ndarray]) -> None:
+    """Keep block state tagged with the round that produced it; the last two tags are kept.
+
+    Two tags survive so that a round the driver re-runs (job failed after this
+    task succeeded) still finds the state it started from.
+    """
+    with _LOCK:
+        states = _STATES.setdefault((run_id, block), {})
+        states[round_tag] = arrays
+        for tag in sorted(states)[:-2]:
+            del states[tag]
+    d = _dir(root, run_id)
+    fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
+    with os.fdopen(fd, "wb") as fh:
+        np.savez(fh, **arrays)
+    os.replace(tmp, os.path.join(d, f"state-{block}-{round_tag}.npz"))
+    for name in os.listdir(d):
+        if name.startswith(f"state-{block}-") and name.endswith(".npz"):
+            tag = int(name[len(f"state-{block}-"):-4])
+            if tag < round_tag - 1:
+                try:
+                    os.remove(os.path.join(d, name))
+                except FileNotFoundError:
+                    pass
+
+
+def load_state(root: str, run_id: str, block: int, round_tag: int) -> dict[str, np.ndarray] | None:
+    """The block state produced by round ``round_tag``, or None when it is gone."""
+    hit = _STATES.get((run_id, block), {}).get(round_tag)
+    if hit is not None:
+        return hit
+    path = os.path.join(_dir(root, run_id), f"state-{block}-{round_tag}.npz")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError):
+        return None
+
+
+def clear_process_cache(run_id: str | None = None) -> None:
+    """Drop this process's in-memory blocks and states (tests, end of run)."""
+    with _LOCK:
+        for cache in (_BLOCKS, _STATES):
+            for key in [k for k in cache if run_id is None or k[0] == run_id]:
+                del cache[key]

@@ -1,0 +1,192 @@
+"""Error feedback and momentum policies for sparse sends (one state per block).
+
+Every policy keeps flat float32 buffers, selects entries with a
+:class:`~.sparsify.Sparsifier`, and sends them quantised to the wire dtype.
+What is not sent stays in the buffer, so nothing is lost::
+
+    q = quantise(buf[S])      # exactly representable in the wire dtype
+    buf[S] -= q               # exact: q(a) is within a factor 2 of a (Sterbenz)
+
+Hence ``sent + residual == accumulated input`` bitwise, for float16 and
+float32 values alike (float32: the residual at sent entries is exactly 0).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import BadInput
+from .delta import Layout, SparseDelta, layout_offsets
+from .sparsify import Sparsifier
+
+VALUE_DTYPES = ("float16", "float32")
+FLOAT16_MAX = np.float32(np.finfo(np.float16).max)  # 65504
+
+
+def quantise(a: np.ndarray, value_dtype: str) -> np.ndarray:
+    """Round ``a`` (float32) to the wire dtype, returned as float32, such that
+    ``a - quantise(a)`` is exact in float32.
+
+    float16: round to nearest, magnitudes above 65504 clipped. The rounded
+    value is within a factor 2 of ``a`` (or 0), so the subtraction is exact
+    (Sterbenz). A clipped value of ``|a| >= 2**29`` is further rounded down to
+    a multiple of ``ulp(a)``, which keeps the subtraction exact there too.
+    """
+    a = np.asarray(a, dtype=np.float32)
+    if value_dtype == "float32":
+        return a.copy()
+    if value_dtype != "float16":
+        raise ValueError(f"value_dtype must be one of {VALUE_DTYPES}, got {value_dtype!r}")
+    q = np.clip(a, -FLOAT16_MAX, FLOAT16_MAX).astype(np.float16).astype(np.float32)
+    big = np.abs(a) > FLOAT16_MAX
+    if big.any():
+        ulp = np.spacing(np.abs(a[big]))  # float32 quantum of each big value, a power of 2
+        q[big] = np.copysign(np.floor(FLOAT16_MAX / ulp) * ulp, a[big])
+    return q
+
+
+def mask_momentum(momentum_flat: np.ndarray, sent_indices) -> np.ndarray:
+    """Momentum factor masking for the local-step form (DESIGN §3, step 4)::
+
+        momentum[S] = 0
+
+    so stale momentum does not push already-sent coordinates again. In place;
+    returns ``momentum_flat``. ``sent_indices`` may be a SparseDelta.
+    """
+    if isinstance(sent_indices, SparseDelta):
+        sent_indices = sent_indices.indices
+    momentum_flat[sent_indices] = 0.0
+    return momentum_flat
+
+
+class _FlatState:
+    """Named flat float32 buffers with persistence, and the shared send step."""
+
+    _buffers: tuple[str, ...] = ()
+
+    def __init__(self, layout: Layout, sparsifier: Sparsifier, value_dtype: str = "float16"):
+        if value_dtype not in VALUE_DTYPES:
+            raise ValueError(f"compression.value_dtype must be one of {VALUE_DTYPES}, got {value_dtype!r}")
+        self.layout = tuple(int(n) for n in layout)
+        self.size = int(layout_offsets(self.layout)[-1])  # P, elements
+        self.sparsifier = sparsifier
+        self.value_dtype = value_dtype
+        for name in self._buffers:
+            setattr(self, name, np.zeros(self.size, dtype=np.float32))
+
+    def _send(self, buf: np.ndarray, density: float) -> SparseDelta:
+        """``S = select(buf); q = quantise(buf[S]); buf[S] -= q``; returns ``(S, q)``."""
+        idx = self.sparsifier.indices(buf, self.layout, density)
+        q = quantise(buf[idx], self.value_dtype)
+        buf[idx] -= q  # exact, see quantise()
+        return SparseDelta(self.size, idx, q)
+
+    def _check_input(self, name: str, vec: np.ndarray) -> np.ndarray:
+        vec = np.asarray(vec, dtype=np.float32).ravel()
+        if vec.size != self.size:
+            raise ValueError(f"{name} has {vec.size} entries, layout has {self.size}")
+        return vec
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Copies of the buffers, keyed by name (persist with np.savez, no pickle)."""
+        return {name: getattr(self, name).copy() for name in self._buffers}
+
+    def load_state_dict(self, state: dict) -> None:
+        missing = sorted(set(self._buffers) - set(state))
+        extra = sorted(set(state) - set(self._buffers))
+        if missing or extra:
+            raise BadInput(f"{type(self).__name__} state: missing {missing}, unexpected {extra}")
+        for name in self._buffers:
+            arr = np.asarray(state[name])
+            if arr.shape != (self.size,):
+                raise BadInput(
+                    f"{type(self).__name__} state {name!r}: shape {arr.shape}, expected ({self.size},)"
+                )
+            if arr.dtype != np.float32:
+                raise BadInput(f"{type(self).__name__} state {name!r}: dtype {arr.dtype}, expected float32")
+            setattr(self, name, arr.copy())
+
+
+class ErrorFeedback(_FlatState):
+    """Residual accumulation for the local-step form (DESIGN §3, step 3)::
+
+        A += Δ
+        S = select(A, density)
+        A[S] -= q(A[S])          # q: wire quantisation; A keeps what was not sent
+        return S, q(A[S])
+    """
+
+    _buffers = ("residual",)
+
+    def step(self, delta: np.ndarray, density: float) -> SparseDelta:
+        self.residual += self._check_input("delta", delta)
+        return self._send(self.residual, density)
+
+
+class DGCMomentum(_FlatState):
+    """Momentum correction with factor masking, per-step form (DGC, H = 1)::
+
+        u = m·u + g              # momentum, accumulated locally
+        v += u                   # velocity residual
+        S = select(v, density)
+        send q(v[S]);  v[S] -= q(v[S])      # = 0 with float32 values
+        u[S] = 0                 # factor masking
+
+    The server applies ``W -= lr · mean(S)`` with no second momentum.
+    """
+
+    _buffers = ("momentum", "velocity")
+
+    def __init__(self, layout: Layout, sparsifier: Sparsifier, value_dtype: str = "float16",
+                 *, momentum: float = 0.9):
+        super().__init__(layout, sparsifier, value_dtype)
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"optimizer.momentum must be in [0, 1), got {momentum}")
+        self.m = np.float32(momentum)
+
+    def step(self, grad: np.ndarray, density: float) -> SparseDelta:
+        g = self._check_input("grad", grad)
+        self.momentum *= self.m
+        self.momentum += g
+        self.velocity += self.momentum
+        sent = self._send(self.velocity, density)
+        self.momentum[sent.indices] = 0.0
+        return sent
+
+
+class SparsificationAwareMomentum(_FlatState):
+    """Sparsification-aware momentum (Yan 2019, arXiv 1910.10929; DESIGN §3)::
+
+        u = m·u + lr·(g + wd·w)  # lr-scaled momentum, one buffer per block
+        S = select(u, density)   # per-tensor threshold
+        send q(u[S]);  u[S] -= q(u[S])      # cleared (= 0 with float32 values)
+        u /= m                   # the next step's m·u restores it: what was not
+                                 # sent accumulates instead of decaying
+
+    The sent entries hold only the wire rounding remainder, which is divided
+    by ``m`` like any other unsent mass; with float32 values they stay 0.
+    """
+
+    _buffers = ("momentum",)
+
+    def __init__(self, layout: Layout, sparsifier: Sparsifier, value_dtype: str = "float16",
+                 *, momentum: float = 0.9, weight_decay: float = 0.0):
+        super().__init__(layout, sparsifier, value_dtype)
+        if not 0.0 < momentum < 1.0:
+            raise ValueError(f"optimizer.momentum must be in (0, 1) for sparsification-aware momentum, got {momentum}")
+        if weight_decay < 0.0:
+            raise ValueError(f"optimizer.weight_decay must be >= 0, got {weight_decay}")
+        self.m = np.float32(momentum)
+        self.wd = np.float32(weight_decay)
+
+    def step(self, grad: np.ndarray, weights: np.ndarray, lr: float, density: float) -> SparseDelta:
+        g = self._check_input("grad", grad)
+        u = self.momentum
+        u *= self.m
+        if self.wd:
+            u += np.float32(lr) * (g + self.wd * self._check_input("weights", weights))
+        else:
+            u += np.float32(lr) * g
+        sent = self._send(u, density)
+        u /= self.m
+        return sent

@@ -1,0 +1,120 @@
+"""The one narrow seam between training logic and Spark.
+
+``Backend.map_blocks(fn, blocks, description)`` runs ``fn(block, attempt)`` once
+per block and returns the results; ``aggregate_blocks`` does the same but
+reduces the results with ``seq``/``comb`` (Spark: ``treeAggregate``).
+:class:`LocalBackend` runs in this process so algorithm tests need no cluster;
+:class:`SparkBackend` runs one Spark job per call, named in the Spark UI.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+
+log = logging.getLogger(__name__)
+
+
+class LocalBackend:
+    """In-process backend: blocks run one after another in this Python process."""
+
+    parallelism = 1
+
+    def map_blocks(self, fn, blocks, description=""):
+        return [fn(b, 0) for b in blocks]
+
+    def aggregate_blocks(self, fn, blocks, zero, seq, comb, description="", depth=2):
+        acc = zero()
+        for b in blocks:
+            acc = seq(acc, fn(b, 0))
+        return acc
+
+    def executor_samples(self):
+        return []
+
+    def stop(self):
+        pass
+
+
+def get_or_create_spark(master: str = "", app_name: str = "sparkcnn", conf: dict | None = None):
+    """The active SparkSession (notebooks, spark-submit) or a new local one.
+
+    In local mode the Python workers must run this interpreter, so
+    ``spark.pyspark.python`` is set to ``sys.executable``.
+    """
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    master = master or os.environ.get("SPARKCNN_MASTER") or "local[2]"
+    builder = SparkSession.builder.appName(app_name).master(master)
+    if master.startswith("local"):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        builder = builder.config("spark.pyspark.python", sys.executable)
+    # a console progress bar of our own is printed by the CLI; Spark's would interleave
+    builder = builder.config("spark.ui.showConsoleProgress", "false")
+    builder = builder.config("spark.python.worker.reuse", "true")
+    for k, v in (conf or {}).items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+class SparkBackend:
+    """One Spark job per call over a tiny RDD of block ids (uncached: ~3x cheaper per job
+    than reading a persisted RDD; the blocks themselves stay resident in the workers)."""
+
+    def __init__(self, spark, run_id: str, pool: str | None = None):
+        self.spark = spark
+        self.sc = spark.sparkContext
+        self.run_id = run_id
+        self.pool = pool
+        self._lock = threading.Lock()
+
+    @property
+    def parallelism(self) -> int:
+        return self.sc.defaultParallelism
+
+    def _describe(self, description: str) -> None:
+        self.sc.setJobGroup(f"sparkcnn-{self.run_id}", description, interruptOnCancel=True)
+        if self.pool:
+            self.sc.setLocalProperty("spark.scheduler.pool", self.pool)
+
+    def _rdd(self, fn, blocks):
+        def part(it):
+            from pyspark import TaskContext
+
+            tc = TaskContext.get()
+            attempt = tc.attemptNumber() if tc is not None else 0
+            for b in it:
+                yield fn(b, attempt)
+
+        return self.sc.parallelize(list(blocks), len(blocks)).mapPartitions(part)
+
+    def map_blocks(self, fn, blocks, description=""):
+        self._describe(description)
+        return self._rdd(fn, blocks).collect()
+
+    def aggregate_blocks(self, fn, blocks, zero, seq, comb, description="", depth=2):
+        self._describe(description)
+        return self._rdd(fn, blocks).treeAggregate(zero(), seq, comb, depth=depth)
+
+    def executor_samples(self):
+        """(executor id, cores, running tasks, failed tasks) from Spark's status tracker."""
+        st = self.sc.statusTracker()
+        out = []
+        try:
+            jsc = self.sc._jsc.sc()
+            for info in jsc.statusTracker().getExecutorInfos():
+                out.append({"host": info.host(), "port": info.port(), "running_tasks": info.numRunningTasks()})
+        except Exception:  # py4j surface differs across versions; load sampling is advisory
+            log.debug("executor infos unavailable", exc_info=True)
+        del st
+        return out
+
+    def stop(self):
+        self.sc.cancelJobGroup(f"sparkcnn-{self.run_id}")

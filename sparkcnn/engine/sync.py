@@ -1,0 +1,200 @@
+"""Synchronous data-parallel rounds: one Spark job (mapPartitions + treeAggregate) per round.
+
+Round ``t`` with blocks ``k = 1..N`` and samples ``n_k``::
+
+    S_k = worker_round(W_t, block k, H steps)      # encoded delta, on the executors
+    G   = Σ_k (n_k / Σ n) · S_k                     # samples-weighted mean, driver side
+    W_{t+1} = W_t − G
+
+The aggregate carries the encoded payloads (concatenated, never densified on
+executors); the driver decodes, validates and scatters them into one buffer.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import numpy as np
+
+from sparkcnn.compression.sparse_sum import decode_and_sum
+from sparkcnn.compression.warmup import lr_at
+from sparkcnn.errors import CodecError, Diverged
+from sparkcnn.worker import RoundOrder, run_block_eval, run_block_round, steps_per_epoch
+
+log = logging.getLogger(__name__)
+
+
+def _zero():
+    return []
+
+
+def _seq(acc, result):
+    acc.append(result)
+    return acc
+
+
+def _comb(a, b):
+    a.extend(b)
+    return a
+
+
+class SyncEngine:
+    """Drives epochs of synchronous rounds through a backend and a parameter vector ``W``."""
+
+    def __init__(self, cfg, backend, spec, block_rows: dict[int, int], weights: np.ndarray,
+                 sink=None, progress=None):
+        self.cfg = cfg
+        self.backend = backend
+        self.spec = spec
+        self.block_rows = block_rows
+        self.W = np.array(weights, np.float32, copy=True)
+        self.version = 0
+        self.sink = sink
+        self.progress = progress
+        self.applied: set[tuple[int, int]] = set()
+        self.last_state_round: dict[int, int] = {}
+        self.counters = {"state_resets": 0, "duplicates_dropped": 0, "rejected_deltas": 0}
+        self.history: list[dict] = []
+        self.epoch_history: list[dict] = []
+        H = cfg.train.steps_per_round
+        self.block_steps = {k: steps_per_epoch(n, cfg.train.batch_size) for k, n in block_rows.items()}
+        self.rounds_per_epoch = max(1, math.ceil(max(self.block_steps.values()) / H))
+        self.total_rounds = self.rounds_per_epoch * cfg.train.epochs
+
+    # -- one round -----------------------------------------------------------------
+    def order_for(self, t: int) -> RoundOrder:
+        H = self.cfg.train.steps_per_round
+        epoch, r = divmod(t, self.rounds_per_epoch)
+        steps = {k: max(0, min(H, s - r * H)) for k, s in self.block_steps.items()}
+        lr = lr_at(epoch + r / self.rounds_per_epoch, base_lr=self.cfg.train.lr,
+                   warmup_epochs=self.cfg.train.lr_warmup_epochs, total_epochs=self.cfg.train.epochs,
+                   schedule=self.cfg.train.lr_schedule)
+        return RoundOrder(round=t, epoch=epoch, round_in_epoch=r, steps=steps,
+                          step_offset={k: r * H for k in steps}, lr=lr, weights=self.W.tobytes(),
+                          base_version=self.version, expect_state=dict(self.last_state_round))
+
+    def run_round(self, t: int) -> dict:
+        t0 = time.perf_counter()
+        order = self.order_for(t)
+        spec = self.spec
+
+        def fn(block, attempt):
+            return run_block_round(spec, order, block, attempt)
+
+        blocks = sorted(self.block_rows)
+        desc = f"sparkcnn {spec.run_id} epoch {order.epoch + 1} round {t + 1}"
+        results = self.backend.aggregate_blocks(fn, blocks, _zero, _seq, _comb, desc,
+                                                depth=self.cfg.engine.tree_depth)
+        t1 = time.perf_counter()
+        fresh = []
+        for res in results:
+            key = (res["round"], res["block"])
+            if key in self.applied or res["round"] != t:
+                self.counters["duplicates_dropped"] += 1
+                continue
+            self.applied.add(key)
+            fresh.append(res)
+        total = sum(r["samples"] for r in fresh)
+        rec = self._apply(t, order, fresh, total)
+        t2 = time.perf_counter()
+        rec.update(wall_s=t2 - t0, job_s=t1 - t0, apply_s=t2 - t1)
+        compute = max((r["task_s"] for r in fresh), default=0.0)
+        rec["compute_s"] = max((r["compute_s"] for r in fresh), default=0.0)
+        rec["round_overhead_s"] = (t1 - t0) - compute
+        rec["images_per_s"] = total / rec["wall_s"] if rec["wall_s"] > 0 else 0.0
+        return rec
+
+    def _apply(self, t: int, order: RoundOrder, fresh: list[dict], total: int) -> dict:
+        layout = self.spec.layout
+        payloads = [r["payload"] for r in fresh if r["samples"] > 0]
+        weights = [r["samples"] / total for r in fresh if r["samples"] > 0]
+        rejected = 0
+        if payloads:
+            try:
+                G = decode_and_sum(payloads, weights, layout)
+                if not np.all(np.isfinite(G)):
+                    raise CodecError("aggregated delta is not finite")
+            except CodecError as e:
+                log.error("round %s: delta rejected: %s", t, e)
+                rejected = 1
+                self.counters["rejected_deltas"] += 1
+            else:
+                self.W -= G
+                self.version += 1
+        for r in fresh:
+            self.last_state_round[r["block"]] = t
+            self.counters["state_resets"] += int(r["state_reset"])
+        loss = sum(r["loss_sum"] for r in fresh) / max(1, total)
+        if not math.isfinite(loss):
+            raise Diverged(f"round {t}: training loss is not finite")
+        return {
+            "kind": "round", "round": t, "epoch": order.epoch, "round_in_epoch": order.round_in_epoch,
+            "lr": order.lr, "version": self.version, "loss": loss,
+            "accuracy": sum(r["correct"] for r in fresh) / max(1, total), "samples": total,
+            "blocks": len(fresh), "bytes_up": sum(len(r["payload"]) for r in fresh),
+            "bytes_down": len(order.weights) * len(fresh),
+            "dense_bytes": 4 * self.W.size * len(fresh),
+            "task_compute_s": {str(r["block"]): round(r["compute_s"], 4) for r in fresh},
+            "rejected": rejected,
+            "state_resets": sum(int(r["state_reset"]) for r in fresh),
+        }
+
+    # -- evaluation and epochs ------------------------------------------------------
+    def evaluate(self, epoch: int) -> dict:
+        spec, weights = self.spec, self.W.tobytes()
+
+        def fn(block, attempt):
+            return run_block_eval(spec, weights, block)
+
+        desc = f"sparkcnn {spec.run_id} epoch {epoch + 1} evaluate"
+        res = self.backend.map_blocks(fn, list(range(spec.test_blocks)), desc)
+        n = sum(r["samples"] for r in res)
+        return {"test_loss": sum(r["loss_sum"] for r in res) / max(1, n),
+                "test_accuracy": sum(r["correct"] for r in res) / max(1, n), "test_samples": n}
+
+    def run(self, start_round: int = 0, on_epoch=None) -> dict:
+        t_start = time.perf_counter()
+        for t in range(start_round, self.total_rounds):
+            rec = self.run_round(t)
+            self.history.append(rec)
+            if self.sink:
+                self.sink.write(rec)
+            if self.progress:
+                self.progress.round(rec, self.total_rounds)
+            if (t + 1) % self.rounds_per_epoch == 0:
+                epoch = t // self.rounds_per_epoch
+                ev = self.evaluate(epoch)
+                rounds = [h for h in self.history if h["epoch"] == epoch]
+                erec = {"kind": "epoch", "epoch": epoch, **ev,
+                        "train_loss": float(np.mean([h["loss"] for h in rounds])) if rounds else None,
+                        "wall_s": time.perf_counter() - t_start,
+                        "bytes_up": sum(h["bytes_up"] for h in rounds),
+                        "bytes_down": sum(h["bytes_down"] for h in rounds),
+                        **self.counters}
+                self.epoch_history.append(erec)
+                if self.sink:
+                    self.sink.write(erec)
+                if self.progress:
+                    self.progress.epoch(erec)
+                if on_epoch:
+                    on_epoch(erec)
+        return self.summary(time.perf_counter() - t_start)
+
+    def summary(self, wall_s: float) -> dict:
+        h = self.history
+        last = self.epoch_history[-1] if self.epoch_history else {}
+        samples = sum(r["samples"] for r in h)
+        return {
+            "rounds": len(h), "epochs": len(self.epoch_history), "wall_s": wall_s,
+            "test_accuracy": last.get("test_accuracy"), "test_loss": last.get("test_loss"),
+            "accuracy_per_epoch": [e["test_accuracy"] for e in self.epoch_history],
+            "images_per_s": samples / wall_s if wall_s > 0 else 0.0,
+            "bytes_up": sum(r["bytes_up"] for r in h), "bytes_down": sum(r["bytes_down"] for r in h),
+            "dense_bytes_up": sum(r["dense_bytes"] for r in h),
+            "dense_bytes_down": sum(r["dense_bytes"] for r in h),
+            "mean_round_overhead_ms": 1000 * float(np.mean([r["round_overhead_s"] for r in h])) if h else 0.0,
+            "mean_round_compute_ms": 1000 * float(np.mean([r["compute_s"] for r in h])) if h else 0.0,
+            **self.counters,
+        }

@@ -1,0 +1,141 @@
+"""Driver-side orchestration of one training run: run dir, model, engine, outputs.
+
+``runs/<run_id>/`` receives ``config.yaml`` (resolved), ``metrics.jsonl`` (a
+record per round and per epoch), ``model.keras`` (the final ``W``) and
+``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import time
+
+import numpy as np
+
+from sparkcnn import config as config_mod
+from sparkcnn.blockstore import block_range
+from sparkcnn.data.parquet_io import read_meta
+from sparkcnn.errors import BadInput
+from sparkcnn.metrics import JsonlSink, atomic_write_text
+from sparkcnn.worker import TaskSpec
+
+log = logging.getLogger(__name__)
+
+
+def dataset_meta(path: str):
+    """Metadata of the prepared train and test splits; BadInput naming the path if absent."""
+    train_dir, test_dir = os.path.join(path, "train"), os.path.join(path, "test")
+    for d in (train_dir, test_dir):
+        if not os.path.isdir(d):
+            raise BadInput(f"data.path {path!r}: no prepared split at {d} (run 'sparkcnn prepare' first)")
+    train, test = read_meta(train_dir), read_meta(test_dir)
+    if (train.height, train.width, train.channels) != (test.height, test.width, test.channels):
+        raise BadInput(f"data.path {path!r}: train and test image shapes differ")
+    if train.num_rows == 0:
+        raise BadInput(f"data.path {path!r}: the train split is empty")
+    return train_dir, test_dir, train, test
+
+
+def new_run_id(name: str) -> str:
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def make_run_dir(cfg) -> tuple[str, str]:
+    run_id = new_run_id(cfg.run.name)
+    run_dir = os.path.join(cfg.run.out_dir, run_id)
+    try:
+        os.makedirs(run_dir)
+    except OSError as e:
+        raise BadInput(f"run.out_dir {cfg.run.out_dir!r}: cannot create run directory ({e.strerror})") from None
+    return run_id, run_dir
+
+
+def build_spec(cfg, run_id: str, train_dir: str, test_dir: str, train_meta, model) -> TaskSpec:
+    sizes = tuple(int(np.prod(w.shape)) for w in model.weights)
+    return TaskSpec(
+        run_id=run_id, train_dir=os.path.abspath(train_dir), test_dir=os.path.abspath(test_dir),
+        num_blocks=cfg.data.num_blocks, test_blocks=cfg.data.test_blocks, model_name=cfg.model.name,
+        input_shape=(train_meta.height, train_meta.width, train_meta.channels),
+        num_classes=len(train_meta.classes), seed=cfg.run.seed, batch_size=cfg.train.batch_size,
+        momentum=cfg.train.momentum, weight_decay=cfg.train.weight_decay, layout=sizes,
+        value_dtype="float32" if cfg.compression.method == "none" else cfg.compression.value_dtype,
+        deterministic=cfg.run.deterministic)
+
+
+def flat_weights(model) -> np.ndarray:
+    return np.concatenate([np.asarray(w.numpy(), np.float32).ravel() for w in model.weights])
+
+
+def set_flat_weights(model, flat: np.ndarray) -> None:
+    pos = 0
+    for w in model.weights:
+        n = int(np.prod(w.shape))
+        w.assign(flat[pos:pos + n].reshape(w.shape))
+        pos += n
+
+
+def make_backend(cfg, run_id: str):
+    from sparkcnn.engine.backend import SparkBackend, get_or_create_spark
+
+    spark = get_or_create_spark(cfg.engine.master, app_name=f"sparkcnn {run_id}")
+    return SparkBackend(spark, run_id)
+
+
+def warm_up(backend, spec: TaskSpec) -> float:
+    """Load every block into the workers and build their models (TF import, tracing) once."""
+    from sparkcnn import blockstore
+    from sparkcnn.worker import get_trainer, local_root, task_cores
+
+    def fn(block, attempt):
+        root = local_root(spec)
+        blockstore.get_block(root, spec.run_id, spec.train_dir, "train", spec.num_blocks, block)
+        if block < spec.test_blocks:
+            blockstore.get_block(root, spec.run_id, spec.test_dir, "test", spec.test_blocks, block)
+        get_trainer(spec, task_cores())
+        return block
+
+    t0 = time.perf_counter()
+    backend.map_blocks(fn, list(range(max(spec.num_blocks, spec.test_blocks))),
+                       f"sparkcnn {spec.run_id} load blocks")
+    return time.perf_counter() - t0
+
+
+def train(cfg, backend=None, progress=None, run_dir: str | None = None) -> dict:
+    """Run a whole training; returns the summary (also written to summary.json)."""
+    from sparkcnn.engine.sync import SyncEngine
+    from sparkcnn.models import build_model
+
+    train_dir, test_dir, train_meta, test_meta = dataset_meta(cfg.data.path)
+    if cfg.data.num_blocks > train_meta.num_rows:
+        raise BadInput(f"data.num_blocks={cfg.data.num_blocks} exceeds the {train_meta.num_rows} training rows")
+    if run_dir is None:
+        run_id, run_dir = make_run_dir(cfg)
+    else:
+        run_id = os.path.basename(os.path.normpath(run_dir))
+        os.makedirs(run_dir, exist_ok=True)
+    atomic_write_text(os.path.join(run_dir, "config.yaml"), config_mod.dump(cfg))
+    model = build_model(cfg.model.name, (train_meta.height, train_meta.width, train_meta.channels),
+                        len(train_meta.classes), cfg.run.seed)
+    spec = build_spec(cfg, run_id, train_dir, test_dir, train_meta, model)
+    own_backend = backend is None
+    if own_backend:
+        backend = make_backend(cfg, run_id)
+    block_rows = {k: (lambda lo_hi: lo_hi[1] - lo_hi[0])(block_range(train_meta.num_rows, cfg.data.num_blocks, k))
+                  for k in range(cfg.data.num_blocks)}
+    sink = JsonlSink(os.path.join(run_dir, "metrics.jsonl"))
+    try:
+        warm_s = warm_up(backend, spec)
+        engine = SyncEngine(cfg, backend, spec, block_rows, flat_weights(model), sink=sink, progress=progress)
+        summary = engine.run()
+    finally:
+        sink.close()
+    set_flat_weights(model, engine.W)
+    model.save(os.path.join(run_dir, "model.keras"))
+    summary.update(run_id=run_id, run_dir=run_dir, warmup_s=warm_s, params=int(engine.W.size),
+                   model=cfg.model.name, num_blocks=cfg.data.num_blocks, mode=cfg.engine.mode,
+                   steps_per_round=cfg.train.steps_per_round)
+    atomic_write_text(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=2))
+    return summary

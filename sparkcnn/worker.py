@@ -1,0 +1,255 @@
+"""Executor-side round: replica, TF local steps, per-block state, delta encoding.
+
+Worker round for block ``k`` starting from the replica ``V`` (version ``b``)::
+
+    for h in range(H):  V = sgd_momentum_step(V, batch(k, epoch, round, h))
+    delta = V_start - V_after          # lr-scaled update; positive means "subtract"
+    payload = encode(delta)            # dense now; sparse with error feedback later
+
+The Keras model, optimizer and ``tf.function`` are built once per Python
+worker process and reused across rounds (TF import and tracing cost seconds).
+Everything a task needs arrives as plain values in ``TaskSpec`` and
+``RoundOrder``; nothing here imports Spark.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sparkcnn import blockstore
+from sparkcnn.compression import codec
+from sparkcnn.compression.delta import SparseDelta
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Per-run constants shipped to executors (plain values only)."""
+
+    run_id: str
+    train_dir: str
+    test_dir: str
+    num_blocks: int
+    test_blocks: int
+    model_name: str
+    input_shape: tuple
+    num_classes: int
+    seed: int
+    batch_size: int
+    momentum: float
+    weight_decay: float
+    layout: tuple            # tensor sizes of the flat parameter vector
+    value_dtype: str = "float32"
+    deterministic: bool = False
+    local_root: str = ""     # "" = the executor's Spark local directory
+
+
+@dataclass(frozen=True)
+class RoundOrder:
+    """What one round asks of every block."""
+
+    round: int
+    epoch: int
+    round_in_epoch: int
+    steps: dict              # block -> local steps H for this round
+    step_offset: dict        # block -> index of the round's first minibatch within the epoch
+    lr: float
+    weights: bytes           # dense float32 W (the replica for this round)
+    base_version: int
+    expect_state: dict = field(default_factory=dict)  # block -> round tag of its last applied state
+
+
+def batch_indices(n: int, batch_size: int, seed: int, epoch: int, block: int, step: int) -> np.ndarray:
+    """Rows of minibatch ``step`` of ``block`` in ``epoch``: a seeded permutation, sliced."""
+    perm = np.random.default_rng([seed, epoch, block]).permutation(n)
+    return perm[step * batch_size:(step + 1) * batch_size]
+
+
+def steps_per_epoch(n: int, batch_size: int) -> int:
+    return n // batch_size
+
+
+class Trainer:
+    """One Keras model + SGD-momentum optimizer + compiled step, per process and model."""
+
+    def __init__(self, spec: TaskSpec):
+        import tensorflow as tf
+        import keras
+        from sparkcnn.models import build_model
+
+        self.tf = tf
+        self.model = build_model(spec.model_name, spec.input_shape, spec.num_classes, spec.seed)
+        self.weights = list(self.model.weights)
+        self.trainable = list(self.model.trainable_weights)
+        self.opt = keras.optimizers.SGD(learning_rate=0.01, momentum=spec.momentum)
+        self.opt.build(self.trainable)
+        self.momentums = [self.opt.momentums[self.opt._get_variable_index(v)] for v in self.trainable]
+        self.sizes = [int(np.prod(v.shape)) for v in self.weights]
+        offsets = np.concatenate([[0], np.cumsum(self.sizes)])
+        self.offsets = offsets
+        self.trainable_pos = [self._index_of(v) for v in self.trainable]
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        wd = float(spec.weight_decay)
+        model, trainable, opt = self.model, self.trainable, self.opt
+
+        @tf.function(reduce_retracing=True)
+        def train_step(x, y):
+            with tf.GradientTape() as tape:
+                logits = model(x, training=True)
+                loss = loss_fn(y, logits)
+            grads = tape.gradient(loss, trainable)
+            if wd:
+                grads = [g + wd * v for g, v in zip(grads, trainable)]
+            opt.apply(grads, trainable)
+            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), y), tf.int32))
+            return loss, correct
+
+        @tf.function(reduce_retracing=True)
+        def eval_step(x, y):
+            logits = model(x, training=False)
+            loss = tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), y), tf.int32))
+            return loss, correct
+
+        self.train_step, self.eval_step = train_step, eval_step
+
+    def _index_of(self, var) -> int:
+        for i, w in enumerate(self.weights):
+            if w is var:
+                return i
+        raise KeyError(var.path)
+
+    def get_flat(self) -> np.ndarray:
+        return np.concatenate([np.asarray(w.numpy(), np.float32).ravel() for w in self.weights])
+
+    def set_flat(self, flat: np.ndarray) -> None:
+        for w, a, b in zip(self.weights, self.offsets[:-1], self.offsets[1:]):
+            w.assign(flat[a:b].reshape(w.shape))
+
+    def get_momentum(self) -> np.ndarray:
+        out = np.zeros(self.offsets[-1], np.float32)
+        for m, i in zip(self.momentums, self.trainable_pos):
+            out[self.offsets[i]:self.offsets[i + 1]] = m.numpy().ravel()
+        return out
+
+    def set_momentum(self, flat: np.ndarray | None) -> None:
+        for m, i in zip(self.momentums, self.trainable_pos):
+            if flat is None:
+                m.assign(np.zeros(m.shape, np.float32))
+            else:
+                m.assign(flat[self.offsets[i]:self.offsets[i + 1]].reshape(m.shape))
+
+    def train(self, images: np.ndarray, labels: np.ndarray, batches: list[np.ndarray], lr: float):
+        """Run one SGD step per batch; returns (summed loss·samples, correct, samples)."""
+        self.opt.learning_rate.assign(lr)
+        loss_sum, correct, seen = 0.0, 0, 0
+        for idx in batches:
+            loss, c = self.train_step(images[idx], labels[idx])
+            loss_sum += float(loss) * len(idx)
+            correct += int(c)
+            seen += len(idx)
+        return loss_sum, correct, seen
+
+    def evaluate(self, images: np.ndarray, labels: np.ndarray, batch: int = 1000):
+        loss_sum, correct = 0.0, 0
+        for a in range(0, len(labels), batch):
+            loss, c = self.eval_step(images[a:a + batch], labels[a:a + batch])
+            loss_sum += float(loss)
+            correct += int(c)
+        return loss_sum, correct, len(labels)
+
+
+_TRAINERS: dict[tuple, Trainer] = {}
+
+
+def _configure_tf(cores: int, deterministic: bool) -> None:
+    """Match TF's thread pools to the task's cores; must run before TF's first op."""
+    import tensorflow as tf
+
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(max(1, cores))
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    except RuntimeError:  # already initialised in this process
+        pass
+    if deterministic:
+        tf.config.experimental.enable_op_determinism()
+
+
+def get_trainer(spec: TaskSpec, cores: int = 1) -> Trainer:
+    key = (spec.model_name, spec.input_shape, spec.num_classes, spec.seed, spec.momentum, spec.weight_decay)
+    tr = _TRAINERS.get(key)
+    if tr is None:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        _configure_tf(cores, spec.deterministic)
+        tr = _TRAINERS[key] = Trainer(spec)
+    return tr
+
+
+def task_cores() -> int:
+    try:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        if tc is not None:
+            return int(tc.cpus())
+    except ImportError:
+        pass
+    return 1
+
+
+def local_root(spec: TaskSpec) -> str:
+    if spec.local_root:
+        return spec.local_root
+    from pyspark import SparkFiles
+
+    return SparkFiles.getRootDirectory()
+
+
+def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, attempt: int = 0) -> dict:
+    """Train ``block`` for ``order.steps[block]`` local steps; return its encoded delta and stats."""
+    t0 = time.perf_counter()
+    root = local_root(spec)
+    images, labels = blockstore.get_block(root, spec.run_id, spec.train_dir, "train", spec.num_blocks, block)
+    trainer = get_trainer(spec, task_cores())
+    expect = order.expect_state.get(block, -1)
+    state = blockstore.load_state(root, spec.run_id, block, expect) if expect >= 0 else None
+    state_reset = expect >= 0 and state is None
+    if state_reset:
+        log.warning("block %s: state of round %s gone; restarting from zero momentum", block, expect)
+    w = np.frombuffer(order.weights, np.float32)
+    trainer.set_flat(w)
+    trainer.set_momentum(None if state is None else state["momentum"])
+    h = int(order.steps.get(block, 0))
+    start = order.step_offset.get(block, 0)
+    batches = [batch_indices(len(labels), spec.batch_size, spec.seed, order.epoch, block, start + i)
+               for i in range(h)]
+    batches = [b for b in batches if len(b) == spec.batch_size]
+    t1 = time.perf_counter()
+    loss_sum, correct, seen = trainer.train(images, labels, batches, order.lr)
+    t2 = time.perf_counter()
+    after = trainer.get_flat()
+    delta = w - after
+    blockstore.save_state(root, spec.run_id, block, order.round, {"momentum": trainer.get_momentum()})
+    payload = codec.encode(SparseDelta.from_dense(delta), spec.layout, value_dtype=spec.value_dtype)
+    t3 = time.perf_counter()
+    return {
+        "round": order.round, "block": block, "attempt": attempt, "base_version": order.base_version,
+        "samples": seen, "loss_sum": loss_sum, "correct": correct, "steps": len(batches),
+        "prep_s": t1 - t0, "compute_s": t2 - t1, "encode_s": t3 - t2, "task_s": t3 - t0,
+        "state_reset": state_reset, "pid": os.getpid(), "payload": payload,
+    }
+
+
+def run_block_eval(spec: TaskSpec, weights: bytes, block: int) -> dict:
+    root = local_root(spec)
+    images, labels = blockstore.get_block(root, spec.run_id, spec.test_dir, "test", spec.test_blocks, block)
+    trainer = get_trainer(spec, task_cores())
+    trainer.set_flat(np.frombuffer(weights, np.float32))
+    loss_sum, correct, n = trainer.evaluate(images, labels)
+    return {"block": block, "loss_sum": loss_sum, "correct": correct, "samples": n}
