@@ -1,0 +1,424 @@
+"""Parameter server, replicas and staleness rules (pure numpy tier)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from sparkcnn.compression.delta import SparseDelta
+from sparkcnn.compression.sparsify import Sparsifier
+from sparkcnn.errors import BadInput
+from sparkcnn.ps import ParameterServer
+from sparkcnn.replica import (
+    Replica,
+    ReplicaOutOfSync,
+    Snapshot,
+    checksum,
+    format_checksum,
+)
+from sparkcnn.staleness import held_back, staleness_scale
+
+LAYOUT = (6, 10, 24)  # three tensors, P = 40
+P = sum(LAYOUT)
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, np.float32).view(np.uint32)
+
+
+def make_ps(weights=None, **kw) -> ParameterServer:
+    if weights is None:
+        weights = np.random.default_rng(0).standard_normal(P).astype(np.float32)
+    kw.setdefault("density_down", 0.25)
+    kw.setdefault("snapshot_every", 4)
+    kw.setdefault("max_log", 8)
+    kw.setdefault("sparsifier", Sparsifier("topk", dense_below=0))
+    return ParameterServer(weights, LAYOUT, **kw)
+
+
+def step(ps: ParameterServer, rng: np.random.Generator, density: float = 0.2, scale: float = 1.0):
+    """One sparse update of realistic size (lr-scaled, ~1e-2)."""
+    idx = np.sort(rng.choice(P, max(1, int(density * P)), replace=False))
+    vals = (rng.standard_normal(idx.size) * 1e-2).astype(np.float32)
+    assert ps.apply(SparseDelta(P, idx, vals), scale)
+
+
+# -- hypothesis strategies: weights and lr-scaled updates in realistic ranges ------------
+
+def _realistic(lo: float, hi: float, tiny: float):
+    """float32 in [lo, hi], with magnitudes below ``tiny`` flushed to 0."""
+    return st.floats(lo, hi, width=32).map(lambda x: 0.0 if abs(x) < tiny else x)
+
+
+weights_st = arrays(np.float32, P, elements=_realistic(-2.0, 2.0, 1e-4))
+update_st = arrays(np.float32, P, elements=_realistic(-0.5, 0.5, 1e-5))
+op_st = st.one_of(
+    st.tuples(st.just("dense"), update_st, st.sampled_from([1.0, 0.5, 1 / 3, 0.125])),
+    st.tuples(st.just("sparse"), update_st, st.sampled_from([1.0, 0.5, 1 / 3, 0.125]),
+              arrays(np.bool_, P)),
+    st.tuples(st.just("downlink")),
+)
+
+
+def run_ops(ps: ParameterServer, ops) -> None:
+    for op in ops:
+        if op[0] == "dense":
+            ps.apply(op[1], op[2])
+        elif op[0] == "sparse":
+            idx = np.flatnonzero(op[3])
+            ps.apply(SparseDelta(P, idx, op[1][idx]), op[2])
+        else:
+            ps.downlink()
+
+
+def assert_identity(ps: ParameterServer) -> None:
+    """U + R == W exactly (float64), wherever the documented regime holds."""
+    W, U, R = ps.W.astype(np.float64), ps.U.astype(np.float64), ps.R
+    exact = U + R == W
+    small, big = np.minimum(abs(W), abs(U)), np.maximum(abs(W), abs(U))
+    regime = (small == 0) | (big <= small * 2.0**28)
+    assert np.all(exact | ~regime), (W[~exact], U[~exact])
+    assert np.array_equal(bits((U + R).astype(np.float32)), bits(ps.W))  # and rounds back to W always
+
+
+# -- invariants ---------------------------------------------------------------------------
+
+@settings(max_examples=150, deadline=None)
+@given(weights_st, st.lists(op_st, max_size=25), st.sampled_from([0.05, 0.3, 1.0]))
+def test_view_plus_residual_is_weights(w0, ops, density):
+    ps = make_ps(w0, density_down=density)
+    assert_identity(ps)
+    for op in ops:
+        run_ops(ps, [op])
+        assert_identity(ps)
+
+
+@settings(max_examples=100, deadline=None)
+@given(weights_st, st.lists(op_st, max_size=20))
+def test_dense_downlink_makes_view_equal_weights(w0, ops):
+    ps = make_ps(w0, density_down=None)
+    for op in ops:
+        run_ops(ps, [op])
+        if op[0] == "downlink":
+            assert np.array_equal(bits(ps.U), bits(ps.W))
+            assert not ps.R.any()
+
+
+def test_dense_downlink_is_exact_where_adding_the_residual_is_not():
+    # U + float32(W - U) misses W by an ulp in ~1% of entries after a few
+    # updates (35% for unrelated values): why the dense downlink assigns.
+    rng = np.random.default_rng(9)
+    ps = make_ps(rng.standard_normal(P).astype(np.float32) * 0.05, density_down=None)
+    U0 = ps.U.copy()
+    for _ in range(5):
+        ps.apply(rng.standard_normal(P).astype(np.float32) * 0.05)
+    naive = U0 + (ps.W - U0)
+    assert not np.array_equal(bits(naive), bits(ps.W))
+    dl = ps.downlink()
+    assert dl.assign and np.array_equal(bits(ps.U), bits(ps.W))
+
+
+def test_sparse_and_dense_apply_agree_bitwise():
+    rng = np.random.default_rng(1)
+    a, b = make_ps(), make_ps()
+    for scale in (1.0, 0.5, 1 / 3):
+        idx = np.sort(rng.choice(P, 7, replace=False))
+        vals = rng.standard_normal(7).astype(np.float32)
+        sd = SparseDelta(P, idx, vals)
+        assert a.apply(sd, scale) and b.apply(sd.to_dense(), scale)
+    assert np.array_equal(bits(a.W), bits(b.W)) and a.version == b.version == 3
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([0.05, 0.2, 0.5]), st.integers(0, 12))
+def test_sparse_downlink_is_topk_of_residual_minus_zeros(seed, density, dense_below):
+    rng = np.random.default_rng(seed)
+    sp = Sparsifier("topk", dense_below=dense_below)
+    ps = make_ps(density_down=density, sparsifier=sp)
+    for _ in range(rng.integers(1, 4)):
+        step(ps, rng, density=float(rng.choice([0.05, 0.3, 1.0])))
+    residual = ps.W - ps.U
+    expected = sp.select(residual, LAYOUT, density)
+    expected_idx = expected.indices[expected.values != 0]
+    dl = ps.downlink()
+    assert np.array_equal(dl.delta.indices, expected_idx)
+    assert np.array_equal(bits(dl.delta.values), bits(residual[expected_idx]))
+
+
+def test_log_holds_at_most_P_entries():
+    rng = np.random.default_rng(10)
+    ps = make_ps(density_down=None, max_log=50)
+    for _ in range(5):
+        ps.apply(rng.standard_normal(P).astype(np.float32))
+        ps.downlink()
+    assert ps.log_versions == [5]  # each dense downlink is ~P entries: a snapshot is cheaper
+    replica = Replica()
+    replica.sync(ps.sync_payload(None))
+    assert np.array_equal(bits(replica.U), bits(ps.W))
+
+
+# -- replicas -----------------------------------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.lists(st.sampled_from(["step", "down", "sync"]), max_size=40),
+       st.sampled_from([None, 0.1, 0.5]))
+def test_replica_rebuilt_from_snapshot_and_log_is_bit_identical(seed, script, density):
+    rng = np.random.default_rng(seed)
+    ps = make_ps(density_down=density, snapshot_every=3, max_log=4)
+    replica = Replica()
+    assert replica.sync(ps.sync_payload(None)) is True  # empty replica: from the snapshot
+    for action in script:
+        if action == "step":
+            step(ps, rng)
+        elif action == "down":
+            ps.downlink()
+        else:
+            replica.sync(ps.sync_payload(replica.version))
+            assert replica.version == ps.view_version
+            assert np.array_equal(bits(replica.U), bits(ps.U))
+            assert replica.checksum == ps.checksum
+    late = Replica()
+    late.sync(ps.sync_payload(None))
+    assert np.array_equal(bits(late.U), bits(ps.U)) and late.version == ps.view_version
+
+
+def test_missed_downlink_is_detected_and_resynced():
+    rng = np.random.default_rng(2)
+    ps = make_ps()
+    replica = Replica()
+    replica.sync(ps.sync_payload(None))
+    step(ps, rng)
+    ps.downlink()  # the replica never sees this one
+    step(ps, rng)
+    last = ps.downlink()
+    with pytest.raises(ReplicaOutOfSync, match="version gap"):
+        replica.apply([last])
+    assert replica.U is None  # invalidated, not half-updated
+
+    replica.sync(ps.sync_payload(None))
+    step(ps, rng)
+    ps.downlink()
+    step(ps, rng)
+    resynced = replica.sync([ps.downlink()], snapshot=lambda: ps.sync_payload(None))
+    assert resynced and replica.resyncs == 3  # initial load, reload after the gap, this one
+    assert np.array_equal(bits(replica.U), bits(ps.U))
+
+
+@pytest.mark.parametrize("touched", [False, True])
+def test_corrupted_replica_is_detected_and_resynced(touched):
+    rng = np.random.default_rng(3)
+    ps = make_ps(density_down=0.1)
+    replica = Replica()
+    replica.sync(ps.sync_payload(None))
+    step(ps, rng)
+    dl = ps.downlink()
+    j = int(dl.delta.indices[0]) if touched else int(np.setdiff1d(np.arange(P), dl.delta.indices)[0])
+    replica._U.view(np.uint32)[j] ^= 1  # one bit of one entry flips (fault injection)
+    with pytest.raises(ReplicaOutOfSync, match="checksum mismatch" if touched else "differ"):
+        replica.apply([dl], full_check=not touched)
+
+    replica.load_snapshot(0, ps.sync_payload(None).weights)  # healthy again at the snapshot...
+    replica._U.view(np.uint32)[j] ^= 1  # ...then corrupted again
+    assert replica.sync(ps.sync_payload(0), snapshot=lambda: ps.sync_payload(None)) is True
+    assert np.array_equal(bits(replica.U), bits(ps.U)) and replica.checksum == ps.checksum
+
+
+def test_replica_without_snapshot_raises():
+    ps = make_ps()
+    step(ps, np.random.default_rng(4))
+    with pytest.raises(ReplicaOutOfSync, match="needs a snapshot"):
+        Replica().sync([ps.downlink()])
+
+
+def test_float16_downlink_values_keep_replicas_in_sync():
+    rng = np.random.default_rng(5)
+    ps = make_ps(value_dtype="float16", density_down=0.3)
+    replica = Replica()
+    replica.sync(ps.sync_payload(None))
+    for _ in range(6):
+        step(ps, rng)
+        dl = ps.downlink()
+        v = dl.delta.values
+        assert np.array_equal(v.astype(np.float16).astype(np.float32), v) and np.all(v != 0)
+        assert replica.sync([dl]) is False
+    assert np.array_equal(bits(replica.U), bits(ps.U))
+
+
+# -- checksum -----------------------------------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(arrays(np.float32, 17, elements=st.floats(width=32, allow_nan=False)),
+       st.integers(0, 16), st.integers(0, 31))
+def test_checksum_changes_with_any_single_bit(U, j, bit):
+    V = U.copy()
+    V.view(np.uint32)[j] ^= np.uint32(1 << bit)
+    assert checksum(U) != checksum(V)
+
+
+def test_checksum_order_sensitive_and_formatted():
+    U = np.arange(8, dtype=np.float32)
+    assert checksum(U) != checksum(U[::-1].copy())
+    assert len(format_checksum(checksum(U))) == 16
+
+
+# -- refusing bad updates -----------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", ["nan_dense", "inf_sparse", "overflow"])
+def test_non_finite_update_refused_and_weights_unchanged(bad):
+    ps = make_ps()
+    W0 = ps.W.copy()
+    if bad == "nan_dense":
+        u = np.zeros(P, np.float32)
+        u[3] = np.nan
+        ok = ps.apply(u)
+    elif bad == "inf_sparse":
+        ok = ps.apply(SparseDelta(P, np.array([1, 5]), np.array([0.1, np.inf], np.float32)))
+    else:
+        ok = ps.apply(SparseDelta(P, np.array([2]), np.array([3e38], np.float32)), scale=4.0)
+    assert ok is False and ps.rejected_updates == 1 and ps.version == 0
+    assert np.array_equal(bits(ps.W), bits(W0))
+    assert ps.downlink() is None  # nothing accepted, nothing to send
+
+
+def test_bad_arguments_name_the_field():
+    w = np.zeros(P, np.float32)
+    with pytest.raises(BadInput, match="`density_down` must be in"):
+        ParameterServer(w, LAYOUT, density_down=1.5, snapshot_every=1, max_log=1)
+    with pytest.raises(BadInput, match="`max_log` must be an int >= 1"):
+        ParameterServer(w, LAYOUT, density_down=None, snapshot_every=1, max_log=0)
+    with pytest.raises(BadInput, match="`layout` covers"):
+        ParameterServer(w, (3, 4), density_down=None, snapshot_every=1, max_log=1)
+    with pytest.raises(BadInput, match="`weights` must be a 1-D float32"):
+        ParameterServer(w.astype(np.float64), LAYOUT, density_down=None, snapshot_every=1, max_log=1)
+    ps = make_ps()
+    with pytest.raises(BadInput, match="`scale` must be finite"):
+        ps.apply(np.zeros(P, np.float32), scale=float("nan"))
+    with pytest.raises(BadInput, match="not strictly increasing"):
+        ps.apply(SparseDelta(P, np.array([4, 4]), np.ones(2, np.float32)))
+
+
+# -- log, snapshots, sync payloads --------------------------------------------------------
+
+def test_log_bound_and_sync_payload_forms():
+    rng = np.random.default_rng(6)
+    ps = make_ps(snapshot_every=5, max_log=3)
+    assert ps.sync_payload(0) == []
+    for _ in range(4):
+        step(ps, rng)
+        ps.downlink()
+    assert ps.log_versions == [2, 3, 4]  # bounded
+    covered = ps.sync_payload(2)
+    assert isinstance(covered, list) and [d.version for d in covered] == [3, 4]
+    assert ps.sync_payload(4) == []
+    assert [d.version for d in ps.sync_payload(1)] == [2, 3, 4]
+    snap = ps.sync_payload(0)  # behind the log, whose start is past snapshot 0 too: a fresh one
+    assert isinstance(snap, Snapshot) and snap.version == 4 and snap.downlinks == []
+    assert not snap.weights.flags.writeable
+    for _ in range(2):
+        step(ps, rng)
+        ps.downlink()
+    snap = ps.sync_payload(None)  # the periodic snapshot (a multiple of 5) plus the log since
+    assert snap.version == 5 and [d.version for d in snap.downlinks] == [6]
+    for _ in range(4):
+        step(ps, rng)
+        ps.downlink()
+    assert ps.sync_payload(None).version == 10
+    assert ps.sync_payload(99).version == 10  # unknown version: not trusted
+
+
+def test_downlink_versions_chain_when_applies_batch():
+    rng = np.random.default_rng(7)
+    ps = make_ps()
+    for _ in range(3):
+        step(ps, rng)
+    first = ps.downlink()
+    assert (first.base_version, first.version) == (0, 3)
+    assert ps.downlink() is None
+    step(ps, rng)
+    second = ps.downlink()
+    assert (second.base_version, second.version) == (3, 4)
+
+
+# -- checkpoints --------------------------------------------------------------------------
+
+def test_state_dict_round_trip_and_same_future():
+    rng = np.random.default_rng(8)
+    ps = make_ps(snapshot_every=3, max_log=4)
+    for _ in range(5):
+        step(ps, rng)
+        ps.downlink()
+    step(ps, rng)  # W ahead of U at the checkpoint
+    state = ps.state_dict()
+    assert all(isinstance(v, (np.ndarray, int, str)) for v in state.values())
+    clone = make_ps(np.zeros(P, np.float32), snapshot_every=3, max_log=4)
+    clone.load_state_dict(state)
+    for attr in ("version", "view_version", "checksum", "log_versions", "rejected_updates"):
+        assert getattr(clone, attr) == getattr(ps, attr)
+    assert clone.sync_payload(None).version == ps.sync_payload(None).version
+    for a, b in ((clone.W, ps.W), (clone.U, ps.U)):
+        assert np.array_equal(bits(a), bits(b))
+    replica = Replica()
+    replica.sync(ps.sync_payload(None))
+    for server in (ps, clone):
+        server.apply(np.full(P, 1e-3, np.float32))
+    a, b = ps.downlink(), clone.downlink()
+    assert a.checksum_after == b.checksum_after
+    assert replica.sync(clone.sync_payload(replica.version)) is False  # a resumed server's log serves old replicas
+
+    state["U"] = state["U"].copy()
+    state["U"][0] += 1
+    with pytest.raises(BadInput, match="does not match"):
+        make_ps().load_state_dict(state)
+    state["U"] = ps.state_dict()["U"]
+    state["log_offsets"] = state["log_offsets"][::-1].copy()
+    with pytest.raises(BadInput, match="`log_offsets` must hold"):
+        make_ps().load_state_dict(state)
+    del state["W"]
+    with pytest.raises(BadInput, match="`W` must be float32"):
+        make_ps().load_state_dict(state)
+
+
+# -- staleness ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "tau, rule, expected",
+    [(0, "none", 1.0), (1, "none", 1.0), (7, "none", 1.0),
+     (0, "inverse", 1.0), (1, "inverse", 1.0), (2, "inverse", 0.5), (4, "inverse", 0.25),
+     (np.int64(8), "inverse", 0.125)],
+)
+def test_staleness_scale_table(tau, rule, expected):
+    assert staleness_scale(tau, rule) == expected
+
+
+@pytest.mark.parametrize(
+    "tau, bound, expected",
+    [(0, None, False), (100, None, False), (0, 0, False), (1, 0, True), (3, 3, False), (4, 3, True)],
+)
+def test_held_back_table(tau, bound, expected):
+    assert held_back(tau, bound) is expected
+
+
+def test_staleness_validation_names_the_field():
+    with pytest.raises(BadInput, match="`staleness.rule` must be one of"):
+        staleness_scale(1, "sqrt")
+    with pytest.raises(BadInput, match="`tau` must be an int >= 0"):
+        staleness_scale(-1)
+    with pytest.raises(BadInput, match="`staleness.max_staleness`"):
+        held_back(1, -2)
+
+
+# -- purity -------------------------------------------------------------------------------
+
+def test_import_purity():
+    code = (
+        "import sys, sparkcnn.ps, sparkcnn.replica, sparkcnn.staleness\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'tensorflow', 'keras', 'py4j'))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
