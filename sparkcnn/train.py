@@ -138,4 +138,10 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None) -> dict:
                    model=cfg.model.name, num_blocks=cfg.data.num_blocks, mode=cfg.engine.mode,
                    steps_per_round=cfg.train.steps_per_round)
     atomic_write_text(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=2))
+    try:
+        from sparkcnn.report import write_report
+
+        summary["report"] = write_report(run_dir)["report"]
+    except Exception:  # a report failing must not lose a finished run
+        log.warning("report for %s failed", run_dir, exc_info=True)
     return summary

@@ -14,6 +14,7 @@ Everything a task needs arrives as plain values in ``TaskSpec`` and
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -65,10 +66,16 @@ class RoundOrder:
     expect_state: dict = field(default_factory=dict)  # block -> round tag of its last applied state
 
 
+@functools.lru_cache(maxsize=8)
+def _epoch_permutation(n: int, seed: int, epoch: int, block: int) -> np.ndarray:
+    perm = np.random.default_rng([seed, epoch, block]).permutation(n)
+    perm.setflags(write=False)
+    return perm
+
+
 def batch_indices(n: int, batch_size: int, seed: int, epoch: int, block: int, step: int) -> np.ndarray:
     """Rows of minibatch ``step`` of ``block`` in ``epoch``: a seeded permutation, sliced."""
-    perm = np.random.default_rng([seed, epoch, block]).permutation(n)
-    return perm[step * batch_size:(step + 1) * batch_size]
+    return _epoch_permutation(n, seed, epoch, block)[step * batch_size:(step + 1) * batch_size]
 
 
 def steps_per_epoch(n: int, batch_size: int) -> int:
@@ -98,6 +105,7 @@ class Trainer:
         wd = float(spec.weight_decay)
         model, trainable, opt = self.model, self.trainable, self.opt
 
+        # no XLA: measured ~2x slower than plain graph mode for fmnist_cnn on CPU
         @tf.function(reduce_retracing=True)
         def train_step(x, y):
             with tf.GradientTape() as tape:

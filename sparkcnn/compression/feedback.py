@@ -40,7 +40,8 @@ def quantise(a: np.ndarray, value_dtype: str) -> np.ndarray:
     q = np.clip(a, -FLOAT16_MAX, FLOAT16_MAX).astype(np.float16).astype(np.float32)
     big = np.abs(a) > FLOAT16_MAX
     if big.any():
-        ulp = np.spacing(np.abs(a[big]))  # float32 quantum of each big value, a power of 2
+        _, exp = np.frexp(a[big])  # |a| = m · 2**exp, 0.5 <= m < 1
+        ulp = np.ldexp(np.float32(1.0), exp - 24)  # float32 quantum of each big value
         q[big] = np.copysign(np.floor(FLOAT16_MAX / ulp) * ulp, a[big])
     return q
 

@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import CodecError
-from .codec import DecodedParts, _info, decode_parts, dense_indices, wire_to_float32
+from .codec import DecodedParts, decode_parts, dense_indices, wire_to_float32
 from .delta import Layout, SparseDelta
 
 
@@ -90,7 +90,7 @@ def decode_and_sum(payloads: Sequence[bytes], weights: Sequence[float], layout: 
     malformed one raises CodecError ("payload k: …") and leaves ``out`` untouched.
     """
     ws = _check_weights(len(payloads), weights)
-    size = int(_info(layout).offsets[-1])
+    size = int(sum(layout))  # each decode_parts below validates the layout itself
     parts: list[DecodedParts] = []
     for k, data in enumerate(payloads):
         try:

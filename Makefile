@@ -1,0 +1,41 @@
+# sparkcnn: `make train` (set up, prepare Fashion-MNIST, train 3 epochs, report) and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+FMNIST_SRC ?= /usr/share/datasets/fashion-mnist
+DATA   ?= data/fashion-mnist
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup dataset-package data train test bench clean
+
+$(STAMP): pyproject.toml
+	@command -v java >/dev/null || { echo "sparkcnn: Java 17+ is required by Spark (apt-get install openjdk-17-jre-headless)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev,viz]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# Fashion-MNIST ships as the Debian package dataset-fashion-mnist
+dataset-package:
+	@if [ ! -f $(FMNIST_SRC)/train-images-idx3-ubyte.gz ]; then \
+	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    (apt-get install -y -q dataset-fashion-mnist || (apt-get update -q && apt-get install -y -q dataset-fashion-mnist)) >/dev/null; \
+	  else echo "sparkcnn: install the Debian package dataset-fashion-mnist (or set FMNIST_SRC)"; exit 1; fi; fi
+
+data: $(STAMP) dataset-package
+	@test -d $(DATA)/test || $(VENV)/bin/sparkcnn prepare --format idx --source $(FMNIST_SRC) --out $(DATA)
+
+train: $(STAMP) data
+	$(VENV)/bin/sparkcnn train --config conf/fashion_mnist.yaml
+
+test: $(STAMP) dataset-package
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+bench: $(STAMP) data
+	$(PY) bench/blocks.py
+	$(PY) bench/throughput.py --quick
+
+clean:
+	rm -rf $(VENV) data runs

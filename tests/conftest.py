@@ -1,0 +1,40 @@
+"""Shared fixtures: one local[2] SparkSession for the whole run, tiny prepared datasets."""
+
+import os
+import sys
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from sparkcnn.engine.backend import get_or_create_spark
+
+    session = get_or_create_spark("local[2]", app_name="sparkcnn-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """A learnable Fashion-MNIST look-alike (IDX .gz → prepared Parquet): 1200 train, 400 test."""
+    from sparkcnn.data.prepare import prepare
+    from sparkcnn.data.synthetic import make_fake_fashion
+
+    root = tmp_path_factory.mktemp("tiny")
+    raw = make_fake_fashion(str(root / "raw"), 1200, 400, seed=3)
+    out = str(root / "prepared")
+    prepare("idx", raw, out)
+    return out
+
+
+@pytest.fixture()
+def tiny_cfg(tiny_data, tmp_path):
+    from sparkcnn import config
+
+    return config.load(None, [f"data.path={tiny_data}", f"run.out_dir={tmp_path / 'runs'}", "train.epochs=2",
+                              "train.batch_size=32", "train.steps_per_round=5", "train.lr=0.05",
+                              "train.lr_warmup_epochs=0", "train.lr_schedule=constant"])

@@ -1,0 +1,350 @@
+"""Pure-numpy tests of selection, error feedback, momentum, warm-up and sums."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from sparkcnn.compression import (
+    DGCMomentum,
+    ErrorFeedback,
+    SparseDelta,
+    SparsificationAwareMomentum,
+    Sparsifier,
+    density_at,
+    lr_at,
+    mask_momentum,
+    merge,
+    quantise,
+    target_count,
+    threshold_indices,
+    topk_indices,
+    weighted_sum,
+)
+from sparkcnn.errors import BadInput
+
+REPO = Path(__file__).resolve().parents[1]
+FAST = settings(max_examples=60, deadline=None)
+
+finite_f32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
+
+
+# --------------------------------------------------------------------------- quantise / error feedback
+
+
+@FAST
+@given(a=arrays(np.float32, st.integers(0, 64), elements=finite_f32), dtype=st.sampled_from(["float16", "float32"]))
+def test_quantise_remainder_is_exact(a, dtype):
+    q = quantise(a, dtype)
+    r = a - q
+    # Representable on the wire …
+    if dtype == "float16":
+        assert np.array_equal(q.astype(np.float16).astype(np.float32), q)
+    # … and a = q + r holds over the reals (fsum is exact for a 3-term zero test).
+    for ai, qi, ri in zip(a.tolist(), q.tolist(), r.tolist()):
+        assert math.fsum([qi, ri, -ai]) == 0.0
+    assert np.array_equal(q + r, a)
+
+
+def _dyadic_inputs(size):
+    """Multiples of 2**-10 below 2**10: every float32 sum of a few stays exact."""
+    return arrays(np.float32, size, elements=st.integers(-(2**20), 2**20).map(lambda k: k * 2.0**-10))
+
+
+@FAST
+@given(
+    data=st.data(),
+    layout=st.lists(st.integers(0, 300), min_size=1, max_size=4).map(tuple),
+    steps=st.integers(1, 6),
+    dtype=st.sampled_from(["float16", "float32"]),
+    method=st.sampled_from(["threshold", "topk", "none"]),
+    density=st.sampled_from([0.01, 0.1, 0.5]),
+)
+def test_error_feedback_sent_plus_residual_equals_input(data, layout, steps, dtype, method, density):
+    size = sum(layout)
+    feedback = ErrorFeedback(layout, Sparsifier(method, dense_below=50), value_dtype=dtype)
+    total_in = np.zeros(size, np.float64)
+    total_sent = np.zeros(size, np.float64)
+    for _ in range(steps):
+        delta = data.draw(_dyadic_inputs(size))
+        before = feedback.residual + delta  # what A holds before the send
+        sent = feedback.step(delta, density)
+        # Per step, bitwise: A_before == q + A_after at every coordinate.
+        assert np.array_equal(sent.to_dense() + feedback.residual, before)
+        total_in += delta
+        total_sent += sent.to_dense()
+    # Over the whole sequence, exactly (all quantities are exact dyadics).
+    assert np.array_equal(total_sent + feedback.residual, total_in)
+
+
+def test_error_feedback_float32_sends_leave_zero_residual():
+    layout = (20_000, 10)
+    fb = ErrorFeedback(layout, Sparsifier("threshold", dense_below=100), value_dtype="float32")
+    x = np.random.default_rng(0).standard_normal(sum(layout)).astype(np.float32)
+    sent = fb.step(x, 0.01)
+    assert np.all(fb.residual[sent.indices] == 0)
+    assert np.array_equal(sent.values, x[sent.indices])
+    assert sent.nnz >= 10 and np.all(fb.residual[20_000:] == 0)  # the small tensor went dense
+
+
+def test_quantise_huge_values_clip_and_stay_exact():
+    a = np.array([7e4, -1e9, 3e38, 65504.0, 1e-8], np.float32)
+    q = quantise(a, "float16")
+    assert np.all(np.abs(q) <= 65504) and np.all(np.isfinite(q.astype(np.float16)))
+    assert np.array_equal(q + (a - q), a)
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def _tensor(kind, n, rng):
+    if kind == "normal":
+        return rng.standard_normal(n)
+    if kind == "cauchy":
+        return rng.standard_cauchy(n)
+    return rng.lognormal(0.0, 3.0, n) * rng.choice([-1, 1], n)
+
+
+@pytest.mark.parametrize("kind", ["normal", "cauchy", "lognormal"])
+@pytest.mark.parametrize("density", [0.1, 0.01, 0.001])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_threshold_count_within_20_percent_and_keeps_the_largest(kind, density, seed):
+    rng = np.random.default_rng(seed)
+    x = _tensor(kind, 200_000, rng).astype(np.float32)
+    idx = threshold_indices(x, density, rng=rng)
+    k = target_count(x.size, density)
+    assert 0.8 * k <= idx.size <= 1.2 * k
+    assert idx.dtype == np.int64 and np.all(np.diff(idx) > 0)
+    kept = np.zeros(x.size, bool)
+    kept[idx] = True
+    assert np.abs(x[kept]).min() >= np.abs(x[~kept]).max()  # a magnitude threshold
+
+
+def test_threshold_on_a_structured_tensor():
+    # Periodic magnitudes alias with a strided sample; the correction must fix it.
+    x = np.tile(np.array([100.0, 1, 1, 1, 1, 1, 1, 1], np.float32), 50_000)
+    x += np.random.default_rng(3).standard_normal(x.size).astype(np.float32) * 1e-3
+    for density in (0.01, 0.2):
+        idx = threshold_indices(x, density)
+        k = target_count(x.size, density)
+        assert 0.8 * k <= idx.size <= 1.2 * k
+
+
+@pytest.mark.parametrize("density", [1.0, 0.5, 0.01, 1e-6])
+def test_topk_is_exact(density):
+    x = np.random.default_rng(0).standard_normal(10_000).astype(np.float32)
+    idx = topk_indices(x, density)
+    k = target_count(x.size, density)
+    assert idx.size == k
+    assert set(idx.tolist()) == set(np.argsort(-np.abs(x))[:k].tolist())
+
+
+def test_sparsifier_dense_below_and_none():
+    layout = (100, 50_000, 0, 30)
+    flat = np.random.default_rng(0).standard_normal(sum(layout)).astype(np.float32)
+    idx = Sparsifier("threshold", dense_below=1000).indices(flat, layout, 0.01)
+    assert np.array_equal(idx[:100], np.arange(100))  # small tensor whole
+    assert np.array_equal(idx[-30:], np.arange(50_100, 50_130))
+    assert 400 <= idx.size - 130 <= 600
+    assert Sparsifier("none").indices(flat, layout, 0.01).size == flat.size
+    sd = Sparsifier("topk", dense_below=0).select(flat, layout, 0.01)
+    assert np.array_equal(sd.values, flat[sd.indices])
+
+
+def test_sparsifier_validates():
+    with pytest.raises(ValueError, match=r"compression.method must be one of"):
+        Sparsifier("random")
+    with pytest.raises(ValueError, match=r"density must be in \(0, 1\], got 1.5"):
+        Sparsifier().indices(np.zeros(4, np.float32), (4,), 1.5)
+    with pytest.raises(ValueError, match="layout covers 3 entries, vector has 4"):
+        Sparsifier().indices(np.zeros(4, np.float32), (3,), 0.5)
+
+
+# --------------------------------------------------------------------------- momentum
+
+
+def _reference_topk(v, layout, density):
+    """Independent per-tensor top-k: full sort, not argpartition."""
+    out, start = [], 0
+    for n in layout:
+        k = min(n, max(1, round(density * n)))
+        out.append(np.sort(np.argsort(-np.abs(v[start:start + n]), kind="stable")[:k]) + start)
+        start += n
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_dgc_momentum_matches_reference(dtype):
+    layout, m, density = (3000, 500), 0.9, 0.02
+    rng = np.random.default_rng(5)
+    dgc = DGCMomentum(layout, Sparsifier("topk", dense_below=0), value_dtype=dtype, momentum=m)
+    u = np.zeros(sum(layout), np.float32)
+    v = np.zeros(sum(layout), np.float32)
+    for _ in range(6):
+        g = rng.standard_normal(u.size).astype(np.float32)
+        sent = dgc.step(g, density)
+        # DGC (Lin et al. 2018, Alg. 1): u = m·u + g; v += u; S = top(v); v[S] = 0; u[S] = 0.
+        u = np.float32(m) * u + g
+        v = v + u
+        s = _reference_topk(v, layout, density)
+        wire = v[s].astype(np.float16).astype(np.float32) if dtype == "float16" else v[s]
+        v[s] -= wire
+        u[s] = 0
+        assert np.array_equal(sent.indices, s)
+        np.testing.assert_allclose(sent.values, wire, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(dgc.momentum, u, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(dgc.velocity, v, rtol=1e-5, atol=1e-6)
+        if dtype == "float32":
+            assert np.all(dgc.velocity[s] == 0)
+        assert np.all(dgc.momentum[s] == 0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_sparsification_aware_momentum_matches_reference(dtype):
+    layout, m, wd, lr, density = (4000, 300), 0.9, 1e-4, 0.05, 0.01
+    rng = np.random.default_rng(7)
+    sam = SparsificationAwareMomentum(layout, Sparsifier("topk", dense_below=0), value_dtype=dtype,
+                                      momentum=m, weight_decay=wd)
+    u = np.zeros(sum(layout), np.float32)
+    w = rng.standard_normal(u.size).astype(np.float32)
+    for _ in range(5):
+        g = rng.standard_normal(u.size).astype(np.float32)
+        sent = sam.step(g, w, lr, density)
+        # Yan 2019: u = m·u + lr·(g + wd·w); send top(u); clear sent; u[~S] /= m.
+        u = np.float32(m) * u + np.float32(lr) * (g + np.float32(wd) * w)
+        s = _reference_topk(u, layout, density)
+        wire = u[s].astype(np.float16).astype(np.float32) if dtype == "float16" else u[s].copy()
+        unsent = np.ones(u.size, bool)
+        unsent[s] = False
+        expected = u.copy()
+        expected[unsent] = u[unsent] / np.float32(m)  # accumulate instead of decaying
+        expected[s] = (u[s] - wire) / np.float32(m)  # cleared, up to wire rounding
+        assert np.array_equal(sent.indices, s)
+        np.testing.assert_allclose(sent.values, wire, rtol=1e-6)
+        np.testing.assert_allclose(sam.momentum, expected, rtol=1e-5, atol=1e-9)
+        if dtype == "float32":
+            assert np.all(sam.momentum[s] == 0)
+        u = expected
+
+
+def test_mask_momentum_zeroes_sent_coordinates():
+    mom = np.arange(1, 11, dtype=np.float32)
+    out = mask_momentum(mom, np.array([0, 3, 9]))
+    assert out is mom and mom.tolist() == [0, 2, 3, 0, 5, 6, 7, 8, 9, 0]
+    mask_momentum(mom, SparseDelta(10, [1], [5.0]))
+    assert mom[1] == 0
+
+
+def test_state_dict_round_trip_and_validation():
+    layout = (1000,)
+    a = DGCMomentum(layout, Sparsifier("topk"), momentum=0.5)
+    a.step(np.random.default_rng(0).standard_normal(1000), 0.01)
+    b = DGCMomentum(layout, Sparsifier("topk"), momentum=0.5)
+    b.load_state_dict(a.state_dict())
+    g = np.random.default_rng(1).standard_normal(1000)
+    sa, sb = a.step(g, 0.01), b.step(g, 0.01)
+    assert np.array_equal(sa.indices, sb.indices) and np.array_equal(sa.values, sb.values)
+    with pytest.raises(BadInput, match=r"missing \['velocity'\]"):
+        b.load_state_dict({"momentum": np.zeros(1000, np.float32)})
+    with pytest.raises(BadInput, match=r"state 'residual': shape \(3,\), expected \(1000,\)"):
+        ErrorFeedback(layout, Sparsifier()).load_state_dict({"residual": np.zeros(3, np.float32)})
+    with pytest.raises(BadInput, match="dtype float64, expected float32"):
+        ErrorFeedback(layout, Sparsifier()).load_state_dict({"residual": np.zeros(1000)})
+
+
+# --------------------------------------------------------------------------- warm-up
+
+
+def test_density_warmup_is_exponential_then_target():
+    kw = dict(initial=0.25, target=0.001, warmup_epochs=4)
+    seq = [density_at(e, **kw) for e in range(6)]
+    assert seq[0] == 0.25 and seq[4] == seq[5] == 0.001
+    np.testing.assert_allclose(seq[1:4], [0.0629, 0.0158, 0.00398], rtol=0.01)
+    assert all(a > b for a, b in zip(seq[:4], seq[1:5]))
+    assert density_at(0.0, initial=0.25, target=0.01, warmup_epochs=0) == 0.01
+    with pytest.raises(ValueError, match=r"density_warmup.target must be in \(0, 1\], got 0"):
+        density_at(1, initial=0.25, target=0, warmup_epochs=2)
+
+
+def test_lr_schedules():
+    kw = dict(base_lr=0.1, warmup_epochs=5, total_epochs=100)
+    assert lr_at(0, **kw) == pytest.approx(0.01)  # warmup_start · base_lr
+    assert lr_at(2.5, **kw) == pytest.approx(0.055)
+    assert lr_at(5, **kw) == lr_at(99, **kw) == pytest.approx(0.1)
+    assert lr_at(5, schedule="cosine", **kw) == pytest.approx(0.1)
+    assert lr_at(52.5, schedule="cosine", **kw) == pytest.approx(0.05)
+    assert lr_at(100, schedule="cosine", **kw) == pytest.approx(0.0, abs=1e-12)
+    assert [lr_at(e, schedule="step", **kw) for e in (49, 50, 75)] == pytest.approx([0.1, 0.01, 0.001])
+    with pytest.raises(ValueError, match="optimizer.schedule must be one of"):
+        lr_at(1, schedule="linear", **kw)
+    with pytest.raises(ValueError, match="epoch must be >= 0, got -1.0"):
+        lr_at(-1, **kw)
+
+
+# --------------------------------------------------------------------------- sums
+
+
+@st.composite
+def sparse_deltas(draw, size, count):
+    out = []
+    for _ in range(count):
+        idx = np.array(sorted(draw(st.sets(st.integers(0, size - 1), max_size=size))), np.int64)
+        vals = draw(arrays(np.float32, idx.size, elements=st.floats(-100, 100, width=32)))
+        out.append(SparseDelta(size, idx, vals))
+    return out
+
+
+@FAST
+@given(data=st.data(), size=st.integers(1, 60), count=st.integers(0, 5))
+def test_weighted_sum_matches_dense_reference(data, size, count):
+    deltas = data.draw(sparse_deltas(size, count))
+    weights = data.draw(st.lists(st.floats(-2, 2), min_size=count, max_size=count))
+    expected = sum((np.float64(w) * d.to_dense() for d, w in zip(deltas, weights)), np.zeros(size))
+    np.testing.assert_allclose(weighted_sum(deltas, weights, size), expected, rtol=1e-5, atol=1e-3)
+    out = np.ones(size, np.float32)
+    assert weighted_sum(deltas, weights, size, out=out) is out
+    np.testing.assert_allclose(out, expected + 1, rtol=1e-5, atol=1e-3)
+
+
+@FAST
+@given(data=st.data(), size=st.integers(1, 60))
+def test_merge_is_commutative_and_associative_against_dense(data, size):
+    a, b, c = data.draw(sparse_deltas(size, 3))
+    ab = merge(a, b)
+    assert np.array_equal(ab.indices, merge(b, a).indices)
+    assert np.array_equal(ab.values, merge(b, a).values)  # bitwise: a + b == b + a
+    assert np.all(np.diff(ab.indices) > 0)
+    assert np.array_equal(ab.indices, np.union1d(a.indices, b.indices))
+    dense = a.to_dense().astype(np.float64) + b.to_dense() + c.to_dense()
+    left, right = merge(merge(a, b), c), merge(a, merge(b, c))
+    assert np.array_equal(left.indices, right.indices)
+    np.testing.assert_allclose(left.to_dense(), dense, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(right.to_dense(), dense, rtol=1e-5, atol=1e-4)
+
+
+def test_merge_and_sum_validate_sizes():
+    with pytest.raises(ValueError, match="cannot merge deltas of sizes 3 and 4"):
+        merge(SparseDelta.empty(3), SparseDelta.empty(4))
+    with pytest.raises(ValueError, match="got 1 deltas but 2 weights"):
+        weighted_sum([SparseDelta.empty(3)], [1.0, 2.0], 3)
+
+
+# --------------------------------------------------------------------------- purity
+
+
+def test_import_pulls_in_neither_spark_nor_tensorflow():
+    code = (
+        "import sys, sparkcnn.compression; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'tensorflow', 'keras', 'py4j')); "
+        "print(','.join(bad))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == ""

@@ -1,0 +1,55 @@
+import dataclasses
+
+import pytest
+
+from sparkcnn import config
+from sparkcnn.errors import BadInput
+
+
+def test_defaults_validate_and_round_trip(tmp_path):
+    cfg = config.load(None, ["train.epochs=5", "compression.density=0.01", "engine.pipeline=true"])
+    assert cfg.train.epochs == 5 and cfg.compression.density == 0.01 and cfg.engine.pipeline is True
+    path = tmp_path / "c.yaml"
+    path.write_text(config.dump(cfg))
+    again = config.load(str(path))
+    assert again == cfg
+    assert dataclasses.asdict(again) == dataclasses.asdict(cfg)
+
+
+def test_repo_configs_load():
+    for name in ("conf/fashion_mnist.yaml", "conf/cifar10_resnet20.yaml"):
+        cfg = config.load(name)
+        assert cfg.train.epochs >= 1
+
+
+def test_int_widens_to_float():
+    assert config.load(None, ["train.lr=1"]).train.lr == 1.0
+
+
+@pytest.mark.parametrize("override, message", [
+    (["train.epochz=3"], r"unknown config key 'train\.epochz'"),
+    (["trainer.epochs=3"], r"unknown config key 'trainer'"),
+    (["compression.density=1.5"], r"compression\.density must be in \(0, 1\], got 1\.5"),
+    (["train.epochs=three"], r"train\.epochs must be an integer, got 'three'"),
+    (["train.epochs=2.5"], r"train\.epochs must be an integer"),
+    (["engine.mode=turbo"], r"engine\.mode must be one of sync, async, got 'turbo'"),
+    (["engine.pipeline=maybe"], r"engine\.pipeline must be true or false"),
+    (["train.momentum=1"], r"train\.momentum must be in \[0, 1\)"),
+    (["data.num_blocks=0"], r"data\.num_blocks must be in \[1, 4096\]"),
+    (["trainepochs"], r"expected section\.key=value"),
+])
+def test_bad_overrides_name_the_field(override, message):
+    with pytest.raises(BadInput, match=message):
+        config.load(None, override)
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("train: [1, 2\n")
+    with pytest.raises(BadInput, match=r"bad\.yaml.*not valid YAML"):
+        config.load(str(p))
+    with pytest.raises(BadInput, match="config file not found"):
+        config.load(str(tmp_path / "missing.yaml"))
+    p.write_text("- a\n- b\n")
+    with pytest.raises(BadInput, match="top level must be a mapping"):
+        config.load(str(p))

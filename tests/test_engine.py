@@ -1,0 +1,101 @@
+"""The synchronous engine on a real local[2] Spark session, on a tiny prepared dataset."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from sparkcnn.compression import codec
+from sparkcnn.engine.backend import SparkBackend
+from sparkcnn.metrics import read_jsonl
+
+pytestmark = pytest.mark.spark
+
+
+def test_sync_training_loss_falls_and_run_dir_complete(spark, tiny_cfg):
+    from sparkcnn.train import train
+
+    summary = train(tiny_cfg, backend=SparkBackend(spark, "t-sync"))
+    run_dir = summary["run_dir"]
+    for name in ("config.yaml", "metrics.jsonl", "model.keras", "summary.json", "report.md"):
+        assert os.path.isfile(os.path.join(run_dir, name)), name
+    records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    rounds = [r for r in records if r["kind"] == "round"]
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    assert [e["epoch"] for e in epochs] == [0, 1]
+    assert [r["round"] for r in rounds] == list(range(len(rounds)))
+    k = max(1, len(rounds) // 4)
+    assert np.mean([r["loss"] for r in rounds[-k:]]) < 0.7 * np.mean([r["loss"] for r in rounds[:k]])
+    assert epochs[-1]["test_accuracy"] > 0.6
+    for r in rounds:
+        assert r["bytes_up"] > 0 and r["bytes_down"] > 0 and r["images_per_s"] > 0
+        assert r["compute_s"] > 0 and r["wall_s"] >= r["compute_s"]
+    with open(os.path.join(run_dir, "summary.json")) as fh:
+        assert json.load(fh)["test_accuracy"] == epochs[-1]["test_accuracy"]
+
+
+class RecordingBackend(SparkBackend):
+    """Spark backend that keeps the raw task results of the last aggregate job."""
+
+    def aggregate_blocks(self, fn, blocks, zero, seq, comb, description="", depth=2):
+        out = super().aggregate_blocks(fn, blocks, zero, seq, comb, description, depth)
+        self.last = [dict(r) for r in out]
+        return out
+
+
+def _engine(cfg, backend):
+    from sparkcnn.engine.sync import SyncEngine
+    from sparkcnn.blockstore import block_range
+    from sparkcnn.models import build_model
+    from sparkcnn.train import build_spec, dataset_meta, flat_weights
+
+    train_dir, test_dir, meta, _ = dataset_meta(cfg.data.path)
+    model = build_model(cfg.model.name, (meta.height, meta.width, meta.channels), len(meta.classes), cfg.run.seed)
+    spec = build_spec(cfg, backend.run_id, train_dir, test_dir, meta, model)
+    rows = {k: block_range(meta.num_rows, cfg.data.num_blocks, k)[1] - block_range(meta.num_rows,
+            cfg.data.num_blocks, k)[0] for k in range(cfg.data.num_blocks)}
+    return SyncEngine(cfg, backend, spec, rows, flat_weights(model)), spec, meta
+
+
+def test_aggregated_delta_equals_numpy_reference(spark, tiny_cfg):
+    cfg = tiny_cfg.replace(data__num_blocks=3)
+    backend = RecordingBackend(spark, "t-agg")
+    engine, spec, _ = _engine(cfg, backend)
+    before = engine.W.copy()
+    engine.run_round(0)
+    results = backend.last
+    assert sorted(r["block"] for r in results) == [0, 1, 2]
+    total = sum(r["samples"] for r in results)
+    reference = np.zeros_like(before, dtype=np.float64)
+    for r in results:
+        dense = codec.decode(r["payload"], spec.layout).to_dense().astype(np.float64)
+        reference += (r["samples"] / total) * dense
+    np.testing.assert_allclose(before - engine.W, reference, rtol=1e-5, atol=1e-7)
+    assert np.abs(reference).max() > 0
+
+
+def test_one_block_on_spark_equals_plain_keras(spark, tiny_cfg):
+    import keras
+
+    from sparkcnn.data.parquet_io import read_split_numpy
+    from sparkcnn.models import build_model
+    from sparkcnn.worker import batch_indices
+
+    H = 6
+    cfg = tiny_cfg.replace(data__num_blocks=1, train__steps_per_round=H)
+    engine, spec, meta = _engine(cfg, SparkBackend(spark, "t-keras"))
+    w0 = engine.W.copy()
+    engine.run_round(0)
+
+    x, y = read_split_numpy(os.path.join(cfg.data.path, "train"))
+    model = build_model(cfg.model.name, x.shape[1:], 10, cfg.run.seed)
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=cfg.train.lr, momentum=cfg.train.momentum),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    np.testing.assert_array_equal(np.concatenate([w.numpy().ravel() for w in model.weights]), w0)
+    for step in range(H):
+        idx = batch_indices(len(y), cfg.train.batch_size, cfg.run.seed, 0, 0, step)
+        model.train_on_batch(x[idx], y[idx])
+    keras_w = np.concatenate([w.numpy().ravel() for w in model.weights])
+    assert np.abs(keras_w - w0).max() > 1e-3  # the steps really moved the weights
+    np.testing.assert_allclose(engine.W, keras_w, rtol=1e-4, atol=2e-5)
