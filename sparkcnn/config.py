@@ -178,6 +178,9 @@ class Config:
     def validate(self) -> "Config":
         for f in dataclasses.fields(self):
             getattr(self, f.name).validate(f.name)
+        if self.compression.momentum == "sparsification_aware" and self.train.steps_per_round != 1:
+            raise BadInput("compression.momentum=sparsification_aware needs train.steps_per_round=1 "
+                           f"(the per-step form), got {self.train.steps_per_round}")
         return self
 
     def to_dict(self) -> dict:

@@ -62,6 +62,8 @@ def build_spec(cfg, run_id: str, train_dir: str, test_dir: str, train_meta, mode
         num_classes=len(train_meta.classes), seed=cfg.run.seed, batch_size=cfg.train.batch_size,
         momentum=cfg.train.momentum, weight_decay=cfg.train.weight_decay, layout=sizes,
         value_dtype="float32" if cfg.compression.method == "none" else cfg.compression.value_dtype,
+        method=cfg.compression.method, dense_below=cfg.compression.dense_below,
+        momentum_mode=cfg.compression.momentum,
         deterministic=cfg.run.deterministic)
 
 

@@ -47,6 +47,9 @@ class TaskSpec:
     weight_decay: float
     layout: tuple            # tensor sizes of the flat parameter vector
     value_dtype: str = "float32"
+    method: str = "none"     # compression.method: none | threshold | topk
+    dense_below: int = 16384 # tensors smaller than this travel dense
+    momentum_mode: str = "correction"  # correction | sparsification_aware (steps_per_round = 1)
     deterministic: bool = False
     local_root: str = ""     # "" = the executor's Spark local directory
 
@@ -64,6 +67,7 @@ class RoundOrder:
     weights: bytes           # dense float32 W (the replica for this round)
     base_version: int
     expect_state: dict = field(default_factory=dict)  # block -> round tag of its last applied state
+    density: float = 1.0     # uplink density for this round (after warm-up)
 
 
 @functools.lru_cache(maxsize=8)
@@ -125,7 +129,18 @@ class Trainer:
             correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), y), tf.int32))
             return loss, correct
 
-        self.train_step, self.eval_step = train_step, eval_step
+        @tf.function(reduce_retracing=True)
+        def grad_step(x, y):
+            with tf.GradientTape() as tape:
+                logits = model(x, training=True)
+                loss = loss_fn(y, logits)
+            grads = tape.gradient(loss, trainable)
+            if wd:
+                grads = [g + wd * v for g, v in zip(grads, trainable)]
+            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), y), tf.int32))
+            return loss, correct, grads
+
+        self.train_step, self.eval_step, self.grad_step = train_step, eval_step, grad_step
 
     def _index_of(self, var) -> int:
         for i, w in enumerate(self.weights):
@@ -163,6 +178,20 @@ class Trainer:
             correct += int(c)
             seen += len(idx)
         return loss_sum, correct, seen
+
+    def gradient(self, images: np.ndarray, labels: np.ndarray, idx: np.ndarray):
+        """Flat gradient (zeros at non-trainable entries), loss and correct count for one batch."""
+        loss, correct, grads = self.grad_step(images[idx], labels[idx])
+        flat = np.zeros(self.offsets[-1], np.float32)
+        for g, i in zip(grads, self.trainable_pos):
+            flat[self.offsets[i]:self.offsets[i + 1]] = g.numpy().ravel()
+        return flat, float(loss) * len(idx), int(correct), len(idx)
+
+    def non_trainable_mask(self) -> np.ndarray:
+        mask = np.ones(self.offsets[-1], bool)
+        for i in self.trainable_pos:
+            mask[self.offsets[i]:self.offsets[i + 1]] = False
+        return mask
 
     def evaluate(self, images: np.ndarray, labels: np.ndarray, batch: int = 1000):
         loss_sum, correct = 0.0, 0
@@ -214,13 +243,37 @@ def task_cores() -> int:
 def local_root(spec: TaskSpec) -> str:
     if spec.local_root:
         return spec.local_root
-    from pyspark import SparkFiles
+    try:
+        from pyspark import SparkFiles
 
-    return SparkFiles.getRootDirectory()
+        return SparkFiles.getRootDirectory()
+    except Exception:  # no Spark here (in-process backend): a per-user temp dir
+        import tempfile
+
+        return os.path.join(tempfile.gettempdir(), f"sparkcnn-{os.getuid()}")
+
+
+def _policy(spec: TaskSpec, per_step: bool, momentum: float):
+    from sparkcnn.compression import DGCMomentum, ErrorFeedback, SparsificationAwareMomentum, Sparsifier
+
+    sp = Sparsifier(spec.method, spec.dense_below)
+    if not per_step:
+        return ErrorFeedback(spec.layout, sp, spec.value_dtype)
+    if spec.momentum_mode == "sparsification_aware":
+        return SparsificationAwareMomentum(spec.layout, sp, spec.value_dtype, momentum=momentum,
+                                           weight_decay=0.0)
+    return DGCMomentum(spec.layout, sp, spec.value_dtype, momentum=momentum)
 
 
 def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, attempt: int = 0) -> dict:
-    """Train ``block`` for ``order.steps[block]`` local steps; return its encoded delta and stats."""
+    """Train ``block`` for ``order.steps[block]`` local steps; return its encoded delta and stats.
+
+    Dense (``method = none``): ``S = V − V_after``. Sparse, local-step form
+    (H > 1): ``A += Δ; S = sparsify(A); A −= S; momentum[S] = 0``. Sparse,
+    per-step form (H = 1): the replica is not stepped; DGC momentum correction
+    ``u = m·u + g; v += u; S = top(v); u[S] = v[S] = 0`` (or the
+    sparsification-aware variant), and the server applies ``W −= lr·S``.
+    """
     t0 = time.perf_counter()
     root = local_root(spec)
     images, labels = blockstore.get_block(root, spec.run_id, spec.train_dir, "train", spec.num_blocks, block)
@@ -229,29 +282,66 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, attempt: int 
     state = blockstore.load_state(root, spec.run_id, block, expect) if expect >= 0 else None
     state_reset = expect >= 0 and state is None
     if state_reset:
-        log.warning("block %s: state of round %s gone; restarting from zero momentum", block, expect)
+        log.warning("block %s: state of round %s gone; restarting from zero momentum and residual", block, expect)
+    state = state or {}
     w = np.frombuffer(order.weights, np.float32)
     trainer.set_flat(w)
-    trainer.set_momentum(None if state is None else state["momentum"])
     h = int(order.steps.get(block, 0))
     start = order.step_offset.get(block, 0)
     batches = [batch_indices(len(labels), spec.batch_size, spec.seed, order.epoch, block, start + i)
                for i in range(h)]
     batches = [b for b in batches if len(b) == spec.batch_size]
+    sparse = spec.method != "none"
+    per_step = sparse and h == 1
+    lr_scale = 1.0
     t1 = time.perf_counter()
-    loss_sum, correct, seen = trainer.train(images, labels, batches, order.lr)
-    t2 = time.perf_counter()
-    after = trainer.get_flat()
-    delta = w - after
-    blockstore.save_state(root, spec.run_id, block, order.round, {"momentum": trainer.get_momentum()})
-    payload = codec.encode(SparseDelta.from_dense(delta), spec.layout, value_dtype=spec.value_dtype)
+    if per_step:
+        # DGC form: gradient only; non-trainable entries (BN statistics) carry their
+        # forward-pass change / lr so that the server's ``W -= lr * S`` averages them
+        g, loss_sum, correct, seen = trainer.gradient(images, labels, batches[0])
+        nt = trainer.non_trainable_mask()
+        if nt.any():
+            g[nt] = (w[nt] - trainer.get_flat()[nt]) / order.lr
+        policy = _policy(spec, True, spec.momentum)
+        _load_policy(policy, state)
+        t2 = time.perf_counter()
+        if spec.momentum_mode == "sparsification_aware":
+            sent = policy.step(g, w, order.lr, order.density)
+        else:
+            sent = policy.step(g, order.density)
+            lr_scale = order.lr
+        new_state = {f"policy.{k}": v for k, v in policy.state_dict().items()}
+    else:
+        trainer.set_momentum(state.get("momentum"))
+        loss_sum, correct, seen = trainer.train(images, labels, batches, order.lr)
+        t2 = time.perf_counter()
+        delta = w - trainer.get_flat()
+        momentum = trainer.get_momentum()
+        if sparse:
+            policy = _policy(spec, False, spec.momentum)
+            _load_policy(policy, state)
+            sent = policy.step(delta, order.density)
+            momentum[sent.indices] = 0.0  # momentum factor masking
+            new_state = {"momentum": momentum, **{f"policy.{k}": v for k, v in policy.state_dict().items()}}
+        else:
+            sent = SparseDelta.from_dense(delta)
+            new_state = {"momentum": momentum}
+    payload = codec.encode(sent, spec.layout, value_dtype=spec.value_dtype)
     t3 = time.perf_counter()
+    blockstore.save_state(root, spec.run_id, block, order.round, new_state)
     return {
         "round": order.round, "block": block, "attempt": attempt, "base_version": order.base_version,
         "samples": seen, "loss_sum": loss_sum, "correct": correct, "steps": len(batches),
-        "prep_s": t1 - t0, "compute_s": t2 - t1, "encode_s": t3 - t2, "task_s": t3 - t0,
+        "prep_s": t1 - t0, "compute_s": t2 - t1, "encode_s": t3 - t2, "task_s": time.perf_counter() - t0,
+        "nnz": int(sent.nnz), "lr_scale": lr_scale,
         "state_reset": state_reset, "pid": os.getpid(), "payload": payload,
     }
+
+
+def _load_policy(policy, state: dict) -> None:
+    sub = {k[len("policy."):]: v for k, v in state.items() if k.startswith("policy.")}
+    if sub:
+        policy.load_state_dict(sub)
 
 
 def run_block_eval(spec: TaskSpec, weights: bytes, block: int) -> dict:

@@ -226,8 +226,8 @@ _F16_SIGN_EXP_MANT = np.uint32(0x8FFFE000).view(np.int32)  # sign | 5-bit expone
 _F16_BIAS_SHIFT = 2.0**112  # 2 ** (127 - 15): float32 minus float16 exponent bias
 
 
-def wire_to_float32(values: np.ndarray, scale: float = 1.0) -> np.ndarray:
-    """``scale · float32(values)`` for finite wire values, as a new array.
+def wire_to_float32(values: np.ndarray, scale: float = 1.0, *, out: np.ndarray | None = None) -> np.ndarray:
+    """``scale · float32(values)`` for finite wire values, into ``out`` or a new array.
 
     float16: the sign-extended bits shifted into a float32's place give
     ``x · 2**-112`` exactly (subnormals included); one multiply by
@@ -236,17 +236,19 @@ def wire_to_float32(values: np.ndarray, scale: float = 1.0) -> np.ndarray:
     numpy's float16 cast costs ~10× more.
     """
     scale = np.float32(scale)
+    if out is None:
+        out = np.empty(values.shape, np.float32)
     if values.dtype.itemsize == 4:
-        return values * scale if scale != 1 else values.astype(np.float32)
-    out = np.left_shift(values.view(np.int16), 13, dtype=np.int32)
-    np.bitwise_and(out, _F16_SIGN_EXP_MANT, out=out)
-    f = out.view(np.float32)
+        return np.multiply(values, scale, out=out)
+    bits = out.view(np.int32)
+    np.left_shift(values.view(np.int16), 13, out=bits, dtype=np.int32)
+    np.bitwise_and(bits, _F16_SIGN_EXP_MANT, out=bits)
     if abs(scale) < 2.0**15:  # scale · 2**112 stays finite and exact
-        f *= np.float32(_F16_BIAS_SHIFT) * scale
+        out *= np.float32(_F16_BIAS_SHIFT) * scale
     else:
-        f *= np.float32(_F16_BIAS_SHIFT)
-        f *= scale
-    return f
+        out *= np.float32(_F16_BIAS_SHIFT)
+        out *= scale
+    return out
 
 
 def _raise_out_of_range(q, b, r, sp_counts, sparse, sizes) -> None:

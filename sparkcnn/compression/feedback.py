@@ -76,7 +76,11 @@ class _FlatState:
             setattr(self, name, np.zeros(self.size, dtype=np.float32))
 
     def _send(self, buf: np.ndarray, density: float) -> SparseDelta:
-        """``S = select(buf); q = quantise(buf[S]); buf[S] -= q``; returns ``(S, q)``."""
+        """``S = select(buf); q = quantise(buf[S]); buf[S] -= q``; returns ``SparseDelta(S, q)``.
+
+        ``q`` is exactly representable in ``value_dtype``, so encoding it
+        with that dtype loses nothing.
+        """
         idx = self.sparsifier.indices(buf, self.layout, density)
         q = quantise(buf[idx], self.value_dtype)
         buf[idx] -= q  # exact, see quantise()
@@ -174,7 +178,9 @@ class SparsificationAwareMomentum(_FlatState):
                  *, momentum: float = 0.9, weight_decay: float = 0.0):
         super().__init__(layout, sparsifier, value_dtype)
         if not 0.0 < momentum < 1.0:
-            raise ValueError(f"optimizer.momentum must be in (0, 1) for sparsification-aware momentum, got {momentum}")
+            raise ValueError(
+                f"optimizer.momentum must be in (0, 1) for sparsification-aware momentum, got {momentum}"
+            )
         if weight_decay < 0.0:
             raise ValueError(f"optimizer.weight_decay must be >= 0, got {weight_decay}")
         self.m = np.float32(momentum)

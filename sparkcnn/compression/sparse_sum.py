@@ -3,12 +3,12 @@
     G = Σ_k w_k · S_k                     (dense float32, or added into `out`)
 
 Each delta's indices are unique (the SparseDelta invariant), so the buffered
-``out[idx] += w · values`` is exact per delta — ``np.add.at`` is only needed
-for repeated indices and is ~10× slower. Measured on 256 deltas of 25 k
-entries into 25 M parameters: ~55 ms, against ~150 ms for one concatenated
-``np.bincount`` (which also needs a float64 temporary of the model's size).
-Summation order is the order of the deltas, so results are deterministic.
-"""
+``out[idx] += w · values`` is exact per delta; summation follows the order of
+the deltas, so results are deterministic. Measured (numpy 2.4, shared 2-vCPU
+VM; 256 distinct deltas of 25.5 k entries into 25.6 M parameters): 140–200 ms
+for this per-delta add, ~215 ms for one concatenated ``np.bincount`` (which
+also allocates a float64 array of the model's size), 160–180 ms for
+``np.add.at``. All three are bound by the random memory accesses."""
 
 from __future__ import annotations
 
@@ -101,17 +101,23 @@ def decode_and_sum(payloads: Sequence[bytes], weights: Sequence[float], layout: 
 
     # Dense tensors (biases, BatchNorm, small kernels) are the same set in
     # most payloads: sum them compactly per set, scatter each set once.
+    # Conversions go through one reused scratch buffer: a fresh ~0.5 MB
+    # temporary per payload would be mapped and faulted in every time.
     dense_groups: dict[bytes, np.ndarray] = {}
+    longest = max((max(p.sparse_values.size, p.dense_values.size) for p in parts), default=0)
+    scratch = np.empty(longest, np.float32)
     for p, w in zip(parts, ws):
-        if p.sparse_indices.size:
-            acc[p.sparse_indices] += wire_to_float32(p.sparse_values, w)
-        if p.dense_values.size:
+        n = p.sparse_values.size
+        if n:
+            acc[p.sparse_indices] += wire_to_float32(p.sparse_values, w, out=scratch[:n])
+        n = p.dense_values.size
+        if n:
             key = p.dense.tobytes()
             group = dense_groups.get(key)
             if group is None:
                 dense_groups[key] = wire_to_float32(p.dense_values, w)
             else:
-                group += wire_to_float32(p.dense_values, w)
+                group += wire_to_float32(p.dense_values, w, out=scratch[:n])
     for key, group in dense_groups.items():
         idx = dense_indices(layout, np.frombuffer(key, dtype=bool))
         if idx.size == size:

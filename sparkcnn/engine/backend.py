@@ -22,6 +22,9 @@ class LocalBackend:
 
     parallelism = 1
 
+    def __init__(self, run_id: str = "local"):
+        self.run_id = run_id
+
     def map_blocks(self, fn, blocks, description=""):
         return [fn(b, 0) for b in blocks]
 

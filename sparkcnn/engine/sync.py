@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from sparkcnn.compression.sparse_sum import decode_and_sum
-from sparkcnn.compression.warmup import lr_at
+from sparkcnn.compression.warmup import density_at, lr_at
 from sparkcnn.errors import CodecError, Diverged
 from sparkcnn.worker import RoundOrder, run_block_eval, run_block_round, steps_per_epoch
 
@@ -71,9 +71,14 @@ class SyncEngine:
         lr = lr_at(epoch + r / self.rounds_per_epoch, base_lr=self.cfg.train.lr,
                    warmup_epochs=self.cfg.train.lr_warmup_epochs, total_epochs=self.cfg.train.epochs,
                    schedule=self.cfg.train.lr_schedule)
+        c = self.cfg.compression
+        density = 1.0 if c.method == "none" else density_at(
+            epoch + r / self.rounds_per_epoch, initial=max(c.initial_density, c.density), target=c.density,
+            warmup_epochs=c.warmup_epochs)
         return RoundOrder(round=t, epoch=epoch, round_in_epoch=r, steps=steps,
                           step_offset={k: r * H for k in steps}, lr=lr, weights=self.W.tobytes(),
-                          base_version=self.version, expect_state=dict(self.last_state_round))
+                          base_version=self.version, expect_state=dict(self.last_state_round),
+                          density=density)
 
     def run_round(self, t: int) -> dict:
         t0 = time.perf_counter()
@@ -109,7 +114,8 @@ class SyncEngine:
     def _apply(self, t: int, order: RoundOrder, fresh: list[dict], total: int) -> dict:
         layout = self.spec.layout
         payloads = [r["payload"] for r in fresh if r["samples"] > 0]
-        weights = [r["samples"] / total for r in fresh if r["samples"] > 0]
+        # samples-weighted mean; the per-step (H = 1) DGC form also scales by lr
+        weights = [r["lr_scale"] * r["samples"] / total for r in fresh if r["samples"] > 0]
         rejected = 0
         if payloads:
             try:
@@ -134,9 +140,16 @@ class SyncEngine:
             "lr": order.lr, "version": self.version, "loss": loss,
             "accuracy": sum(r["correct"] for r in fresh) / max(1, total), "samples": total,
             "blocks": len(fresh), "bytes_up": sum(len(r["payload"]) for r in fresh),
+            "density": order.density, "nnz_up": sum(r["nnz"] for r in fresh),
+            "achieved_density": sum(r["nnz"] for r in fresh) / max(1, self.W.size * len(fresh)),
+            "bytes_per_nonzero": sum(len(r["payload"]) for r in fresh) / max(1, sum(r["nnz"] for r in fresh)),
             "bytes_down": len(order.weights) * len(fresh),
             "dense_bytes": 4 * self.W.size * len(fresh),
+            "uplink_ratio": 4 * self.W.size * len(fresh) / max(1, sum(len(r["payload"]) for r in fresh)),
             "task_compute_s": {str(r["block"]): round(r["compute_s"], 4) for r in fresh},
+            "task_prep_s": {str(r["block"]): round(r["prep_s"], 4) for r in fresh},
+            "task_encode_s": {str(r["block"]): round(r["encode_s"], 4) for r in fresh},
+            "task_pids": {str(r["block"]): r["pid"] for r in fresh},
             "rejected": rejected,
             "state_resets": sum(int(r["state_reset"]) for r in fresh),
         }
