@@ -146,7 +146,10 @@ COMMANDS = {"prepare": cmd_prepare, "train": cmd_train, "evaluate": cmd_evaluate
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # argparse: usage errors (2) and --help (0), already printed
+        return int(e.code or 0)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

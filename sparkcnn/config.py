@@ -252,7 +252,7 @@ def parse_override(text: str) -> tuple[list[str], object]:
 def load(path: str | None = None, overrides: typing.Iterable[str] = ()) -> Config:
     """Load a YAML config file (or the defaults) and apply ``section.key=value`` overrides."""
     data: dict = {}
-    source = "defaults"
+    source = "--set"
     if path:
         source = path
         if not os.path.isfile(path):

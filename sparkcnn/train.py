@@ -105,32 +105,55 @@ def warm_up(backend, spec: TaskSpec) -> float:
     return time.perf_counter() - t0
 
 
-def train(cfg, backend=None, progress=None, run_dir: str | None = None) -> dict:
-    """Run a whole training; returns the summary (also written to summary.json)."""
+def block_sizes(num_rows: int, num_blocks: int) -> dict[int, int]:
+    """Rows per block: block k holds rows [k·n/N, (k+1)·n/N)."""
+    out = {}
+    for k in range(num_blocks):
+        lo, hi = block_range(num_rows, num_blocks, k)
+        out[k] = hi - lo
+    return out
+
+
+def build_engine(cfg, backend, run_id: str, sink=None, progress=None):
+    """Model, task spec and engine for ``cfg`` on ``backend`` (benchmarks and tests use it too)."""
     from sparkcnn.engine.sync import SyncEngine
     from sparkcnn.models import build_model
 
-    train_dir, test_dir, train_meta, test_meta = dataset_meta(cfg.data.path)
-    if cfg.data.num_blocks > train_meta.num_rows:
-        raise BadInput(f"data.num_blocks={cfg.data.num_blocks} exceeds the {train_meta.num_rows} training rows")
+    train_dir, test_dir, meta, _ = dataset_meta(cfg.data.path)
+    if cfg.data.num_blocks > meta.num_rows:
+        raise BadInput(f"data.num_blocks={cfg.data.num_blocks} exceeds the {meta.num_rows} training rows")
+    model = build_model(cfg.model.name, (meta.height, meta.width, meta.channels), len(meta.classes), cfg.run.seed)
+    spec = build_spec(cfg, run_id, train_dir, test_dir, meta, model)
+    engine = SyncEngine(cfg, backend, spec, block_sizes(meta.num_rows, cfg.data.num_blocks),
+                        flat_weights(model), sink=sink, progress=progress)
+    return engine, model
+
+
+def train(cfg, backend=None, progress=None, run_dir: str | None = None) -> dict:
+    """Run a whole training; returns the summary (also written to summary.json)."""
+    _, _, meta, _ = dataset_meta(cfg.data.path)  # fail on bad data before creating anything
+    if cfg.data.num_blocks > meta.num_rows:
+        raise BadInput(f"data.num_blocks={cfg.data.num_blocks} exceeds the {meta.num_rows} training rows")
     if run_dir is None:
-        run_id, run_dir = make_run_dir(cfg)
+        run_id = new_run_id(cfg.run.name)
+        run_dir = os.path.join(cfg.run.out_dir, run_id)
     else:
         run_id = os.path.basename(os.path.normpath(run_dir))
+    # the model builder is validated before anything is created or Spark starts
+    from sparkcnn.models import build_model
+
+    build_model(cfg.model.name, (meta.height, meta.width, meta.channels), len(meta.classes), cfg.run.seed)
+    try:
         os.makedirs(run_dir, exist_ok=True)
-    atomic_write_text(os.path.join(run_dir, "config.yaml"), config_mod.dump(cfg))
-    model = build_model(cfg.model.name, (train_meta.height, train_meta.width, train_meta.channels),
-                        len(train_meta.classes), cfg.run.seed)
-    spec = build_spec(cfg, run_id, train_dir, test_dir, train_meta, model)
-    own_backend = backend is None
-    if own_backend:
+    except OSError as e:
+        raise BadInput(f"run.out_dir {cfg.run.out_dir!r}: cannot create run directory ({e.strerror})") from None
+    if backend is None:
         backend = make_backend(cfg, run_id)
-    block_rows = {k: (lambda lo_hi: lo_hi[1] - lo_hi[0])(block_range(train_meta.num_rows, cfg.data.num_blocks, k))
-                  for k in range(cfg.data.num_blocks)}
     sink = JsonlSink(os.path.join(run_dir, "metrics.jsonl"))
     try:
-        warm_s = warm_up(backend, spec)
-        engine = SyncEngine(cfg, backend, spec, block_rows, flat_weights(model), sink=sink, progress=progress)
+        engine, model = build_engine(cfg, backend, run_id, sink=sink, progress=progress)
+        atomic_write_text(os.path.join(run_dir, "config.yaml"), config_mod.dump(cfg))
+        warm_s = warm_up(backend, engine.spec)
         summary = engine.run()
     finally:
         sink.close()

@@ -45,17 +45,10 @@ class RecordingBackend(SparkBackend):
 
 
 def _engine(cfg, backend):
-    from sparkcnn.engine.sync import SyncEngine
-    from sparkcnn.blockstore import block_range
-    from sparkcnn.models import build_model
-    from sparkcnn.train import build_spec, dataset_meta, flat_weights
+    from sparkcnn.train import build_engine, dataset_meta
 
-    train_dir, test_dir, meta, _ = dataset_meta(cfg.data.path)
-    model = build_model(cfg.model.name, (meta.height, meta.width, meta.channels), len(meta.classes), cfg.run.seed)
-    spec = build_spec(cfg, backend.run_id, train_dir, test_dir, meta, model)
-    rows = {k: block_range(meta.num_rows, cfg.data.num_blocks, k)[1] - block_range(meta.num_rows,
-            cfg.data.num_blocks, k)[0] for k in range(cfg.data.num_blocks)}
-    return SyncEngine(cfg, backend, spec, rows, flat_weights(model)), spec, meta
+    engine, _ = build_engine(cfg, backend, backend.run_id)
+    return engine, engine.spec, dataset_meta(cfg.data.path)[2]
 
 
 def test_aggregated_delta_equals_numpy_reference(spark, tiny_cfg):
