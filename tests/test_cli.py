@@ -16,7 +16,6 @@ import os
 import pickle
 import re
 import shlex
-import time
 import types
 
 import numpy as np
@@ -431,13 +430,10 @@ TRAIN_CASES = [cfg_set_unknown_key, cfg_set_unknown_section, cfg_yaml_unknown_ke
 @pytest.mark.parametrize("case", TRAIN_CASES, ids=[c.__name__ for c in TRAIN_CASES])
 def test_train_rejects_bad_config_before_spark(capsys, tmp_path, runs, tiny_prepared, case):
     extra, pattern = case(tmp_path)
-    t0 = time.perf_counter()
     # --set flags after `extra` win, so each case's own data.path / run.out_dir is applied last.
     assert_bad(capsys, ["train", "--no-progress", "--set", f"data.path={tiny_prepared}",
                         "--set", f"run.out_dir={runs}", *extra], pattern, keep=[runs])
-    # The no_spark fixture is the real check; this only catches a slow path before it
-    # (config + Parquet metadata take milliseconds; Spark's JVM takes seconds).
-    assert time.perf_counter() - t0 < 5.0
+    # the no_spark fixture fails the test if Spark were started before the error
 
 
 # ---------------------------------------------------------------- model builders
