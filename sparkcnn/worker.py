@@ -68,6 +68,12 @@ class RoundOrder:
     base_version: int
     expect_state: dict = field(default_factory=dict)  # block -> round tag of its last applied state
     density: float = 1.0     # uplink density for this round (after warm-up)
+    # sparse downlink (weights == b""): recent downlinks as (version, base_version,
+    # checksum_after, assign, encoded delta), and a broadcast of the dense view U at
+    # view_version that a replica reads only when it is missing or behind
+    downlinks: tuple = ()
+    view: object = None
+    view_version: int = 0
 
 
 @functools.lru_cache(maxsize=8)
@@ -284,7 +290,11 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, attempt: int 
     if state_reset:
         log.warning("block %s: state of round %s gone; restarting from zero momentum and residual", block, expect)
     state = state or {}
-    w = np.frombuffer(order.weights, np.float32)
+    resynced, view_bytes = False, 0
+    if order.weights:
+        w = np.frombuffer(order.weights, np.float32)
+    else:
+        w, resynced, view_bytes = replica_view(spec, order)
     trainer.set_flat(w)
     h = int(order.steps.get(block, 0))
     start = order.step_offset.get(block, 0)
@@ -334,8 +344,41 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, attempt: int 
         "samples": seen, "loss_sum": loss_sum, "correct": correct, "steps": len(batches),
         "prep_s": t1 - t0, "compute_s": t2 - t1, "encode_s": t3 - t2, "task_s": time.perf_counter() - t0,
         "nnz": int(sent.nnz), "lr_scale": lr_scale,
+        "replica_resync": resynced, "view_bytes": view_bytes,
         "state_reset": state_reset, "pid": os.getpid(), "payload": payload,
     }
+
+
+_REPLICAS: dict = {}
+
+
+def replica_view(spec: TaskSpec, order: RoundOrder):
+    """This process's replica of ``U`` brought to ``order.view_version``.
+
+    Follows the inline downlinks (checksum after each); a replica that is
+    missing, behind them or corrupt reloads the broadcast view (counted).
+    Returns (U, resynced, bytes read from the broadcast).
+    """
+    from sparkcnn.replica import Downlink, Replica, Snapshot
+
+    rep = _REPLICAS.setdefault(spec.run_id, Replica())
+    dls = [Downlink(v, codec.decode(b, spec.layout), cs, bv, assign)
+           for v, bv, cs, assign, b in order.downlinks]
+    fetched = []
+
+    def snapshot():
+        data = order.view.value
+        fetched.append(len(data))
+        return Snapshot(order.view_version, np.frombuffer(data, np.float32), [])
+
+    # the initial load at version 0 is no resync; any later dense read is (lost or new replica)
+    resynced = rep.sync(dls, snapshot=snapshot) and order.view_version > 0
+    return np.array(rep.U), resynced, sum(fetched)
+
+
+def clear_replicas() -> None:
+    """Drop this process's replicas (fault drills and tests)."""
+    _REPLICAS.clear()
 
 
 def _load_policy(policy, state: dict) -> None:

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from sparkcnn.engine.standalone import StandaloneCluster, _alive, port_open
+from sparkcnn.engine.standalone import StandaloneCluster, _alive, _processes, port_open
 
 pytestmark = pytest.mark.cluster
 
@@ -64,6 +64,8 @@ job = threading.Thread(target=lambda: box.update(
     rows=sc.parallelize(range(4), 4).mapPartitions(task(marks, 2.0)).collect()))
 job.start()
 while not any(int(f.rsplit("-", 1)[1]) in victims for f in os.listdir(marks)):
+    if time.monotonic() - t0 > 60:
+        sys.exit(f"no task started on worker 0's executors {victims}: {os.listdir(marks)}")
     time.sleep(0.1)
 out["killed"] = cluster.kill_worker(0)
 job.join(120)
@@ -88,7 +90,9 @@ def driven(cluster, tmp_path_factory):
     scratch = tmp_path_factory.mktemp("cluster-client")
     for sub in ("env", "kill"):
         (scratch / sub).mkdir()
-    env = dict(os.environ, SPARKCNN_CLUSTER=cluster.to_json())
+    # under spark-submit these would attach the client to this process's JVM
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY_")}
+    env["SPARKCNN_CLUSTER"] = cluster.to_json()
     proc = subprocess.run([sys.executable, "-c", CLIENT, str(scratch)], env=env, capture_output=True,
                           text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:] + "\n" + cluster.log_tail()
@@ -131,3 +135,17 @@ def test_stop_leaves_nothing(cluster):
     assert not any(_alive(p) for p in pids)
     assert not any(port_open(p) for p in ports)
     assert not os.path.exists(workdir)
+
+
+def test_start_timeout_names_the_logs_and_cleans_up():
+    c = StandaloneCluster(workers=1)
+    with pytest.raises(RuntimeError, match="timed out waiting for the master") as err:
+        c.start(timeout=0.5)
+    assert "deploy.master.Master-1" in str(err.value)  # the daemon log tail is in the message
+    assert not os.path.exists(c.workdir)
+    assert not any(c.workdir in args for _, _, _, args in _processes())
+
+
+def test_per_worker_env_must_name_a_worker():
+    with pytest.raises(ValueError, match=r"per_worker_env names workers \[2\]"):
+        StandaloneCluster(workers=2, per_worker_env={2: {CHAOS: "2"}})

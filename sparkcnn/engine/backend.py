@@ -37,8 +37,19 @@ class LocalBackend:
     def executor_samples(self):
         return []
 
+    def broadcast(self, value):
+        return _LocalBroadcast(value)
+
+    def unpersist(self, bcast):
+        pass
+
     def stop(self):
         pass
+
+
+class _LocalBroadcast:
+    def __init__(self, value):
+        self.value = value
 
 
 def get_or_create_spark(master: str = "", app_name: str = "sparkcnn", conf: dict | None = None):
@@ -105,6 +116,12 @@ class SparkBackend:
     def aggregate_blocks(self, fn, blocks, zero, seq, comb, description="", depth=2):
         self._describe(description)
         return self._rdd(fn, blocks).treeAggregate(zero(), seq, comb, depth=depth)
+
+    def broadcast(self, value):
+        return self.sc.broadcast(value)
+
+    def unpersist(self, bcast):
+        bcast.destroy(blocking=False)
 
     def executor_samples(self):
         """(executor id, cores, running tasks, failed tasks) from Spark's status tracker."""

@@ -49,19 +49,64 @@ class SyncEngine:
         self.backend = backend
         self.spec = spec
         self.block_rows = block_rows
-        self.W = np.array(weights, np.float32, copy=True)
-        self.version = 0
+        from sparkcnn.compression import Sparsifier
+        from sparkcnn.ps import ParameterServer
+
+        c = cfg.compression
+        self.sparse_down = c.density_down > 0
+        self.ps = ParameterServer(
+            np.array(weights, np.float32, copy=True), spec.layout,
+            density_down=c.density_down if self.sparse_down else None,
+            snapshot_every=cfg.ps.snapshot_every, max_log=cfg.ps.max_log,
+            sparsifier=Sparsifier("topk" if c.method == "topk" else "threshold", c.dense_below),
+            value_dtype=spec.value_dtype)
+        self.downlinks: list = []      # encoded recent downlinks shipped inline with each task
+        self._view_bcast = None
         self.sink = sink
         self.progress = progress
         self.applied: set[tuple[int, int]] = set()
         self.last_state_round: dict[int, int] = {}
-        self.counters = {"state_resets": 0, "duplicates_dropped": 0, "rejected_deltas": 0}
+        self.counters = {"state_resets": 0, "duplicates_dropped": 0, "rejected_deltas": 0, "replica_resyncs": 0}
         self.history: list[dict] = []
         self.epoch_history: list[dict] = []
         H = cfg.train.steps_per_round
         self.block_steps = {k: steps_per_epoch(n, cfg.train.batch_size) for k, n in block_rows.items()}
         self.rounds_per_epoch = max(1, math.ceil(max(self.block_steps.values()) / H))
         self.total_rounds = self.rounds_per_epoch * cfg.train.epochs
+
+    @property
+    def W(self) -> np.ndarray:
+        return self.ps.W
+
+    @property
+    def version(self) -> int:
+        return self.ps.version
+
+    def _downlink_fields(self) -> dict:
+        """Sparse downlink: the last downlinks inline, the dense view as a lazily read broadcast."""
+        if not self.sparse_down:
+            return {"weights": self.W.tobytes()}
+        if self._view_bcast is not None and self._view_bcast_version != self.ps.view_version:
+            self.backend.unpersist(self._view_bcast)
+            self._view_bcast = None
+        if self._view_bcast is None:
+            self._view_bcast = self.backend.broadcast(np.array(self.ps.U).tobytes())
+            self._view_bcast_version = self.ps.view_version
+        return {"weights": b"", "downlinks": tuple(self.downlinks), "view": self._view_bcast,
+                "view_version": self.ps.view_version}
+
+    def _send_downlink(self) -> int:
+        """After an update: D = sparsify(W - U), U += D; keep it for the next orders."""
+        from sparkcnn.compression import codec
+
+        dl = self.ps.downlink()
+        if dl is None:
+            return 0
+        enc = codec.encode(dl.delta, self.spec.layout,
+                           value_dtype="float32" if dl.assign else self.spec.value_dtype)
+        # sync rounds keep every active replica one version behind: the latest D suffices
+        self.downlinks = [(dl.version, dl.base_version, dl.checksum_after, dl.assign, enc)]
+        return int(dl.delta.nnz)
 
     # -- one round -----------------------------------------------------------------
     def order_for(self, t: int) -> RoundOrder:
@@ -76,9 +121,9 @@ class SyncEngine:
             epoch + r / self.rounds_per_epoch, initial=max(c.initial_density, c.density), target=c.density,
             warmup_epochs=c.warmup_epochs)
         return RoundOrder(round=t, epoch=epoch, round_in_epoch=r, steps=steps,
-                          step_offset={k: r * H for k in steps}, lr=lr, weights=self.W.tobytes(),
+                          step_offset={k: r * H for k in steps}, lr=lr,
                           base_version=self.version, expect_state=dict(self.last_state_round),
-                          density=density)
+                          density=density, **self._downlink_fields())
 
     def run_round(self, t: int) -> dict:
         t0 = time.perf_counter()
@@ -109,6 +154,7 @@ class SyncEngine:
         rec["compute_s"] = max((r["compute_s"] for r in fresh), default=0.0)
         rec["round_overhead_s"] = (t1 - t0) - compute
         rec["images_per_s"] = total / rec["wall_s"] if rec["wall_s"] > 0 else 0.0
+        rec["downlink_ratio"] = rec["dense_bytes"] / max(1, rec["bytes_down"])
         return rec
 
     def _apply(self, t: int, order: RoundOrder, fresh: list[dict], total: int) -> dict:
@@ -120,18 +166,18 @@ class SyncEngine:
         if payloads:
             try:
                 G = decode_and_sum(payloads, weights, layout)
-                if not np.all(np.isfinite(G)):
+                if not self.ps.apply(G):
                     raise CodecError("aggregated delta is not finite")
             except CodecError as e:
                 log.error("round %s: delta rejected: %s", t, e)
                 rejected = 1
                 self.counters["rejected_deltas"] += 1
-            else:
-                self.W -= G
-                self.version += 1
+        nnz_down = self._send_downlink() if self.sparse_down else self.W.size
+        down_inline = (sum(len(d[4]) for d in order.downlinks) if self.sparse_down else len(order.weights))
         for r in fresh:
             self.last_state_round[r["block"]] = t
             self.counters["state_resets"] += int(r["state_reset"])
+            self.counters["replica_resyncs"] += int(r["replica_resync"])
         loss = sum(r["loss_sum"] for r in fresh) / max(1, total)
         if not math.isfinite(loss):
             raise Diverged(f"round {t}: training loss is not finite")
@@ -143,7 +189,9 @@ class SyncEngine:
             "density": order.density, "nnz_up": sum(r["nnz"] for r in fresh),
             "achieved_density": sum(r["nnz"] for r in fresh) / max(1, self.W.size * len(fresh)),
             "bytes_per_nonzero": sum(len(r["payload"]) for r in fresh) / max(1, sum(r["nnz"] for r in fresh)),
-            "bytes_down": len(order.weights) * len(fresh),
+            # measured: inline downlink bytes per task + broadcast bytes each replica read
+            "bytes_down": down_inline * len(fresh) + sum(r["view_bytes"] for r in fresh),
+            "nnz_down": nnz_down, "replica_resyncs": sum(int(r["replica_resync"]) for r in fresh),
             "dense_bytes": 4 * self.W.size * len(fresh),
             "uplink_ratio": 4 * self.W.size * len(fresh) / max(1, sum(len(r["payload"]) for r in fresh)),
             "task_compute_s": {str(r["block"]): round(r["compute_s"], 4) for r in fresh},
