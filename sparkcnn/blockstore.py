@@ -19,6 +19,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -119,17 +120,26 @@ def save_state(root: str, run_id: str, block: int, round_tag: int, arrays: dict[
                     pass
 
 
-def load_state(root: str, run_id: str, block: int, round_tag: int) -> dict[str, np.ndarray] | None:
-    """The block state produced by round ``round_tag``, or None when it is gone."""
-    hit = _STATES.get((run_id, block), {}).get(round_tag)
-    if hit is not None:
-        return hit
+def load_state(root: str, run_id: str, block: int, round_tag: int,
+               wait_s: float = 0.0) -> dict[str, np.ndarray] | None:
+    """The block state produced by round ``round_tag``, or None when it is gone.
+
+    ``wait_s`` > 0 (pipelined rounds): the previous round's task on this block
+    may still be running in another Python worker; poll for its state.
+    """
     path = os.path.join(_dir(root, run_id), f"state-{block}-{round_tag}.npz")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except (OSError, ValueError):
-        return None
+    deadline = time.monotonic() + wait_s
+    while True:
+        hit = _STATES.get((run_id, block), {}).get(round_tag)
+        if hit is not None:
+            return hit
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                return {k: z[k] for k in z.files}
+        except (OSError, ValueError):
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.002)
 
 
 def clear_process_cache(run_id: str | None = None) -> None:

@@ -68,6 +68,7 @@ class RoundOrder:
     base_version: int
     expect_state: dict = field(default_factory=dict)  # block -> round tag of its last applied state
     density: float = 1.0     # uplink density for this round (after warm-up)
+    state_wait_s: float = 0.0  # pipelined: wait this long for the previous round's block state
     # sparse downlink (weights == b""): recent downlinks as (version, base_version,
     # checksum_after, assign, encoded delta), and a broadcast of the dense view U at
     # view_version that a replica reads only when it is missing or behind
@@ -285,7 +286,8 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, attempt: int 
     images, labels = blockstore.get_block(root, spec.run_id, spec.train_dir, "train", spec.num_blocks, block)
     trainer = get_trainer(spec, task_cores())
     expect = order.expect_state.get(block, -1)
-    state = blockstore.load_state(root, spec.run_id, block, expect) if expect >= 0 else None
+    state = (blockstore.load_state(root, spec.run_id, block, expect, wait_s=order.state_wait_s)
+             if expect >= 0 else None)
     state_reset = expect >= 0 and state is None
     if state_reset:
         log.warning("block %s: state of round %s gone; restarting from zero momentum and residual", block, expect)

@@ -92,3 +92,19 @@ def test_one_block_on_spark_equals_plain_keras(spark, tiny_cfg):
     keras_w = np.concatenate([w.numpy().ravel() for w in model.weights])
     assert np.abs(keras_w - w0).max() > 1e-3  # the steps really moved the weights
     np.testing.assert_allclose(engine.W, keras_w, rtol=1e-4, atol=2e-5)
+
+
+def test_pipelined_sync_on_spark(spark, tiny_cfg):
+    """Two rounds in flight: state is handed over between rounds, nothing reset or dropped."""
+    from sparkcnn.train import train
+
+    cfg = tiny_cfg.replace(engine__pipeline=True, compression__method="threshold", compression__density=0.01)
+    summary = train(cfg, backend=SparkBackend(spark, "t-pipe"))
+    records = read_jsonl(os.path.join(summary["run_dir"], "metrics.jsonl"))
+    rounds = [r for r in records if r["kind"] == "round"]
+    assert [r["round"] for r in rounds] == list(range(summary["rounds"]))
+    assert summary["state_resets"] == 0 and summary["duplicates_dropped"] == 0
+    assert all(0.0 <= r["idle_fraction"] <= 1.0 for r in rounds)
+    k = max(1, len(rounds) // 4)
+    assert np.mean([r["loss"] for r in rounds[-k:]]) < 0.7 * np.mean([r["loss"] for r in rounds[:k]])
+    assert summary["test_accuracy"] > 0.6

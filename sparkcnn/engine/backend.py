@@ -24,14 +24,23 @@ class LocalBackend:
 
     def __init__(self, run_id: str = "local"):
         self.run_id = run_id
+        # one "executor" with one slot: concurrent jobs (pipelining, async) take turns,
+        # as tasks do on a single-core executor; the worker's TF model is not shared
+        self._slot = threading.Lock()
 
     def map_blocks(self, fn, blocks, description=""):
-        return [fn(b, 0) for b in blocks]
+        out = []
+        for b in blocks:
+            with self._slot:
+                out.append(fn(b, 0))
+        return out
 
     def aggregate_blocks(self, fn, blocks, zero, seq, comb, description="", depth=2):
         acc = zero()
         for b in blocks:
-            acc = seq(acc, fn(b, 0))
+            with self._slot:
+                res = fn(b, 0)
+            acc = seq(acc, res)
         return acc
 
     def executor_samples(self):

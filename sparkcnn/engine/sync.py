@@ -68,6 +68,7 @@ class SyncEngine:
         self.last_state_round: dict[int, int] = {}
         self.counters = {"state_resets": 0, "duplicates_dropped": 0, "rejected_deltas": 0, "replica_resyncs": 0}
         self.history: list[dict] = []
+        self._last_done: float | None = None
         self.epoch_history: list[dict] = []
         H = cfg.train.steps_per_round
         self.block_steps = {k: steps_per_epoch(n, cfg.train.batch_size) for k, n in block_rows.items()}
@@ -123,21 +124,30 @@ class SyncEngine:
         return RoundOrder(round=t, epoch=epoch, round_in_epoch=r, steps=steps,
                           step_offset={k: r * H for k in steps}, lr=lr,
                           base_version=self.version, expect_state=dict(self.last_state_round),
-                          density=density, **self._downlink_fields())
+                          density=density, state_wait_s=60.0 if self.cfg.engine.pipeline else 0.0,
+                          **self._downlink_fields())
 
-    def run_round(self, t: int) -> dict:
-        t0 = time.perf_counter()
-        order = self.order_for(t)
+    def _job(self, order: RoundOrder):
+        """One Spark job: every block's round, reduced by treeAggregate. Runs in a pool thread."""
         spec = self.spec
 
         def fn(block, attempt):
             return run_block_round(spec, order, block, attempt)
 
-        blocks = sorted(self.block_rows)
-        desc = f"sparkcnn {spec.run_id} epoch {order.epoch + 1} round {t + 1}"
-        results = self.backend.aggregate_blocks(fn, blocks, _zero, _seq, _comb, desc,
+        t0 = time.perf_counter()
+        desc = f"sparkcnn {spec.run_id} epoch {order.epoch + 1} round {order.round + 1}"
+        results = self.backend.aggregate_blocks(fn, sorted(self.block_rows), _zero, _seq, _comb, desc,
                                                 depth=self.cfg.engine.tree_depth)
-        t1 = time.perf_counter()
+        return results, t0, time.perf_counter()
+
+    def run_round(self, t: int) -> dict:
+        order = self.order_for(t)
+        self.last_state_round = {k: t for k in self.block_rows}
+        return self._complete(order, *self._job(order))
+
+    def _complete(self, order: RoundOrder, results, t0: float, t1: float) -> dict:
+        """Drop duplicates, apply the round's deltas to W, send the downlink, build the record."""
+        t = order.round
         fresh = []
         for res in results:
             key = (res["round"], res["block"])
@@ -149,12 +159,18 @@ class SyncEngine:
         total = sum(r["samples"] for r in fresh)
         rec = self._apply(t, order, fresh, total)
         t2 = time.perf_counter()
-        rec.update(wall_s=t2 - t0, job_s=t1 - t0, apply_s=t2 - t1)
+        # with pipelining a round's wall time runs from the previous completion to this one
+        start = t0 if self._last_done is None else max(t0, self._last_done)
+        self._last_done = t2
+        rec.update(wall_s=t2 - start, job_s=t1 - t0, apply_s=t2 - t1)
         compute = max((r["task_s"] for r in fresh), default=0.0)
         rec["compute_s"] = max((r["compute_s"] for r in fresh), default=0.0)
         rec["round_overhead_s"] = (t1 - t0) - compute
         rec["images_per_s"] = total / rec["wall_s"] if rec["wall_s"] > 0 else 0.0
         rec["downlink_ratio"] = rec["dense_bytes"] / max(1, rec["bytes_down"])
+        slots = max(1, min(len(fresh), self.backend.parallelism))
+        busy = sum(r["task_s"] for r in fresh)
+        rec["idle_fraction"] = max(0.0, 1.0 - busy / (rec["wall_s"] * slots)) if rec["wall_s"] > 0 else 0.0
         return rec
 
     def _apply(self, t: int, order: RoundOrder, fresh: list[dict], total: int) -> dict:
@@ -175,7 +191,6 @@ class SyncEngine:
         nnz_down = self._send_downlink() if self.sparse_down else self.W.size
         down_inline = (sum(len(d[4]) for d in order.downlinks) if self.sparse_down else len(order.weights))
         for r in fresh:
-            self.last_state_round[r["block"]] = t
             self.counters["state_resets"] += int(r["state_reset"])
             self.counters["replica_resyncs"] += int(r["replica_resync"])
         loss = sum(r["loss_sum"] for r in fresh) / max(1, total)
@@ -216,32 +231,63 @@ class SyncEngine:
                 "test_accuracy": sum(r["correct"] for r in res) / max(1, n), "test_samples": n}
 
     def run(self, start_round: int = 0, on_epoch=None) -> dict:
+        """Run rounds ``start_round..total``; with ``engine.pipeline`` two rounds are in flight.
+
+        Pipelined: round t+1 is computed from the weights before round t is
+        applied (bounded staleness 1) while the driver aggregates round t, so
+        executors do not idle through the driver's share of a round.
+        """
+        from concurrent.futures import ThreadPoolExecutor
+        from collections import deque
+
         t_start = time.perf_counter()
-        for t in range(start_round, self.total_rounds):
-            rec = self.run_round(t)
-            self.history.append(rec)
-            if self.sink:
-                self.sink.write(rec)
-            if self.progress:
-                self.progress.round(rec, self.total_rounds)
-            if (t + 1) % self.rounds_per_epoch == 0:
-                epoch = t // self.rounds_per_epoch
-                ev = self.evaluate(epoch)
-                rounds = [h for h in self.history if h["epoch"] == epoch]
-                erec = {"kind": "epoch", "epoch": epoch, **ev,
-                        "train_loss": float(np.mean([h["loss"] for h in rounds])) if rounds else None,
-                        "wall_s": time.perf_counter() - t_start,
-                        "bytes_up": sum(h["bytes_up"] for h in rounds),
-                        "bytes_down": sum(h["bytes_down"] for h in rounds),
-                        **self.counters}
-                self.epoch_history.append(erec)
-                if self.sink:
-                    self.sink.write(erec)
-                if self.progress:
-                    self.progress.epoch(erec)
-                if on_epoch:
-                    on_epoch(erec)
+        depth = 2 if self.cfg.engine.pipeline else 1
+        inflight: deque = deque()
+        next_t = start_round
+        with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="sparkcnn-round") as pool:
+            try:
+                while next_t < self.total_rounds or inflight:
+                    while next_t < self.total_rounds and len(inflight) < depth:
+                        order = self.order_for(next_t)
+                        # the next round on this block starts from this round's state
+                        self.last_state_round = {k: next_t for k in self.block_rows}
+                        inflight.append((order, pool.submit(self._job, order)))
+                        next_t += 1
+                    order, fut = inflight.popleft()
+                    rec = self._complete(order, *fut.result())
+                    t = order.round
+                    self._record(rec, t, t_start, on_epoch)
+            except BaseException:
+                for _, fut in inflight:
+                    fut.cancel()
+                self.backend.stop()
+                raise
         return self.summary(time.perf_counter() - t_start)
+
+    def _record(self, rec: dict, t: int, t_start: float, on_epoch) -> None:
+        self.history.append(rec)
+        if self.sink:
+            self.sink.write(rec)
+        if self.progress:
+            self.progress.round(rec, self.total_rounds)
+        if (t + 1) % self.rounds_per_epoch:
+            return
+        epoch = t // self.rounds_per_epoch
+        ev = self.evaluate(epoch)
+        rounds = [h for h in self.history if h["epoch"] == epoch]
+        erec = {"kind": "epoch", "epoch": epoch, **ev,
+                "train_loss": float(np.mean([h["loss"] for h in rounds])) if rounds else None,
+                "wall_s": time.perf_counter() - t_start,
+                "bytes_up": sum(h["bytes_up"] for h in rounds),
+                "bytes_down": sum(h["bytes_down"] for h in rounds),
+                **self.counters}
+        self.epoch_history.append(erec)
+        if self.sink:
+            self.sink.write(erec)
+        if self.progress:
+            self.progress.epoch(erec)
+        if on_epoch:
+            on_epoch(erec)
 
     def summary(self, wall_s: float) -> dict:
         h = self.history

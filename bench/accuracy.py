@@ -1,0 +1,114 @@
+"""The seed experiment table on Fashion-MNIST: accuracy, time and bytes per variant.
+
+Prints one JSON object ``{"runs": [...], "sweep": [...]}``. Each run trains
+``fmnist_cnn`` on 2 blocks (local[2]) for ``--epochs`` epochs and reports final
+and per-epoch test accuracy, wall time, measured bytes up and down, the dense
+equivalents (4·P per block per round and direction), ``steady_uplink_ratio``
+(dense / actual bytes per round once the density warm-up is over) and
+``run_uplink_ratio`` (whole run); likewise for the downlink.
+
+    python bench/accuracy.py [--quick] [--variants sync-dense,sync-sparse] [--no-sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench._common import emit, ensure_data  # noqa: E402
+
+SPARSE = ["compression.method=threshold", "compression.density=0.001", "compression.initial_density=0.25",
+          "compression.warmup_epochs=1", "compression.dense_below=1000"]  # only biases travel dense
+VARIANTS = {
+    "sync-dense": ["train.steps_per_round=10"],
+    "sync-sparse": ["train.steps_per_round=10", *SPARSE],
+    "sync-sparse-bidir": ["train.steps_per_round=10", *SPARSE, "compression.density_down=0.01"],
+}
+# accuracy vs steady uplink ratio: density x steps_per_round (3 epochs each)
+SWEEP = [(d, h) for d in (0.01, 0.001) for h in (10, 50)]
+
+
+def _ratios(records: list[dict], warmup_epochs: float, rounds_per_epoch: int) -> dict:
+    rounds = [r for r in records if r["kind"] == "round"]
+    steady = [r for r in rounds if r["round"] >= warmup_epochs * rounds_per_epoch] or rounds
+    up, down = sum(r["bytes_up"] for r in rounds), sum(r["bytes_down"] for r in rounds)
+    dense = sum(r["dense_bytes"] for r in rounds)
+    s_up, s_down = sum(r["bytes_up"] for r in steady), sum(r["bytes_down"] for r in steady)
+    s_dense = sum(r["dense_bytes"] for r in steady)
+    return {"bytes_up": up, "bytes_down": down, "dense_bytes_up": dense, "dense_bytes_down": dense,
+            "steady_uplink_ratio": s_dense / max(1, s_up), "run_uplink_ratio": dense / max(1, up),
+            "steady_downlink_ratio": s_dense / max(1, s_down), "run_downlink_ratio": dense / max(1, down),
+            "run_total_ratio": 2 * dense / max(1, up + down),
+            "mean_round_overhead_ms": 1000 * sum(r["round_overhead_s"] for r in rounds) / max(1, len(rounds))}
+
+
+def run_variant(data: str, name: str, overrides: list[str], epochs: int, out_dir: str) -> dict:
+    from sparkcnn import config
+    from sparkcnn.metrics import read_jsonl
+    from sparkcnn.train import train
+
+    cfg = config.load(None, [f"data.path={data}", f"run.out_dir={out_dir}", f"run.name={name}",
+                             f"train.epochs={epochs}", "train.lr_warmup_epochs=0.3", *overrides])
+    t0 = time.perf_counter()
+    s = train(cfg)
+    wall = time.perf_counter() - t0
+    records = read_jsonl(os.path.join(s["run_dir"], "metrics.jsonl"))
+    rpe = max(1, s["rounds"] // max(1, s["epochs"]))
+    return {"name": name, "overrides": overrides, "epochs": epochs, "test_accuracy": s["test_accuracy"],
+            "accuracy_per_epoch": s["accuracy_per_epoch"], "wall_s": wall, "train_wall_s": s["wall_s"],
+            "images_per_s": s["images_per_s"],
+            **_ratios(records, cfg.compression.warmup_epochs if cfg.compression.method != "none" else 0, rpe),
+            "state_resets": s["state_resets"], "replica_resyncs": s["replica_resyncs"]}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="1 epoch per variant, no sweep")
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--sweep-epochs", type=int, default=3)
+    a = ap.parse_args(argv)
+    data = ensure_data()
+    out_dir = tempfile.mkdtemp(prefix="sparkcnn-bench-acc-")
+    epochs = 1 if a.quick else a.epochs
+    runs = []
+    for name in a.variants.split(","):
+        if name not in VARIANTS:
+            raise SystemExit(f"bench/accuracy.py: unknown variant {name!r} (known: {', '.join(VARIANTS)})")
+        runs.append(run_variant(data, name, VARIANTS[name], epochs, out_dir))
+        print(f"# {name}: {runs[-1]['test_accuracy']}", file=sys.stderr, flush=True)
+    sweep = []
+    if not (a.quick or a.no_sweep):
+        for d, h in SWEEP:
+            ov = [f"train.steps_per_round={h}", *SPARSE[:1], f"compression.density={d}", *SPARSE[2:]]
+            r = run_variant(data, f"sweep-d{d}-h{h}", ov, a.sweep_epochs, out_dir)
+            sweep.append({"density": d, "steps_per_round": h, "test_accuracy": r["test_accuracy"],
+                          "steady_uplink_ratio": r["steady_uplink_ratio"], "wall_s": r["wall_s"],
+                          "epochs": a.sweep_epochs})
+            print(f"# sweep d={d} h={h}: {r['test_accuracy']}", file=sys.stderr, flush=True)
+    by = {r["name"]: r for r in runs}
+    checks = {}
+    if "sync-dense" in by:
+        checks["sync-dense>=0.91"] = by["sync-dense"]["test_accuracy"] >= 0.91
+        for v in ("sync-sparse", "sync-sparse-bidir"):
+            if v in by:
+                checks[f"{v} within 0.5pt of sync-dense"] = (
+                    by["sync-dense"]["test_accuracy"] - by[v]["test_accuracy"] <= 0.005)
+    if "sync-sparse" in by:
+        checks["sync-sparse steady_uplink_ratio>=270"] = by["sync-sparse"]["steady_uplink_ratio"] >= 270
+    if "sync-sparse-bidir" in by:
+        checks["sync-sparse-bidir steady_downlink_ratio>=100"] = by["sync-sparse-bidir"]["steady_downlink_ratio"] >= 100
+    out = {"bench": "accuracy", "quick": a.quick, "model": "fmnist_cnn", "blocks": 2, "runs": runs,
+           "sweep": sweep, "checks": checks}
+    emit(out)
+    return out
+
+
+if __name__ == "__main__":
+    main()
