@@ -132,7 +132,7 @@ class Trainer:
         @tf.function(reduce_retracing=True)
         def eval_step(x, y):
             logits = model(x, training=False)
-            loss = tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+            loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(tf.cast(y, tf.int32), logits))
             correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), y), tf.int32))
             return loss, correct
 
