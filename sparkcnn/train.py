@@ -64,6 +64,7 @@ def build_spec(cfg, run_id: str, train_dir: str, test_dir: str, train_meta, mode
         value_dtype="float32" if cfg.compression.method == "none" else cfg.compression.value_dtype,
         method=cfg.compression.method, dense_below=cfg.compression.dense_below,
         momentum_mode=cfg.compression.momentum,
+        per_step=cfg.compression.method != "none" and cfg.train.steps_per_round == 1,
         deterministic=cfg.run.deterministic)
 
 
@@ -83,7 +84,8 @@ def make_backend(cfg, run_id: str):
     from sparkcnn.engine.backend import SparkBackend, get_or_create_spark
 
     spark = get_or_create_spark(cfg.engine.master, app_name=f"sparkcnn {run_id}")
-    return SparkBackend(spark, run_id)
+    # async jobs of one run share a FAIR pool (effective when the session runs the FAIR scheduler)
+    return SparkBackend(spark, run_id, pool=f"sparkcnn-{run_id}" if cfg.engine.mode == "async" else None)
 
 
 def warm_up(backend, spec: TaskSpec) -> float:
@@ -116,6 +118,7 @@ def block_sizes(num_rows: int, num_blocks: int) -> dict[int, int]:
 
 def build_engine(cfg, backend, run_id: str, sink=None, progress=None):
     """Model, task spec and engine for ``cfg`` on ``backend`` (benchmarks and tests use it too)."""
+    from sparkcnn.engine.asynchronous import AsyncEngine
     from sparkcnn.engine.sync import SyncEngine
     from sparkcnn.models import build_model
 
@@ -124,7 +127,8 @@ def build_engine(cfg, backend, run_id: str, sink=None, progress=None):
         raise BadInput(f"data.num_blocks={cfg.data.num_blocks} exceeds the {meta.num_rows} training rows")
     model = build_model(cfg.model.name, (meta.height, meta.width, meta.channels), len(meta.classes), cfg.run.seed)
     spec = build_spec(cfg, run_id, train_dir, test_dir, meta, model)
-    engine = SyncEngine(cfg, backend, spec, block_sizes(meta.num_rows, cfg.data.num_blocks),
+    cls = AsyncEngine if cfg.engine.mode == "async" else SyncEngine
+    engine = cls(cfg, backend, spec, block_sizes(meta.num_rows, cfg.data.num_blocks),
                         flat_weights(model), sink=sink, progress=progress)
     return engine, model
 

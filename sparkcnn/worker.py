@@ -50,6 +50,7 @@ class TaskSpec:
     method: str = "none"     # compression.method: none | threshold | topk
     dense_below: int = 16384 # tensors smaller than this travel dense
     momentum_mode: str = "correction"  # correction | sparsification_aware (steps_per_round = 1)
+    per_step: bool = False   # steps_per_round = 1 with compression: the DGC per-step form
     deterministic: bool = False
     local_root: str = ""     # "" = the executor's Spark local directory
 
@@ -303,8 +304,16 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, attempt: int 
     batches = [batch_indices(len(labels), spec.batch_size, spec.seed, order.epoch, block, start + i)
                for i in range(h)]
     batches = [b for b in batches if len(b) == spec.batch_size]
+    if not batches:  # this block has no full minibatch left this epoch: carry its state over
+        blockstore.save_state(root, spec.run_id, block, order.round, state)
+        empty = codec.encode(SparseDelta.empty(int(sum(spec.layout))), spec.layout, value_dtype=spec.value_dtype)
+        return {"round": order.round, "block": block, "attempt": attempt, "base_version": order.base_version,
+                "samples": 0, "loss_sum": 0.0, "correct": 0, "steps": 0, "prep_s": 0.0, "compute_s": 0.0,
+                "encode_s": 0.0, "task_s": time.perf_counter() - t0, "nnz": 0, "lr_scale": 1.0,
+                "replica_resync": resynced, "view_bytes": view_bytes, "state_reset": state_reset,
+                "pid": os.getpid(), "payload": empty}
     sparse = spec.method != "none"
-    per_step = sparse and h == 1
+    per_step = sparse and spec.per_step
     lr_scale = 1.0
     t1 = time.perf_counter()
     if per_step:

@@ -80,6 +80,8 @@ def get_or_create_spark(master: str = "", app_name: str = "sparkcnn", conf: dict
     # a console progress bar of our own is printed by the CLI; Spark's would interleave
     builder = builder.config("spark.ui.showConsoleProgress", "false")
     builder = builder.config("spark.python.worker.reuse", "true")
+    # async mode submits jobs from several threads; FAIR shares executors between them
+    builder = builder.config("spark.scheduler.mode", "FAIR")
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
