@@ -150,15 +150,33 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class GuardConfig:
+    max_norm_factor: float = 10.0   # reject a block's delta whose L2 norm exceeds this x running median
+    loss_spike_factor: float = 3.0  # a round loss above this x running median is a spike
+    action: str = "halve_lr"        # on a spike: halve_lr | raise_density | stop (exit 3)
+
+    def validate(self, p: str) -> None:
+        _check(self.max_norm_factor > 1, f"{p}.max_norm_factor", "> 1", self.max_norm_factor)
+        _check(self.loss_spike_factor > 1, f"{p}.loss_spike_factor", "> 1", self.loss_spike_factor)
+        _check(self.action in ("halve_lr", "raise_density", "stop"), f"{p}.action",
+               "one of halve_lr, raise_density, stop", self.action)
+
+
+@dataclass(frozen=True)
 class ChaosConfig:
     """Fault injection, for tests and drills only. Leave at defaults in production."""
 
     fail_task_probability: float = 0.0  # fail a task's first attempt with this probability
-    slow_executor: float = 1.0          # slow-down factor applied to block 0's tasks (>= 1)
+    kill_worker_probability: float = 0.0  # os._exit the Python worker mid-task (first attempts only)
+    slow_executor: float = 1.0          # local mode: slow block 0's tasks by this factor (clusters:
+                                        # set SPARKCNN_CHAOS_SLOW=<factor> in one worker's environment)
+    nan_round: int = -1                 # inject NaN into block 0's delta in this round (-1 = never)
 
     def validate(self, p: str) -> None:
         _check(0 <= self.fail_task_probability < 1, f"{p}.fail_task_probability", "in [0, 1)",
                self.fail_task_probability)
+        _check(0 <= self.kill_worker_probability < 1, f"{p}.kill_worker_probability", "in [0, 1)",
+               self.kill_worker_probability)
         _check(self.slow_executor >= 1, f"{p}.slow_executor", ">= 1", self.slow_executor)
 
 
@@ -173,6 +191,7 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
     chaos: ChaosConfig = field(default_factory=ChaosConfig)
 
     def validate(self) -> "Config":

@@ -65,6 +65,8 @@ def build_spec(cfg, run_id: str, train_dir: str, test_dir: str, train_meta, mode
         method=cfg.compression.method, dense_below=cfg.compression.dense_below,
         momentum_mode=cfg.compression.momentum,
         per_step=cfg.compression.method != "none" and cfg.train.steps_per_round == 1,
+        chaos_fail_p=cfg.chaos.fail_task_probability, chaos_kill_p=cfg.chaos.kill_worker_probability,
+        chaos_slow=cfg.chaos.slow_executor, chaos_nan_round=cfg.chaos.nan_round,
         deterministic=cfg.run.deterministic)
 
 

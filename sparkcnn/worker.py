@@ -51,6 +51,11 @@ class TaskSpec:
     dense_below: int = 16384 # tensors smaller than this travel dense
     momentum_mode: str = "correction"  # correction | sparsification_aware (steps_per_round = 1)
     per_step: bool = False   # steps_per_round = 1 with compression: the DGC per-step form
+    # fault injection (chaos.*): tests and drills only
+    chaos_fail_p: float = 0.0
+    chaos_kill_p: float = 0.0
+    chaos_slow: float = 1.0
+    chaos_nan_round: int = -1
     deterministic: bool = False
     local_root: str = ""     # "" = the executor's Spark local directory
 
@@ -347,9 +352,20 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, attempt: int 
         else:
             sent = SparseDelta.from_dense(delta)
             new_state = {"momentum": momentum}
-    payload = codec.encode(sent, spec.layout, value_dtype=spec.value_dtype)
+    t2 = _chaos_slow(spec, block, t1, t2)
+    if order.round == spec.chaos_nan_round and block == 0:
+        vals = sent.values.copy()
+        vals[: max(1, len(vals) // 100)] = np.nan
+        sent = SparseDelta(sent.size, sent.indices, vals)
+    payload = codec.encode(sent, spec.layout, value_dtype=spec.value_dtype,
+                           unchecked_values=order.round == spec.chaos_nan_round)
     t3 = time.perf_counter()
+    if attempt == 0 and _chaos_draw(spec, order.round, block, 1) < spec.chaos_kill_p:
+        log.warning("chaos: killing the Python worker (block %s round %s)", block, order.round)
+        os._exit(17)
     blockstore.save_state(root, spec.run_id, block, order.round, new_state)
+    if attempt == 0 and _chaos_draw(spec, order.round, block, 0) < spec.chaos_fail_p:
+        raise RuntimeError(f"chaos: injected failure of block {block} round {order.round} attempt 0")
     return {
         "round": order.round, "block": block, "attempt": attempt, "base_version": order.base_version,
         "samples": seen, "loss_sum": loss_sum, "correct": correct, "steps": len(batches),
@@ -358,6 +374,22 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, attempt: int 
         "replica_resync": resynced, "view_bytes": view_bytes,
         "state_reset": state_reset, "pid": os.getpid(), "payload": payload,
     }
+
+
+def _chaos_draw(spec: TaskSpec, round_: int, block: int, stream: int) -> float:
+    """A reproducible uniform draw per (seed, round, block, stream): the same attempts fail on rerun."""
+    return float(np.random.default_rng([spec.seed, round_, block, stream, 7]).random())
+
+
+def _chaos_slow(spec: TaskSpec, block: int, t1: float, t2: float) -> float:
+    """Slow this task by a factor: SPARKCNN_CHAOS_SLOW on an executor, or chaos.slow_executor on block 0."""
+    factor = float(os.environ.get("SPARKCNN_CHAOS_SLOW", "1") or 1)
+    if block == 0:
+        factor = max(factor, spec.chaos_slow)
+    if factor > 1:
+        time.sleep((factor - 1) * (t2 - t1))
+        return time.perf_counter()
+    return t2
 
 
 _REPLICAS: dict = {}

@@ -25,7 +25,7 @@ import numpy as np
 
 from sparkcnn.compression.warmup import density_at, lr_at
 from sparkcnn.engine.sync import SyncEngine
-from sparkcnn.errors import CodecError, Diverged
+from sparkcnn.errors import CodecError
 from sparkcnn.scheduler import AsyncPolicy, BlockSpeed, DecisionKind
 from sparkcnn.staleness import staleness_scale
 from sparkcnn.worker import RoundOrder, run_block_round
@@ -82,9 +82,9 @@ class AsyncEngine(SyncEngine):
         e = self.epoch_float
         steps = max(1, min(steps, self.block_steps[block] - self.block_step[block]))
         lr = lr_at(min(e, cfg.train.epochs), base_lr=cfg.train.lr, warmup_epochs=cfg.train.lr_warmup_epochs,
-                   total_epochs=cfg.train.epochs, schedule=cfg.train.lr_schedule)
-        density = 1.0 if c.method == "none" else density_at(
-            e, initial=max(c.initial_density, c.density), target=c.density, warmup_epochs=c.warmup_epochs)
+                   total_epochs=cfg.train.epochs, schedule=cfg.train.lr_schedule) * self.lr_factor
+        density = 1.0 if c.method == "none" else min(1.0, self.density_factor * density_at(
+            e, initial=max(c.initial_density, c.density), target=c.density, warmup_epochs=c.warmup_epochs))
         job = self.jobs
         self.jobs += 1
         order = RoundOrder(round=job, epoch=self.block_epoch[block], round_in_epoch=self.block_step[block],
@@ -121,11 +121,14 @@ class AsyncEngine(SyncEngine):
         scale = staleness_scale(tau, self.cfg.ps.staleness) * r["lr_scale"] / self.num_blocks
         rejected = 0
         if r["samples"] > 0:
-            from sparkcnn.compression.sparse_sum import decode_and_sum
+            from sparkcnn.compression import codec
 
             try:
-                G = decode_and_sum([r["payload"]], [scale], self.spec.layout)
-                if not self.ps.apply(G):
+                d = codec.decode(r["payload"], self.spec.layout)
+                why = self.guard.check_delta(d.values)
+                if why:
+                    raise CodecError(why)
+                if not self.ps.apply(d, scale=scale):
                     raise CodecError("delta is not finite")
             except CodecError as e:
                 log.error("job %s block %s: delta rejected: %s", r["round"], block, e)
@@ -145,8 +148,7 @@ class AsyncEngine(SyncEngine):
             self.block_epoch[block] += 1
             self.block_step[block] = 0
         loss = r["loss_sum"] / max(1, r["samples"])
-        if not np.isfinite(loss):
-            raise Diverged(f"job {r['round']} block {block}: training loss is not finite")
+        self._check_loss(r["round"], loss)
         t2 = time.perf_counter()
         n = self.W.size
         return {

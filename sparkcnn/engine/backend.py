@@ -28,19 +28,25 @@ class LocalBackend:
         # as tasks do on a single-core executor; the worker's TF model is not shared
         self._slot = threading.Lock()
 
+    max_attempts = 4  # like spark.task.maxFailures: a failed task is retried as attempt + 1
+
+    def _task(self, fn, block):
+        for attempt in range(self.max_attempts):
+            try:
+                with self._slot:
+                    return fn(block, attempt)
+            except Exception:
+                if attempt + 1 == self.max_attempts:
+                    raise
+                log.warning("block %s attempt %s failed; retrying", block, attempt, exc_info=True)
+
     def map_blocks(self, fn, blocks, description=""):
-        out = []
-        for b in blocks:
-            with self._slot:
-                out.append(fn(b, 0))
-        return out
+        return [self._task(fn, b) for b in blocks]
 
     def aggregate_blocks(self, fn, blocks, zero, seq, comb, description="", depth=2):
         acc = zero()
         for b in blocks:
-            with self._slot:
-                res = fn(b, 0)
-            acc = seq(acc, res)
+            acc = seq(acc, self._task(fn, b))
         return acc
 
     def executor_samples(self):

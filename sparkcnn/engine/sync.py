@@ -18,7 +18,6 @@ import time
 
 import numpy as np
 
-from sparkcnn.compression.sparse_sum import decode_and_sum
 from sparkcnn.compression.warmup import density_at, lr_at
 from sparkcnn.errors import CodecError, Diverged
 from sparkcnn.worker import RoundOrder, run_block_eval, run_block_round, steps_per_epoch
@@ -66,14 +65,34 @@ class SyncEngine:
         self.progress = progress
         self.applied: set[tuple[int, int]] = set()
         self.last_state_round: dict[int, int] = {}
-        self.counters = {"state_resets": 0, "duplicates_dropped": 0, "rejected_deltas": 0, "replica_resyncs": 0}
+        self.counters = {"state_resets": 0, "duplicates_dropped": 0, "rejected_deltas": 0, "replica_resyncs": 0,
+                         "loss_spikes": 0}
         self.history: list[dict] = []
         self._last_done: float | None = None
+        from sparkcnn.guard import DivergenceGuard
+
+        self.guard = DivergenceGuard(cfg.guard.max_norm_factor, cfg.guard.loss_spike_factor)
+        self.lr_factor = 1.0        # halved by the guard on a loss spike
+        self.density_factor = 1.0   # raised by the guard on a loss spike
         self.epoch_history: list[dict] = []
         H = cfg.train.steps_per_round
         self.block_steps = {k: steps_per_epoch(n, cfg.train.batch_size) for k, n in block_rows.items()}
         self.rounds_per_epoch = max(1, math.ceil(max(self.block_steps.values()) / H))
         self.total_rounds = self.rounds_per_epoch * cfg.train.epochs
+
+    def _check_loss(self, t: int, loss: float) -> None:
+        """Loss spike: act as ``guard.action`` says (halve the lr, raise the density, or stop)."""
+        if not self.guard.check_loss(loss):
+            return
+        action = self.cfg.guard.action
+        log.warning("round %s: loss %.4g is a spike; action %s", t, loss, action)
+        self.counters["loss_spikes"] += 1
+        if action == "stop" or not math.isfinite(loss):
+            raise Diverged(f"round {t}: training loss {loss:.4g} diverged (guard.action={action})")
+        if action == "halve_lr":
+            self.lr_factor *= 0.5
+        else:
+            self.density_factor = min(1.0 / max(self.cfg.compression.density, 1e-12), self.density_factor * 4)
 
     @property
     def W(self) -> np.ndarray:
@@ -116,11 +135,11 @@ class SyncEngine:
         steps = {k: max(0, min(H, s - r * H)) for k, s in self.block_steps.items()}
         lr = lr_at(epoch + r / self.rounds_per_epoch, base_lr=self.cfg.train.lr,
                    warmup_epochs=self.cfg.train.lr_warmup_epochs, total_epochs=self.cfg.train.epochs,
-                   schedule=self.cfg.train.lr_schedule)
+                   schedule=self.cfg.train.lr_schedule) * self.lr_factor
         c = self.cfg.compression
-        density = 1.0 if c.method == "none" else density_at(
+        density = 1.0 if c.method == "none" else min(1.0, self.density_factor * density_at(
             epoch + r / self.rounds_per_epoch, initial=max(c.initial_density, c.density), target=c.density,
-            warmup_epochs=c.warmup_epochs)
+            warmup_epochs=c.warmup_epochs))
         return RoundOrder(round=t, epoch=epoch, round_in_epoch=r, steps=steps,
                           step_offset={k: r * H for k in steps}, lr=lr,
                           base_version=self.version, expect_state=dict(self.last_state_round),
@@ -174,28 +193,40 @@ class SyncEngine:
         return rec
 
     def _apply(self, t: int, order: RoundOrder, fresh: list[dict], total: int) -> dict:
+        from sparkcnn.compression import codec
+        from sparkcnn.compression.sparse_sum import weighted_sum
+
         layout = self.spec.layout
-        payloads = [r["payload"] for r in fresh if r["samples"] > 0]
-        # samples-weighted mean; the per-step (H = 1) DGC form also scales by lr
-        weights = [r["lr_scale"] * r["samples"] / total for r in fresh if r["samples"] > 0]
-        rejected = 0
-        if payloads:
-            try:
-                G = decode_and_sum(payloads, weights, layout)
-                if not self.ps.apply(G):
-                    raise CodecError("aggregated delta is not finite")
+        good, rejected = [], 0
+        for r in fresh:
+            if r["samples"] <= 0:
+                continue
+            try:  # each block's delta is validated alone: a bad one never reaches W, the rest apply
+                d = codec.decode(r["payload"], layout)
+                why = self.guard.check_delta(d.values)
+                if why:
+                    raise CodecError(why)
             except CodecError as e:
-                log.error("round %s: delta rejected: %s", t, e)
-                rejected = 1
+                log.error("round %s block %s: delta rejected: %s", t, r["block"], e)
+                rejected += 1
                 self.counters["rejected_deltas"] += 1
+                continue
+            good.append((r, d))
+        if good:
+            n_good = sum(r["samples"] for r, _ in good)
+            # samples-weighted mean; the per-step (H = 1) DGC form also scales by lr
+            G = weighted_sum([d for _, d in good], [r["lr_scale"] * r["samples"] / n_good for r, _ in good],
+                             self.W.size)
+            if not self.ps.apply(G):
+                rejected += len(good)
+                self.counters["rejected_deltas"] += len(good)
         nnz_down = self._send_downlink() if self.sparse_down else self.W.size
         down_inline = (sum(len(d[4]) for d in order.downlinks) if self.sparse_down else len(order.weights))
         for r in fresh:
             self.counters["state_resets"] += int(r["state_reset"])
             self.counters["replica_resyncs"] += int(r["replica_resync"])
         loss = sum(r["loss_sum"] for r in fresh) / max(1, total)
-        if not math.isfinite(loss):
-            raise Diverged(f"round {t}: training loss is not finite")
+        self._check_loss(t, loss)
         return {
             "kind": "round", "round": t, "epoch": order.epoch, "round_in_epoch": order.round_in_epoch,
             "lr": order.lr, "version": self.version, "loss": loss,

@@ -1,0 +1,97 @@
+"""Fault injection on the in-process backend: retried tasks, NaN deltas, divergence."""
+
+import numpy as np
+import pytest
+
+from sparkcnn.engine.backend import LocalBackend
+from sparkcnn.errors import Diverged
+from sparkcnn.train import build_engine
+
+
+def _run(cfg, run_id, rounds):
+    backend = LocalBackend(run_id)
+    engine, _ = build_engine(cfg, backend, run_id)
+    recs = [engine.run_round(t) for t in range(rounds)]
+    return engine, recs
+
+
+def test_failed_attempts_are_retried_and_applied_exactly_once(tiny_cfg):
+    cfg = tiny_cfg.replace(run__deterministic=True, compression__method="threshold", compression__density=0.05)
+    clean, _ = _run(cfg, "t-clean", 8)
+    flaky_cfg = cfg.replace(chaos__fail_task_probability=0.3)
+    flaky, recs = _run(flaky_cfg, "t-flaky", 8)
+    # every (round, block) applied once, in order; the failed first attempts were retried
+    assert sorted(flaky.applied) == [(t, k) for t in range(8) for k in range(cfg.data.num_blocks)]
+    assert flaky.version == 8 and flaky.counters["duplicates_dropped"] == 0
+    assert flaky.counters["state_resets"] == 0
+    # deterministic mode: failures change nothing
+    np.testing.assert_array_equal(flaky.W, clean.W)
+
+
+def test_nan_delta_never_reaches_weights(tiny_cfg):
+    cfg = tiny_cfg.replace(chaos__nan_round=2)
+    engine, recs = _run(cfg, "t-nan", 5)
+    assert recs[2]["rejected"] == 1 and engine.counters["rejected_deltas"] == 1
+    assert all(r["rejected"] == 0 for i, r in enumerate(recs) if i != 2)
+    assert np.all(np.isfinite(engine.W))
+    assert engine.version == 5  # the other block's delta of round 2 was still applied
+    assert recs[-1]["loss"] < recs[0]["loss"]
+
+
+def test_exploding_delta_is_rejected_by_norm_guard(tiny_cfg):
+    from sparkcnn.guard import DivergenceGuard
+
+    g = DivergenceGuard(max_norm_factor=10, warmup=3)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        assert g.check_delta(rng.normal(size=100).astype(np.float32)) is None
+    assert "norm" in g.check_delta(1000 * rng.normal(size=100).astype(np.float32))
+    assert g.check_delta(np.array([1.0, np.nan], np.float32)) == "non-finite values"
+    assert g.rejected == 2
+    assert not g.check_loss(1.0) and not g.check_loss(1.1)
+
+
+@pytest.mark.parametrize("action", ["stop", "halve_lr", "raise_density"])
+def test_loss_spike_actions(tiny_cfg, action):
+    cfg = tiny_cfg.replace(guard__action=action, compression__method="threshold", compression__density=0.01)
+    backend = LocalBackend(f"t-spike-{action}")
+    engine, _ = build_engine(cfg, backend, backend.run_id)
+    recs = [engine.run_round(t) for t in range(6)]
+    lr, density = engine.order_for(6).lr, engine.order_for(6).density
+    spike = 50 * recs[-1]["loss"]
+    if action == "stop":
+        with pytest.raises(Diverged, match="diverged"):
+            engine._check_loss(6, spike)
+        return
+    engine._check_loss(6, spike)
+    assert engine.counters["loss_spikes"] == 1
+    if action == "halve_lr":
+        assert engine.order_for(6).lr == pytest.approx(lr / 2)
+    else:
+        assert engine.order_for(6).density == pytest.approx(min(1.0, 4 * density))
+
+
+def test_non_finite_loss_is_divergence_and_cli_exit_3(tiny_cfg, monkeypatch, capsys):
+    from sparkcnn import cli, train as train_mod
+
+    backend = LocalBackend("t-nanloss")
+    engine, _ = build_engine(tiny_cfg, backend, backend.run_id)
+    with pytest.raises(Diverged):
+        engine._check_loss(0, float("nan"))
+
+    def diverge(*a, **k):
+        raise Diverged("round 3: training loss nan diverged (guard.action=halve_lr)")
+
+    monkeypatch.setattr(train_mod, "train", diverge)
+    assert cli.main(["train", "--set", f"data.path={tiny_cfg.data.path}"]) == 3
+    assert "diverged" in capsys.readouterr().err
+
+
+def test_loss_spike_halves_learning_rate():
+    from sparkcnn.guard import DivergenceGuard
+
+    g = DivergenceGuard(loss_spike_factor=3, warmup=3)
+    for loss in (1.0, 0.9, 0.8, 0.85):
+        assert not g.check_loss(loss)
+    assert g.check_loss(5.0) and g.spikes == 1
+    assert g.check_loss(float("nan"))
