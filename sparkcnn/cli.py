@@ -40,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override one config field (repeatable)")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tr.add_argument("--resume", metavar="RUN_DIR",
+                    help="continue runs/<run_id> from its latest checkpoint (same run id and config)")
 
     ev = sub.add_parser("evaluate", help="test loss and accuracy of a saved model on a prepared split")
     ev.add_argument("--model", required=True, help="model.keras file or run directory")
@@ -100,8 +102,17 @@ def cmd_train(a) -> int:
     from sparkcnn.metrics import ProgressBar
     from sparkcnn.train import train
 
-    cfg = config.load(a.config, a.overrides)
-    summary = train(cfg, progress=None if a.no_progress else ProgressBar())
+    progress = None if a.no_progress else ProgressBar()
+    if a.resume:
+        from sparkcnn.train import resume_config
+
+        if a.config:
+            raise BadInput("--resume uses the run's own config.yaml; drop --config")
+        cfg = resume_config(a.resume, a.overrides)
+        summary = train(cfg, progress=progress, run_dir=a.resume, resume=True)
+    else:
+        cfg = config.load(a.config, a.overrides)
+        summary = train(cfg, progress=progress)
     print(json.dumps(summary, indent=2))
     return 0
 

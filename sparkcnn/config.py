@@ -171,6 +171,7 @@ class ChaosConfig:
     slow_executor: float = 1.0          # local mode: slow block 0's tasks by this factor (clusters:
                                         # set SPARKCNN_CHAOS_SLOW=<factor> in one worker's environment)
     nan_round: int = -1                 # inject NaN into block 0's delta in this round (-1 = never)
+    kill_driver_round: int = -1         # SIGKILL the driver right after this round (-1 = never)
 
     def validate(self, p: str) -> None:
         _check(0 <= self.fail_task_probability < 1, f"{p}.fail_task_probability", "in [0, 1)",

@@ -85,6 +85,10 @@ def set_flat_weights(model, flat: np.ndarray) -> None:
 def make_backend(cfg, run_id: str):
     from sparkcnn.engine.backend import SparkBackend, get_or_create_spark
 
+    if cfg.engine.master == "inprocess":  # no Spark: every block runs in this process (tests, debugging)
+        from sparkcnn.engine.backend import LocalBackend
+
+        return LocalBackend(run_id)
     spark = get_or_create_spark(cfg.engine.master, app_name=f"sparkcnn {run_id}")
     # async jobs of one run share a FAIR pool (effective when the session runs the FAIR scheduler)
     return SparkBackend(spark, run_id, pool=f"sparkcnn-{run_id}" if cfg.engine.mode == "async" else None)
@@ -118,7 +122,7 @@ def block_sizes(num_rows: int, num_blocks: int) -> dict[int, int]:
     return out
 
 
-def build_engine(cfg, backend, run_id: str, sink=None, progress=None):
+def build_engine(cfg, backend, run_id: str, sink=None, progress=None, run_dir: str | None = None):
     """Model, task spec and engine for ``cfg`` on ``backend`` (benchmarks and tests use it too)."""
     from sparkcnn.engine.asynchronous import AsyncEngine
     from sparkcnn.engine.sync import SyncEngine
@@ -131,12 +135,35 @@ def build_engine(cfg, backend, run_id: str, sink=None, progress=None):
     spec = build_spec(cfg, run_id, train_dir, test_dir, meta, model)
     cls = AsyncEngine if cfg.engine.mode == "async" else SyncEngine
     engine = cls(cfg, backend, spec, block_sizes(meta.num_rows, cfg.data.num_blocks),
-                        flat_weights(model), sink=sink, progress=progress)
+                        flat_weights(model), sink=sink, progress=progress, run_dir=run_dir)
     return engine, model
 
 
-def train(cfg, backend=None, progress=None, run_dir: str | None = None) -> dict:
-    """Run a whole training; returns the summary (also written to summary.json)."""
+def _truncate_metrics(path: str, next_round: int, rounds_per_epoch: int) -> tuple[list, list]:
+    """Keep the records of rounds before ``next_round`` (a resumed run rewrites the rest)."""
+    from sparkcnn.metrics import read_jsonl
+
+    records = read_jsonl(path) if os.path.isfile(path) else []
+    done_epochs = next_round // rounds_per_epoch
+    keep = [r for r in records if (r.get("kind") == "round" and r["round"] < next_round)
+            or (r.get("kind") == "epoch" and r["epoch"] < done_epochs)]
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
+    return [r for r in keep if r["kind"] == "round"], [r for r in keep if r["kind"] == "epoch"]
+
+
+def resume_config(run_dir: str, overrides=()):
+    """The configuration a run was started with (its config.yaml), plus overrides."""
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(path):
+        raise BadInput(f"--resume {run_dir}: not a run directory (no config.yaml)")
+    return config_mod.load(path, overrides)
+
+
+def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: bool = False) -> dict:
+    """Run a whole training; returns the summary (also written to summary.json).
+
+    ``resume``: continue ``run_dir`` from its latest checkpoint (same run id).
+    """
     _, _, meta, _ = dataset_meta(cfg.data.path)  # fail on bad data before creating anything
     if cfg.data.num_blocks > meta.num_rows:
         raise BadInput(f"data.num_blocks={cfg.data.num_blocks} exceeds the {meta.num_rows} training rows")
@@ -155,12 +182,24 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None) -> dict:
         raise BadInput(f"run.out_dir {cfg.run.out_dir!r}: cannot create run directory ({e.strerror})") from None
     if backend is None:
         backend = make_backend(cfg, run_id)
-    sink = JsonlSink(os.path.join(run_dir, "metrics.jsonl"))
-    try:
-        engine, model = build_engine(cfg, backend, run_id, sink=sink, progress=progress)
+    ckpt = None
+    if resume:
+        from sparkcnn.checkpoint import load_checkpoint
+
+        ckpt = load_checkpoint(run_dir)  # verified: a damaged checkpoint is refused, naming the file
+    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+    engine, model = build_engine(cfg, backend, run_id, progress=progress, run_dir=run_dir)
+    start = 0
+    if ckpt is not None:
+        start = engine.restore(ckpt)
+        engine.history, engine.epoch_history = _truncate_metrics(metrics_path, start, engine.rounds_per_epoch)
+        log.info("resuming %s at round %s", run_id, start)
+    else:
         atomic_write_text(os.path.join(run_dir, "config.yaml"), config_mod.dump(cfg))
+    sink = engine.sink = JsonlSink(metrics_path)
+    try:
         warm_s = warm_up(backend, engine.spec)
-        summary = engine.run()
+        summary = engine.run(start_round=start)
     finally:
         sink.close()
     set_flat_weights(model, engine.W)

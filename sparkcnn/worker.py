@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -75,6 +76,8 @@ class RoundOrder:
     expect_state: dict = field(default_factory=dict)  # block -> round tag of its last applied state
     density: float = 1.0     # uplink density for this round (after warm-up)
     state_wait_s: float = 0.0  # pipelined: wait this long for the previous round's block state
+    return_state: bool = False  # checkpoint round: return the block state with the result
+    initial_state: dict = field(default_factory=dict)  # block -> state arrays restored from a checkpoint
     # sparse downlink (weights == b""): recent downlinks as (version, base_version,
     # checksum_after, assign, encoded delta), and a broadcast of the dense view U at
     # view_version that a replica reads only when it is missing or behind
@@ -231,11 +234,28 @@ def _configure_tf(cores: int, deterministic: bool) -> None:
         tf.config.experimental.enable_op_determinism()
 
 
+def task_gpus() -> list[str]:
+    """GPU addresses Spark assigned to this task (spark.task.resource.gpu.amount), else []."""
+    try:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        res = tc.resources() if tc is not None else {}
+        return list(res["gpu"].addresses) if "gpu" in res else []
+    except (ImportError, AttributeError, KeyError):
+        return []
+
+
 def get_trainer(spec: TaskSpec, cores: int = 1) -> Trainer:
     key = (spec.model_name, spec.input_shape, spec.num_classes, spec.seed, spec.momentum, spec.weight_decay)
     tr = _TRAINERS.get(key)
     if tr is None:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        gpus = task_gpus()
+        if gpus and "tensorflow" not in sys.modules:
+            # restrict TF to the GPUs Spark assigned before TF initialises (fine grain of the
+            # multi-granularity design); without GPUs TF runs on CPU with the task's cores
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         _configure_tf(cores, spec.deterministic)
         tr = _TRAINERS[key] = Trainer(spec)
     return tr
@@ -292,8 +312,11 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, attempt: int 
     images, labels = blockstore.get_block(root, spec.run_id, spec.train_dir, "train", spec.num_blocks, block)
     trainer = get_trainer(spec, task_cores())
     expect = order.expect_state.get(block, -1)
-    state = (blockstore.load_state(root, spec.run_id, block, expect, wait_s=order.state_wait_s)
-             if expect >= 0 else None)
+    if block in order.initial_state:  # resumed run: the checkpoint carries the block's state
+        state = dict(order.initial_state[block])
+    else:
+        state = (blockstore.load_state(root, spec.run_id, block, expect, wait_s=order.state_wait_s)
+                 if expect >= 0 else None)
     state_reset = expect >= 0 and state is None
     if state_reset:
         log.warning("block %s: state of round %s gone; restarting from zero momentum and residual", block, expect)
@@ -316,7 +339,7 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, attempt: int 
                 "samples": 0, "loss_sum": 0.0, "correct": 0, "steps": 0, "prep_s": 0.0, "compute_s": 0.0,
                 "encode_s": 0.0, "task_s": time.perf_counter() - t0, "nnz": 0, "lr_scale": 1.0,
                 "replica_resync": resynced, "view_bytes": view_bytes, "state_reset": state_reset,
-                "pid": os.getpid(), "payload": empty}
+                "pid": os.getpid(), "payload": empty, "state": state if order.return_state else None}
     sparse = spec.method != "none"
     per_step = sparse and spec.per_step
     lr_scale = 1.0
@@ -367,6 +390,7 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, attempt: int 
     if attempt == 0 and _chaos_draw(spec, order.round, block, 0) < spec.chaos_fail_p:
         raise RuntimeError(f"chaos: injected failure of block {block} round {order.round} attempt 0")
     return {
+        "state": new_state if order.return_state else None,
         "round": order.round, "block": block, "attempt": attempt, "base_version": order.base_version,
         "samples": seen, "loss_sum": loss_sum, "correct": correct, "steps": len(batches),
         "prep_s": t1 - t0, "compute_s": t2 - t1, "encode_s": t3 - t2, "task_s": time.perf_counter() - t0,

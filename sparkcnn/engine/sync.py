@@ -43,7 +43,7 @@ class SyncEngine:
     """Drives epochs of synchronous rounds through a backend and a parameter vector ``W``."""
 
     def __init__(self, cfg, backend, spec, block_rows: dict[int, int], weights: np.ndarray,
-                 sink=None, progress=None):
+                 sink=None, progress=None, run_dir: str | None = None):
         self.cfg = cfg
         self.backend = backend
         self.spec = spec
@@ -59,6 +59,9 @@ class SyncEngine:
             snapshot_every=cfg.ps.snapshot_every, max_log=cfg.ps.max_log,
             sparsifier=Sparsifier("topk" if c.method == "topk" else "threshold", c.dense_below),
             value_dtype=spec.value_dtype)
+        self.run_dir = run_dir         # checkpoints go to run_dir/checkpoints (None: no checkpoints)
+        self.initial_states: dict = {}  # block -> state restored from a checkpoint, for the next order
+        self.block_states: dict = {}    # block -> state returned by a checkpoint round
         self.downlinks: list = []      # encoded recent downlinks shipped inline with each task
         self._view_bcast = None
         self.sink = sink
@@ -79,6 +82,45 @@ class SyncEngine:
         self.block_steps = {k: steps_per_epoch(n, cfg.train.batch_size) for k, n in block_rows.items()}
         self.rounds_per_epoch = max(1, math.ceil(max(self.block_steps.values()) / H))
         self.total_rounds = self.rounds_per_epoch * cfg.train.epochs
+
+    # -- checkpoints -------------------------------------------------------------------
+    def _is_checkpoint_round(self, t: int) -> bool:
+        every = self.cfg.checkpoint.every_rounds
+        return self.run_dir is not None and ((every and (t + 1) % every == 0)
+                                             or (t + 1) % self.rounds_per_epoch == 0)
+
+    def _take_initial_states(self) -> dict:
+        states, self.initial_states = self.initial_states, {}
+        return states
+
+    def save_checkpoint(self, next_round: int) -> str:
+        """W, U, the server log, counters, guard and per-block states after round ``next_round - 1``."""
+        from sparkcnn.checkpoint import save_checkpoint
+
+        ps = self.ps.state_dict()
+        arrays = {k: v for k, v in ps.items() if isinstance(v, np.ndarray)}
+        state = {
+            "next_round": next_round,
+            "ps": {k: int(v) for k, v in ps.items() if not isinstance(v, np.ndarray)},
+            "counters": dict(self.counters), "lr_factor": self.lr_factor,
+            "density_factor": self.density_factor, "guard": self.guard.state_dict(),
+            "config": self.cfg.to_dict(),
+        }
+        return save_checkpoint(self.run_dir, f"r{next_round:07d}", arrays=arrays, state=state,
+                               blocks=dict(self.block_states))
+
+    def restore(self, ckpt) -> int:
+        """Continue from a loaded checkpoint; returns the round to start from."""
+        st = ckpt.state
+        self.ps.load_state_dict({**ckpt.arrays, **st["ps"]})
+        self.counters.update(st["counters"])
+        self.lr_factor, self.density_factor = st["lr_factor"], st["density_factor"]
+        self.guard.load_state_dict(st["guard"])
+        self.initial_states = {int(k): v for k, v in ckpt.blocks.items()}
+        nxt = int(st["next_round"])
+        self.last_state_round = {k: nxt - 1 for k in self.block_rows}
+        self.applied = {(t, k) for t in range(nxt) for k in self.block_rows}
+        return nxt
 
     def _check_loss(self, t: int, loss: float) -> None:
         """Loss spike: act as ``guard.action`` says (halve the lr, raise the density, or stop)."""
@@ -144,7 +186,8 @@ class SyncEngine:
                           step_offset={k: r * H for k in steps}, lr=lr,
                           base_version=self.version, expect_state=dict(self.last_state_round),
                           density=density, state_wait_s=60.0 if self.cfg.engine.pipeline else 0.0,
-                          **self._downlink_fields())
+                          return_state=self._is_checkpoint_round(t) and not self.cfg.engine.pipeline,
+                          initial_state=self._take_initial_states(), **self._downlink_fields())
 
     def _job(self, order: RoundOrder):
         """One Spark job: every block's round, reduced by treeAggregate. Runs in a pool thread."""
@@ -177,6 +220,8 @@ class SyncEngine:
             fresh.append(res)
         total = sum(r["samples"] for r in fresh)
         rec = self._apply(t, order, fresh, total)
+        if order.return_state:
+            self.block_states = {r["block"]: r["state"] for r in fresh if r.get("state") is not None}
         t2 = time.perf_counter()
         # with pipelining a round's wall time runs from the previous completion to this one
         start = t0 if self._last_done is None else max(t0, self._last_done)
@@ -301,8 +346,20 @@ class SyncEngine:
             self.sink.write(rec)
         if self.progress:
             self.progress.round(rec, self.total_rounds)
-        if (t + 1) % self.rounds_per_epoch:
-            return
+        epoch_end = (t + 1) % self.rounds_per_epoch == 0
+        if epoch_end:
+            self._epoch_record(t, t_start, on_epoch)
+        if self._is_checkpoint_round(t):
+            self.save_checkpoint(t + 1)
+            self.block_states = {}
+        if self.cfg.chaos.kill_driver_round == t:  # fault drill: die right after this round
+            import os
+            import signal
+
+            log.warning("chaos: SIGKILL of the driver after round %s", t)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _epoch_record(self, t: int, t_start: float, on_epoch) -> None:
         epoch = t // self.rounds_per_epoch
         ev = self.evaluate(epoch)
         rounds = [h for h in self.history if h["epoch"] == epoch]
