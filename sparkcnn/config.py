@@ -135,7 +135,8 @@ class EngineConfig:
 @dataclass(frozen=True)
 class SchedulerConfig:
     target_job_seconds: float = 1.0  # async: size H so one job lasts about this long
-    balance: bool = True             # size steps per block by measured speed
+    balance: bool = False            # sync: size H per executor by measured speed so a round's
+                                     # tasks finish together (blocks then see different sample counts)
 
     def validate(self, p: str) -> None:
         _check(self.target_job_seconds > 0, f"{p}.target_job_seconds", "> 0", self.target_job_seconds)

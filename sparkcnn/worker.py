@@ -69,13 +69,14 @@ class RoundOrder:
     epoch: int
     round_in_epoch: int
     steps: dict              # block -> local steps H for this round
-    step_offset: dict        # block -> index of the round's first minibatch within the epoch
+    step_offset: dict        # block -> cursor: minibatches this block has done since epoch 0
     lr: float
     weights: bytes           # dense float32 W (the replica for this round)
     base_version: int
     expect_state: dict = field(default_factory=dict)  # block -> round tag of its last applied state
     density: float = 1.0     # uplink density for this round (after warm-up)
     state_wait_s: float = 0.0  # pipelined: wait this long for the previous round's block state
+    steps_by_executor: dict = field(default_factory=dict)  # balanced sync: executor -> H (overrides steps)
     return_state: bool = False  # checkpoint round: return the block state with the result
     initial_state: dict = field(default_factory=dict)  # block -> state arrays restored from a checkpoint
     # sparse downlink (weights == b""): recent downlinks as (version, base_version,
@@ -327,10 +328,12 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, attempt: int 
     else:
         w, resynced, view_bytes = replica_view(spec, order)
     trainer.set_flat(w)
-    h = int(order.steps.get(block, 0))
+    executor = root  # the executor's local dir names it (stable across tasks and Python workers)
+    h = int(order.steps_by_executor.get(executor, order.steps.get(block, 0)))
     start = order.step_offset.get(block, 0)
-    batches = [batch_indices(len(labels), spec.batch_size, spec.seed, order.epoch, block, start + i)
-               for i in range(h)]
+    per_epoch = max(1, steps_per_epoch(len(labels), spec.batch_size))
+    batches = [batch_indices(len(labels), spec.batch_size, spec.seed, c // per_epoch, block, c % per_epoch)
+               for c in range(start, start + h)]
     batches = [b for b in batches if len(b) == spec.batch_size]
     if not batches:  # this block has no full minibatch left this epoch: carry its state over
         blockstore.save_state(root, spec.run_id, block, order.round, state)
@@ -339,7 +342,8 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, attempt: int 
                 "samples": 0, "loss_sum": 0.0, "correct": 0, "steps": 0, "prep_s": 0.0, "compute_s": 0.0,
                 "encode_s": 0.0, "task_s": time.perf_counter() - t0, "nnz": 0, "lr_scale": 1.0,
                 "replica_resync": resynced, "view_bytes": view_bytes, "state_reset": state_reset,
-                "pid": os.getpid(), "payload": empty, "state": state if order.return_state else None}
+                "pid": os.getpid(), "payload": empty, "state": state if order.return_state else None,
+                "executor": executor}
     sparse = spec.method != "none"
     per_step = sparse and spec.per_step
     lr_scale = 1.0
@@ -396,7 +400,7 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, attempt: int 
         "prep_s": t1 - t0, "compute_s": t2 - t1, "encode_s": t3 - t2, "task_s": time.perf_counter() - t0,
         "nnz": int(sent.nnz), "lr_scale": lr_scale,
         "replica_resync": resynced, "view_bytes": view_bytes,
-        "state_reset": state_reset, "pid": os.getpid(), "payload": payload,
+        "state_reset": state_reset, "pid": os.getpid(), "payload": payload, "executor": executor,
     }
 
 

@@ -108,3 +108,23 @@ def test_pipelined_sync_on_spark(spark, tiny_cfg):
     k = max(1, len(rounds) // 4)
     assert np.mean([r["loss"] for r in rounds[-k:]]) < 0.7 * np.mean([r["loss"] for r in rounds[:k]])
     assert summary["test_accuracy"] > 0.6
+
+
+def test_balanced_sync_sizes_steps_per_executor(tiny_cfg):
+    """scheduler.balance: a block on a 3x slower executor gets about a third of the steps."""
+    from sparkcnn.engine.backend import LocalBackend
+    from sparkcnn.train import build_engine
+
+    cfg = tiny_cfg.replace(scheduler__balance=True, train__steps_per_round=6)
+    backend = LocalBackend("t-balance")
+    engine, _ = build_engine(cfg, backend, backend.run_id)
+    engine.run_round(0)
+    (key,) = engine.executor_speed  # one in-process executor
+    engine.executor_speed = {key: 100.0, "slow-executor": 100.0 / 3}
+    sized = engine._sized_steps(6)
+    assert sized[key] > 6 > sized["slow-executor"]
+    assert sized[key] == pytest.approx(3 * sized["slow-executor"], abs=1)
+    cursor = dict(engine.block_cursor)
+    rec = engine.run_round(1)
+    assert rec["samples"] == sized[key] * cfg.train.batch_size * cfg.data.num_blocks
+    assert all(engine.block_cursor[k] == cursor[k] + sized[key] for k in cursor)

@@ -61,6 +61,10 @@ class SyncEngine:
             value_dtype=spec.value_dtype)
         self.run_dir = run_dir         # checkpoints go to run_dir/checkpoints (None: no checkpoints)
         self.initial_states: dict = {}  # block -> state restored from a checkpoint, for the next order
+        # balanced sync (scheduler.balance, not pipelined): executor -> measured images/s
+        self.balanced = cfg.scheduler.balance and cfg.engine.mode == "sync" and not cfg.engine.pipeline
+        self.executor_speed: dict = {}
+        self.block_cursor = {k: 0 for k in block_rows}
         self.block_states: dict = {}    # block -> state returned by a checkpoint round
         self.downlinks: list = []      # encoded recent downlinks shipped inline with each task
         self._view_bcast = None
@@ -83,6 +87,24 @@ class SyncEngine:
         self.rounds_per_epoch = max(1, math.ceil(max(self.block_steps.values()) / H))
         self.total_rounds = self.rounds_per_epoch * cfg.train.epochs
 
+    # -- load balancing (sync) ------------------------------------------------------------
+    def _sized_steps(self, H: int) -> dict:
+        """H per executor so all tasks of a round finish together (``scheduler.size_sync_steps``)."""
+        from sparkcnn.scheduler import size_sync_steps
+
+        if not self.executor_speed:
+            return {}
+        return size_sync_steps(dict(self.executor_speed), H, max_steps=4 * H)
+
+    def _observe_speeds(self, fresh: list[dict]) -> None:
+        for r in fresh:
+            if r.get("compute_s", 0) > 0 and r["samples"] > 0:
+                speed = r["samples"] / r["compute_s"]
+                old = self.executor_speed.get(r["executor"])
+                # EMA: one noisy round should not swing the split
+                self.executor_speed[r["executor"]] = speed if old is None else 0.5 * old + 0.5 * speed
+            self.block_cursor[r["block"]] = self.block_cursor.get(r["block"], 0) + r["steps"]
+
     # -- checkpoints -------------------------------------------------------------------
     def _is_checkpoint_round(self, t: int) -> bool:
         every = self.cfg.checkpoint.every_rounds
@@ -104,6 +126,7 @@ class SyncEngine:
             "ps": {k: int(v) for k, v in ps.items() if not isinstance(v, np.ndarray)},
             "counters": dict(self.counters), "lr_factor": self.lr_factor,
             "density_factor": self.density_factor, "guard": self.guard.state_dict(),
+            "block_cursor": {str(k): v for k, v in self.block_cursor.items()},
             "config": self.cfg.to_dict(),
         }
         return save_checkpoint(self.run_dir, f"r{next_round:07d}", arrays=arrays, state=state,
@@ -116,6 +139,7 @@ class SyncEngine:
         self.counters.update(st["counters"])
         self.lr_factor, self.density_factor = st["lr_factor"], st["density_factor"]
         self.guard.load_state_dict(st["guard"])
+        self.block_cursor = {int(k): int(v) for k, v in st.get("block_cursor", {}).items()} or self.block_cursor
         self.initial_states = {int(k): v for k, v in ckpt.blocks.items()}
         nxt = int(st["next_round"])
         self.last_state_round = {k: nxt - 1 for k in self.block_rows}
@@ -174,7 +198,15 @@ class SyncEngine:
     def order_for(self, t: int) -> RoundOrder:
         H = self.cfg.train.steps_per_round
         epoch, r = divmod(t, self.rounds_per_epoch)
-        steps = {k: max(0, min(H, s - r * H)) for k, s in self.block_steps.items()}
+        if self.balanced:
+            # per-executor H: every block continues from its own cursor, wrapping into its next pass
+            steps = {k: H for k in self.block_steps}
+            offsets = dict(self.block_cursor)
+            by_exec = self._sized_steps(H)
+        else:
+            steps = {k: max(0, min(H, s - r * H)) for k, s in self.block_steps.items()}
+            offsets = {k: epoch * s + r * H for k, s in self.block_steps.items()}
+            by_exec = {}
         lr = lr_at(epoch + r / self.rounds_per_epoch, base_lr=self.cfg.train.lr,
                    warmup_epochs=self.cfg.train.lr_warmup_epochs, total_epochs=self.cfg.train.epochs,
                    schedule=self.cfg.train.lr_schedule) * self.lr_factor
@@ -183,7 +215,7 @@ class SyncEngine:
             epoch + r / self.rounds_per_epoch, initial=max(c.initial_density, c.density), target=c.density,
             warmup_epochs=c.warmup_epochs))
         return RoundOrder(round=t, epoch=epoch, round_in_epoch=r, steps=steps,
-                          step_offset={k: r * H for k in steps}, lr=lr,
+                          step_offset=offsets, steps_by_executor=by_exec, lr=lr,
                           base_version=self.version, expect_state=dict(self.last_state_round),
                           density=density, state_wait_s=60.0 if self.cfg.engine.pipeline else 0.0,
                           return_state=self._is_checkpoint_round(t) and not self.cfg.engine.pipeline,
@@ -220,6 +252,7 @@ class SyncEngine:
             fresh.append(res)
         total = sum(r["samples"] for r in fresh)
         rec = self._apply(t, order, fresh, total)
+        self._observe_speeds(fresh)
         if order.return_state:
             self.block_states = {r["block"]: r["state"] for r in fresh if r.get("state") is not None}
         t2 = time.perf_counter()
