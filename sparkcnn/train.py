@@ -99,17 +99,19 @@ def warm_up(backend, spec: TaskSpec) -> float:
     from sparkcnn import blockstore
     from sparkcnn.worker import get_trainer, local_root, task_cores
 
-    def fn(block, attempt):
-        root = local_root(spec)
-        blockstore.get_block(root, spec.run_id, spec.train_dir, "train", spec.num_blocks, block)
-        if block < spec.test_blocks:
-            blockstore.get_block(root, spec.run_id, spec.test_dir, "test", spec.test_blocks, block)
-        get_trainer(spec, task_cores())
-        return block
+    def load(split, split_dir, n):
+        def fn(block, attempt):
+            blockstore.get_block(local_root(spec), spec.run_id, split_dir, split, n, block)
+            get_trainer(spec, task_cores())
+            return block
+        return fn
 
     t0 = time.perf_counter()
-    backend.map_blocks(fn, list(range(max(spec.num_blocks, spec.test_blocks))),
-                       f"sparkcnn {spec.run_id} load blocks")
+    # each block is loaded where it lives: its home executor (see SparkBackend._markers)
+    backend.map_blocks(load("train", spec.train_dir, spec.num_blocks), list(range(spec.num_blocks)),
+                       f"sparkcnn {spec.run_id} load blocks", universe=spec.num_blocks)
+    backend.map_blocks(load("test", spec.test_dir, spec.test_blocks), list(range(spec.test_blocks)),
+                       f"sparkcnn {spec.run_id} load test blocks", universe=spec.test_blocks)
     return time.perf_counter() - t0
 
 
@@ -202,6 +204,7 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
         summary = engine.run(start_round=start)
     finally:
         sink.close()
+        backend.close()  # unpersist the block placement RDDs
     set_flat_weights(model, engine.W)
     model.save(os.path.join(run_dir, "model.keras"))
     summary.update(run_id=run_id, run_dir=run_dir, warmup_s=warm_s, params=int(engine.W.size),

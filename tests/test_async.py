@@ -58,8 +58,8 @@ def test_duplicate_results_are_dropped_and_counted(tiny_cfg):
     """A speculative or retried duplicate of a (round, block) result is applied once."""
 
     class Duplicating(LocalBackend):
-        def aggregate_blocks(self, fn, blocks, zero, seq, comb, description="", depth=2):
-            acc = super().aggregate_blocks(fn, blocks, zero, seq, comb, description, depth)
+        def aggregate_blocks(self, fn, blocks, zero, seq, comb, description="", depth=2, universe=None):
+            acc = super().aggregate_blocks(fn, blocks, zero, seq, comb, description, depth, universe)
             return acc + [dict(acc[0])]
 
     backend = Duplicating("t-dup")

@@ -38,8 +38,8 @@ def test_sync_training_loss_falls_and_run_dir_complete(spark, tiny_cfg):
 class RecordingBackend(SparkBackend):
     """Spark backend that keeps the raw task results of the last aggregate job."""
 
-    def aggregate_blocks(self, fn, blocks, zero, seq, comb, description="", depth=2):
-        out = super().aggregate_blocks(fn, blocks, zero, seq, comb, description, depth)
+    def aggregate_blocks(self, fn, blocks, zero, seq, comb, description="", depth=2, universe=None):
+        out = super().aggregate_blocks(fn, blocks, zero, seq, comb, description, depth, universe)
         self.last = [dict(r) for r in out]
         return out
 

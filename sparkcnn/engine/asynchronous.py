@@ -101,7 +101,7 @@ class AsyncEngine(SyncEngine):
 
         t0 = time.perf_counter()
         desc = f"sparkcnn {spec.run_id} epoch {order.epoch + 1} block {block} job {order.round + 1}"
-        res = self.backend.map_blocks(fn, [block], desc)
+        res = self.backend.map_blocks(fn, [block], desc, universe=self.num_blocks)
         return res, t0, time.perf_counter()
 
     def _apply_async(self, order: RoundOrder, block: int, results, t0: float, t1: float) -> dict | None:

@@ -40,10 +40,10 @@ class LocalBackend:
                     raise
                 log.warning("block %s attempt %s failed; retrying", block, attempt, exc_info=True)
 
-    def map_blocks(self, fn, blocks, description=""):
+    def map_blocks(self, fn, blocks, description="", universe=None):
         return [self._task(fn, b) for b in blocks]
 
-    def aggregate_blocks(self, fn, blocks, zero, seq, comb, description="", depth=2):
+    def aggregate_blocks(self, fn, blocks, zero, seq, comb, description="", depth=2, universe=None):
         acc = zero()
         for b in blocks:
             acc = seq(acc, self._task(fn, b))
@@ -59,6 +59,9 @@ class LocalBackend:
         pass
 
     def stop(self):
+        pass
+
+    def close(self):
         pass
 
 
@@ -105,6 +108,7 @@ class SparkBackend:
         self.run_id = run_id
         self.pool = pool
         self._lock = threading.Lock()
+        self._marker_rdds: dict = {}
 
     @property
     def parallelism(self) -> int:
@@ -115,24 +119,56 @@ class SparkBackend:
         if self.pool:
             self.sc.setLocalProperty("spark.scheduler.pool", self.pool)
 
-    def _rdd(self, fn, blocks):
+    def _markers(self, universe: int):
+        """A persisted RDD whose partition k holds block id k.
+
+        Its cached partitions give every block a home executor: jobs derived from it
+        run block k where its data and state live (PROCESS_LOCAL), instead of
+        wherever Spark's shuffled offers put an unplaced task. If that executor is
+        lost, Spark recomputes the partition elsewhere and the block moves (its
+        state restart is counted by the worker).
+        """
+        rdd = self._marker_rdds.get(universe)
+        if rdd is None:
+            from pyspark import StorageLevel
+
+            self._describe(f"sparkcnn {self.run_id} place {universe} blocks")
+            rdd = self.sc.parallelize(range(universe), universe).persist(StorageLevel.MEMORY_ONLY)
+            rdd.count()
+            self._marker_rdds[universe] = rdd
+        return rdd
+
+    @staticmethod
+    def _part(fn, wanted):
         def part(it):
             from pyspark import TaskContext
 
             tc = TaskContext.get()
             attempt = tc.attemptNumber() if tc is not None else 0
             for b in it:
-                yield fn(b, attempt)
+                if wanted is None or b in wanted:
+                    yield fn(b, attempt)
 
-        return self.sc.parallelize(list(blocks), len(blocks)).mapPartitions(part)
+        return part
 
-    def map_blocks(self, fn, blocks, description=""):
+    def _rdd(self, fn, blocks, universe=None):
+        if universe is None:
+            return self.sc.parallelize(list(blocks), len(blocks)).mapPartitions(self._part(fn, None))
+        return self._markers(universe).mapPartitions(self._part(fn, None))
+
+    def map_blocks(self, fn, blocks, description="", universe=None):
+        blocks = list(blocks)
+        if universe is not None and sorted(blocks) != list(range(universe)):
+            # a subset (async: one block per job): run only those partitions, still at home
+            rdd = self._markers(universe).mapPartitions(self._part(fn, set(blocks)))
+            self._describe(description)
+            return self.sc.runJob(rdd, lambda it: list(it), partitions=sorted(blocks))
         self._describe(description)
-        return self._rdd(fn, blocks).collect()
+        return self._rdd(fn, blocks, universe).collect()
 
-    def aggregate_blocks(self, fn, blocks, zero, seq, comb, description="", depth=2):
+    def aggregate_blocks(self, fn, blocks, zero, seq, comb, description="", depth=2, universe=None):
         self._describe(description)
-        return self._rdd(fn, blocks).treeAggregate(zero(), seq, comb, depth=depth)
+        return self._rdd(fn, blocks, universe).treeAggregate(zero(), seq, comb, depth=depth)
 
     def broadcast(self, value):
         return self.sc.broadcast(value)
@@ -155,3 +191,8 @@ class SparkBackend:
 
     def stop(self):
         self.sc.cancelJobGroup(f"sparkcnn-{self.run_id}")
+
+    def close(self):
+        for rdd in self._marker_rdds.values():
+            rdd.unpersist()
+        self._marker_rdds.clear()

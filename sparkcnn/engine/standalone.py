@@ -58,7 +58,7 @@ def port_open(port: int) -> bool:
 
 def _processes() -> list[tuple[int, int, str, str]]:
     """(pid, ppid, state, command line) of every process, from ``ps`` (Linux and macOS)."""
-    out = subprocess.run(["ps", "-eo", "pid=,ppid=,stat=,args="], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,stat=,args="], capture_output=True, text=True).stdout
     rows = [line.split(None, 3) for line in out.splitlines()]
     return [(int(r[0]), int(r[1]), r[2], r[3] if len(r) > 3 else "") for r in rows if len(r) >= 3]
 

@@ -68,6 +68,8 @@ class SyncEngine:
         self.block_states: dict = {}    # block -> state returned by a checkpoint round
         self.downlinks: list = []      # encoded recent downlinks shipped inline with each task
         self._view_bcast = None
+        self._old_bcasts: list = []
+        self._keep_bcasts = 2 * max(2, len(block_rows)) + 2  # > rounds or jobs that can be in flight
         self.sink = sink
         self.progress = progress
         self.applied: set[tuple[int, int]] = set()
@@ -172,10 +174,13 @@ class SyncEngine:
         """Sparse downlink: the last downlinks inline, the dense view as a lazily read broadcast."""
         if not self.sparse_down:
             return {"weights": self.W.tobytes()}
-        if self._view_bcast is not None and self._view_bcast_version != self.ps.view_version:
-            self.backend.unpersist(self._view_bcast)
-            self._view_bcast = None
-        if self._view_bcast is None:
+        if self._view_bcast is None or self._view_bcast_version != self.ps.view_version:
+            if self._view_bcast is not None:
+                # orders still in flight (pipelined round, async jobs) may read an older view:
+                # destroy a broadcast only once a few newer ones exist
+                self._old_bcasts.append(self._view_bcast)
+                while len(self._old_bcasts) > self._keep_bcasts:
+                    self.backend.unpersist(self._old_bcasts.pop(0))
             self._view_bcast = self.backend.broadcast(np.array(self.ps.U).tobytes())
             self._view_bcast_version = self.ps.view_version
         return {"weights": b"", "downlinks": tuple(self.downlinks), "view": self._view_bcast,
@@ -231,7 +236,8 @@ class SyncEngine:
         t0 = time.perf_counter()
         desc = f"sparkcnn {spec.run_id} epoch {order.epoch + 1} round {order.round + 1}"
         results = self.backend.aggregate_blocks(fn, sorted(self.block_rows), _zero, _seq, _comb, desc,
-                                                depth=self.cfg.engine.tree_depth)
+                                                depth=self.cfg.engine.tree_depth,
+                                                universe=len(self.block_rows))
         return results, t0, time.perf_counter()
 
     def run_round(self, t: int) -> dict:
@@ -334,7 +340,7 @@ class SyncEngine:
             return run_block_eval(spec, weights, block)
 
         desc = f"sparkcnn {spec.run_id} epoch {epoch + 1} evaluate"
-        res = self.backend.map_blocks(fn, list(range(spec.test_blocks)), desc)
+        res = self.backend.map_blocks(fn, list(range(spec.test_blocks)), desc, universe=spec.test_blocks)
         n = sum(r["samples"] for r in res)
         return {"test_loss": sum(r["loss_sum"] for r in res) / max(1, n),
                 "test_accuracy": sum(r["correct"] for r in res) / max(1, n), "test_samples": n}
