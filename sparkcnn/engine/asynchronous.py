@@ -44,6 +44,8 @@ class AsyncEngine(SyncEngine):
         self.n_train = sum(self.block_steps.values()) * cfg.train.batch_size
         self.total_samples = cfg.train.epochs * self.n_train
         self.slots = cfg.engine.threads or max(1, min(self.num_blocks, self.backend.parallelism))
+        # replicas may trail by up to the jobs in flight: keep that many downlinks inline
+        self.inline_downlinks = self.slots + 2
         self.policy = AsyncPolicy(batch_size=cfg.train.batch_size,
                                   target_job_seconds=cfg.scheduler.target_job_seconds,
                                   default_steps=cfg.train.steps_per_round,
@@ -62,20 +64,6 @@ class AsyncEngine(SyncEngine):
     @property
     def epoch_float(self) -> float:
         return self.samples_done / self.n_train
-
-    def _send_downlink(self) -> int:
-        from sparkcnn.compression import codec
-
-        dl = self.ps.downlink()
-        if dl is None:
-            return 0
-        enc = codec.encode(dl.delta, self.spec.layout,
-                           value_dtype="float32" if dl.assign else self.spec.value_dtype)
-        # replicas may trail by up to the jobs in flight: keep that many downlinks inline
-        keep = self.slots + 2
-        self.downlinks = (list(self.downlinks) + [(dl.version, dl.base_version, dl.checksum_after,
-                                                   dl.assign, enc)])[-keep:]
-        return int(dl.delta.nnz)
 
     def order_for_block(self, block: int, steps: int) -> RoundOrder:
         cfg, c = self.cfg, self.cfg.compression

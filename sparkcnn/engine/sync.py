@@ -186,8 +186,11 @@ class SyncEngine:
         return {"weights": b"", "downlinks": tuple(self.downlinks), "view": self._view_bcast,
                 "view_version": self.ps.view_version}
 
+    # sync rounds keep every active replica one version behind: the latest D suffices
+    inline_downlinks = 1
+
     def _send_downlink(self) -> int:
-        """After an update: D = sparsify(W - U), U += D; keep it for the next orders."""
+        """After an update: D = sparsify(W - U), U += D; keep the last few for the next orders."""
         from sparkcnn.compression import codec
 
         dl = self.ps.downlink()
@@ -195,8 +198,8 @@ class SyncEngine:
             return 0
         enc = codec.encode(dl.delta, self.spec.layout,
                            value_dtype="float32" if dl.assign else self.spec.value_dtype)
-        # sync rounds keep every active replica one version behind: the latest D suffices
-        self.downlinks = [(dl.version, dl.base_version, dl.checksum_after, dl.assign, enc)]
+        self.downlinks = (list(self.downlinks) + [(dl.version, dl.base_version, dl.checksum_after,
+                                                   dl.assign, enc)])[-self.inline_downlinks:]
         return int(dl.delta.nnz)
 
     # -- one round -----------------------------------------------------------------
