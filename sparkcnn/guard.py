@@ -1,9 +1,10 @@
 """Divergence guard (pure): reject exploding deltas, spot loss spikes.
 
-Delta rule, per block result with ``‖S‖₂``::
+Delta rule, per block result with ``n = ‖S‖₂ / steps`` (per local step, so
+jobs of different lengths compare: async and balanced rounds vary H)::
 
     reject  if not finite(S)
-    reject  if n_seen >= warmup and ‖S‖ > max_norm_factor · median(last norms)
+    reject  if n_seen >= warmup and n > max_norm_factor · median(last n)
 
 Loss rule, per round::
 
@@ -32,17 +33,17 @@ class DivergenceGuard:
         self.rejected = 0
         self.spikes = 0
 
-    def check_delta(self, values: np.ndarray) -> str | None:
+    def check_delta(self, values: np.ndarray, steps: int = 1) -> str | None:
         """None if the delta may be applied, else the reason it is rejected."""
         if not np.all(np.isfinite(values)):
             self.rejected += 1
             return "non-finite values"
-        norm = float(np.linalg.norm(values.astype(np.float64)))
+        norm = float(np.linalg.norm(values.astype(np.float64))) / max(1, int(steps))
         if len(self._norms) >= self.warmup:
             med = float(np.median(self._norms))
             if med > 0 and norm > self.max_norm_factor * med:
                 self.rejected += 1
-                return f"norm {norm:.3g} > {self.max_norm_factor:g} x running median {med:.3g}"
+                return f"norm per step {norm:.3g} > {self.max_norm_factor:g} x running median {med:.3g}"
         self._norms.append(norm)
         return None
 

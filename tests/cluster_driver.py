@@ -6,6 +6,7 @@
 
     {"master": "local[2,4]",            # or null with "cluster": StandaloneCluster.to_json()
      "cluster": null,
+     "conf": {"spark.python.daemon.module": "tests.cluster_driver"},  # optional Spark settings
      "runs": [{"run_dir": ".../runs/clean", "overrides": ["data.path=...", ...]}, ...],
      "out": ".../driver.json"}
 
@@ -15,6 +16,12 @@ are paid once. Per run, ``out`` receives the exit status ``sparkcnn train`` woul
 attempts Spark saw in the run's jobs (job group ``sparkcnn-<run_id>``). ``out`` is rewritten
 after each run, so a test can read the finished runs while later ones still train. The
 process exits 0 when every run did.
+
+Started by Spark as its Python daemon (``spark.python.daemon.module=tests.cluster_driver``,
+with the repository root on ``PYTHONPATH``), this module imports TensorFlow and sparkcnn's
+worker before the daemon forks any worker: a worker that replaces one a failed task attempt
+ended (PySpark exits a worker after a task error) or that chaos killed then starts in about a
+second instead of paying a TensorFlow import (10-30 s on a busy 2-core machine).
 """
 
 from __future__ import annotations
@@ -57,13 +64,14 @@ def main(spec_path: str) -> int:
         from sparkcnn.engine.standalone import FAST_START_JAVA_OPTS, StandaloneCluster, session
 
         cluster = StandaloneCluster.attach(spec["cluster"])
-        spark = session(cluster, "sparkcnn-cluster-tests",
+        # executors register within seconds on a quiet machine, minutes on a loaded 2-core one
+        spark = session(cluster, "sparkcnn-cluster-tests", timeout=240,
                         conf={"spark.executor.extraJavaOptions": FAST_START_JAVA_OPTS,
-                              "spark.scheduler.mode": "FAIR"})
+                              "spark.scheduler.mode": "FAIR", **spec.get("conf", {})})
     else:
         from sparkcnn.engine.backend import get_or_create_spark
 
-        spark = get_or_create_spark(spec["master"], app_name="sparkcnn-cluster-tests")
+        spark = get_or_create_spark(spec["master"], app_name="sparkcnn-cluster-tests", conf=spec.get("conf"))
     sc = spark.sparkContext
     results = []
     for run in spec["runs"]:
@@ -83,5 +91,28 @@ def main(spec_path: str) -> int:
     return 0 if all(r["exit"] == 0 for r in results) else 1
 
 
+def preloaded_daemon() -> None:
+    """PySpark's daemon, after importing what every sparkcnn worker imports."""
+    # the daemon reports its port on stdout: keep anything an import prints off it
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        import keras  # noqa: F401
+        import tensorflow  # noqa: F401
+
+        import sparkcnn.models  # noqa: F401
+        import sparkcnn.worker  # noqa: F401
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+    from pyspark import daemon
+
+    daemon.manager()
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    if sys.argv[1:2] and sys.argv[1].endswith(".json"):
+        sys.exit(main(sys.argv[1]))
+    preloaded_daemon()  # run by Spark as spark.python.daemon.module (argv: [worker module])

@@ -113,7 +113,7 @@ class AsyncEngine(SyncEngine):
 
             try:
                 d = codec.decode(r["payload"], self.spec.layout)
-                why = self.guard.check_delta(d.values)
+                why = self.guard.check_delta(d.values, r["steps"])
                 if why:
                     raise CodecError(why)
                 if not self.ps.apply(d, scale=scale):

@@ -83,7 +83,8 @@ def get_or_create_spark(master: str = "", app_name: str = "sparkcnn", conf: dict
         return active
     master = master or os.environ.get("SPARKCNN_MASTER") or "local[2]"
     builder = SparkSession.builder.appName(app_name).master(master)
-    if master.startswith("local"):
+    if master.startswith("local") or "127.0.0.1" in master or "localhost" in master:
+        # workers on this machine must run this interpreter (same packages as the driver)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = builder.config("spark.pyspark.python", sys.executable)
     # a console progress bar of our own is printed by the CLI; Spark's would interleave

@@ -317,6 +317,8 @@ def session(cluster: StandaloneCluster, app_name: str, conf: dict | None = None,
         raise RuntimeError("a SparkContext is already active in this process; drive the cluster from "
                            "another process (one SparkContext per process)")
     os.environ["SPARK_LOCAL_IP"] = HOST  # read by the driver JVM launched below
+    # a context made from plain Python (not spark-submit) reads only the environment variable
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     settings = {"spark.executor.cores": cluster.cores_per_worker,
                 "spark.cores.max": cluster.workers * cluster.cores_per_worker,
                 "spark.pyspark.python": sys.executable, "spark.driver.host": HOST,

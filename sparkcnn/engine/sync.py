@@ -69,7 +69,8 @@ class SyncEngine:
         self.downlinks: list = []      # encoded recent downlinks shipped inline with each task
         self._view_bcast = None
         self._old_bcasts: list = []
-        self._keep_bcasts = 2 * max(2, len(block_rows)) + 2  # > rounds or jobs that can be in flight
+        # > versions that can pass while an order is in flight (async: up to max_staleness)
+        self._keep_bcasts = cfg.ps.max_staleness + 2 * max(2, len(block_rows)) + 2
         self.sink = sink
         self.progress = progress
         self.applied: set[tuple[int, int]] = set()
@@ -290,7 +291,7 @@ class SyncEngine:
                 continue
             try:  # each block's delta is validated alone: a bad one never reaches W, the rest apply
                 d = codec.decode(r["payload"], layout)
-                why = self.guard.check_delta(d.values)
+                why = self.guard.check_delta(d.values, r["steps"])
                 if why:
                     raise CodecError(why)
             except CodecError as e:
