@@ -313,6 +313,12 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, attempt: int 
     else:
         state = (blockstore.load_state(root, spec.run_id, block, expect, wait_s=order.state_wait_s)
                  if expect >= 0 else None)
+    state_stale = False
+    if state is None and expect >= 1 and order.state_wait_s > 0:
+        # pipelined: the previous round's task on this block is still queued behind this one;
+        # take the state of the round before (bounded staleness 1, as for the weights), counted
+        state = blockstore.load_state(root, spec.run_id, block, expect - 1)
+        state_stale = state is not None
     state_reset = expect >= 0 and state is None
     if state_reset:
         log.warning("block %s: state of round %s gone; restarting from zero momentum and residual", block, expect)
@@ -337,6 +343,7 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, attempt: int 
                 "samples": 0, "loss_sum": 0.0, "correct": 0, "steps": 0, "prep_s": 0.0, "compute_s": 0.0,
                 "encode_s": 0.0, "task_s": time.perf_counter() - t0, "nnz": 0, "lr_scale": 1.0,
                 "replica_resync": resynced, "view_bytes": view_bytes, "state_reset": state_reset,
+                "state_stale": state_stale,
                 "pid": os.getpid(), "payload": empty, "state": state if order.return_state else None,
                 "executor": executor}
     sparse = spec.method != "none"
@@ -395,7 +402,8 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, attempt: int 
         "prep_s": t1 - t0, "compute_s": t2 - t1, "encode_s": t3 - t2, "task_s": time.perf_counter() - t0,
         "nnz": int(sent.nnz), "lr_scale": lr_scale,
         "replica_resync": resynced, "view_bytes": view_bytes,
-        "state_reset": state_reset, "pid": os.getpid(), "payload": payload, "executor": executor,
+        "state_reset": state_reset, "state_stale": state_stale, "pid": os.getpid(), "payload": payload,
+        "executor": executor,
     }
 
 

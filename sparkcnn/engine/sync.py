@@ -75,7 +75,7 @@ class SyncEngine:
         self.progress = progress
         self.applied: set[tuple[int, int]] = set()
         self.last_state_round: dict[int, int] = {}
-        self.counters = {"state_resets": 0, "duplicates_dropped": 0, "rejected_deltas": 0, "replica_resyncs": 0,
+        self.counters = {"state_resets": 0, "duplicates_dropped": 0, "rejected_deltas": 0, "replica_resyncs": 0, "stale_states": 0,
                          "loss_spikes": 0}
         self.history: list[dict] = []
         self._last_done: float | None = None
@@ -226,7 +226,7 @@ class SyncEngine:
         return RoundOrder(round=t, epoch=epoch, round_in_epoch=r, steps=steps,
                           step_offset=offsets, steps_by_executor=by_exec, lr=lr,
                           base_version=self.version, expect_state=dict(self.last_state_round),
-                          density=density, state_wait_s=60.0 if self.cfg.engine.pipeline else 0.0,
+                          density=density, state_wait_s=5.0 if self.cfg.engine.pipeline else 0.0,
                           return_state=self._is_checkpoint_round(t) and not self.cfg.engine.pipeline,
                           initial_state=self._take_initial_states(), **self._downlink_fields())
 
@@ -312,6 +312,7 @@ class SyncEngine:
         down_inline = (sum(len(d[4]) for d in order.downlinks) if self.sparse_down else len(order.weights))
         for r in fresh:
             self.counters["state_resets"] += int(r["state_reset"])
+            self.counters["stale_states"] += int(r.get("state_stale", False))
             self.counters["replica_resyncs"] += int(r["replica_resync"])
         loss = sum(r["loss_sum"] for r in fresh) / max(1, total)
         self._check_loss(t, loss)
