@@ -1,9 +1,11 @@
-"""Shared helpers for the benchmarks: dataset location, child processes, JSON output."""
+"""Shared helpers for the benchmarks: dataset location, child processes, JSON output,
+steady-state rates from timed records, process memory."""
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -76,6 +78,141 @@ def run_children(script: str, argvs: list[list[str]], timeout: float = 600) -> l
             raise RuntimeError(f"benchmark child failed: {stderr.strip().splitlines()[-1:]}")
         out.append(json.loads(stdout.strip().splitlines()[-1]))
     return out
+
+
+def slice_data(src: str, train_rows: int, test_rows: int) -> str:
+    """A prepared dataset holding the first rows of ``src``'s splits, made once beside it.
+
+    A shorter epoch lets a bench run ``engine.run()`` end to end (its own
+    evaluation included) over a fixed number of samples. ``src`` itself when
+    the slice would hold every row.
+    """
+    from sparkcnn.data.parquet_io import read_meta, read_split_numpy, write_split
+
+    train_meta, test_meta = read_meta(os.path.join(src, "train")), read_meta(os.path.join(src, "test"))
+    train_rows, test_rows = min(train_rows, train_meta.num_rows), min(test_rows, test_meta.num_rows)
+    if (train_rows, test_rows) == (train_meta.num_rows, test_meta.num_rows):
+        return src
+    out = f"{os.path.normpath(src)}-{train_rows}-{test_rows}"
+    if os.path.isdir(os.path.join(out, "test")):
+        return out
+    tmp = f"{out}.tmp-{os.getpid()}"
+    for split, rows, meta in (("train", train_rows, train_meta), ("test", test_rows, test_meta)):
+        x, y = read_split_numpy(os.path.join(src, split))
+        write_split(os.path.join(tmp, split), x[:rows], y[:rows], meta.classes)
+    try:
+        os.rename(tmp, out)
+    except OSError:  # another bench made it meanwhile
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def log(msg: str, *args) -> None:
+    """A progress line on stderr (stdout carries the one JSON object)."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] " + (msg % args if args else msg), file=sys.stderr, flush=True)
+
+
+class TimedSink:
+    """Engine sink keeping each record with the ``perf_counter`` time it arrived.
+
+    The engines write a round record right after applying it, so these times
+    are completion times on one clock: the basis of steady-state rates for
+    pipelined and asynchronous runs, whose rounds overlap.
+    """
+
+    def __init__(self):
+        self.rows: list[tuple[float, dict]] = []
+
+    def write(self, record: dict) -> None:
+        self.rows.append((time.perf_counter(), record))
+
+    def rounds(self) -> list[tuple[float, dict]]:
+        return [(t, r) for t, r in self.rows if r.get("kind") == "round"]
+
+
+def steady_rate(rows: list[tuple[float, dict]], skip_first: int, skip_last: int) -> dict:
+    """Images/s between two completions, leaving out warm-up and drain records.
+
+    With ``sel = rows[skip_first : len - skip_last]``: the samples of the
+    records completed after ``sel[0]`` up to ``sel[-1]``, over the time between
+    those two completions.
+    """
+    sel = rows[skip_first:len(rows) - skip_last]
+    if len(sel) < 2:
+        raise RuntimeError(f"steady_rate: {len(rows)} records leave {len(sel)} after skipping "
+                           f"{skip_first} + {skip_last}; run longer")
+    window = sel[-1][0] - sel[0][0]
+    samples = sum(r["samples"] for _, r in sel[1:])
+    return {"images_per_s": samples / window if window > 0 else 0.0, "window_s": window,
+            "samples": samples, "records": len(sel) - 1, "first": skip_first, "last": len(rows) - skip_last - 1}
+
+
+def median(xs) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def rss_mb(pid: int | str = "self") -> float | None:
+    """Resident set size of a process from /proc (MB); None when it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def parent_pid(pid: int) -> int | None:
+    """Parent of ``pid`` from /proc/<pid>/stat; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def spark_backend(spark, run_id: str, pool: str | None = None, gc_freeze: bool = False):
+    """A SparkBackend; with ``gc_freeze`` every task is followed, in each of a Python worker's
+    first three tasks, by ``gc.collect(); gc.freeze()``.
+
+    ``gc_freeze`` is a bench-side stand-in for a proposed worker change: PySpark's
+    daemon runs a full ``gc.collect()`` after every task of a reused worker, and
+    with TF and Keras loaded that scans millions of long-lived objects (~0.3 s of
+    CPU, more on a busy machine) between two rounds of a block. Freezing the
+    objects alive after warm-up and tracing leaves that collection only the
+    objects made since. Off by default: the benches measure sparkcnn as it is.
+    """
+    from sparkcnn.engine.backend import SparkBackend
+
+    if not gc_freeze:
+        return SparkBackend(spark, run_id, pool=pool)
+
+    def freezing(fn):
+        def task(block, attempt):  # nested, so cloudpickle ships it by value
+            import gc
+            import sys as _sys
+
+            out = fn(block, attempt)
+            done = getattr(_sys, "_sparkcnn_bench_freezes", 0)
+            if done < 3:
+                gc.collect()
+                gc.freeze()
+                _sys._sparkcnn_bench_freezes = done + 1
+            return out
+        return task
+
+    class FreezingBackend(SparkBackend):
+        def map_blocks(self, fn, *args, **kwargs):
+            return super().map_blocks(freezing(fn), *args, **kwargs)
+
+        def aggregate_blocks(self, fn, *args, **kwargs):
+            return super().aggregate_blocks(freezing(fn), *args, **kwargs)
+
+    return FreezingBackend(spark, run_id, pool=pool)
 
 
 def emit(obj: dict) -> None:

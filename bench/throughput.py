@@ -1,14 +1,39 @@
-"""Throughput of sparkcnn sync rounds next to single-process Keras and the parallel compute limit.
+"""Throughput of sparkcnn (sync, pipelined sync, async) next to single-process Keras and the compute limit.
 
-Prints one JSON object. For steps_per_round H in (10, 50): sparkcnn images/s
-(local[2], 2 blocks, fmnist_cnn, batch 64), ``ratio_vs_keras``,
-``efficiency_vs_limit`` and ``round_overhead_ms`` (round wall time minus the
-slowest task's compute). ``keras_images_per_s`` is ``model.fit`` in one
-process (TF default threads); ``compute_limit_images_per_s`` is the sum of two
-independent single-thread TF processes, each training its own half with no
-communication. All figures come from this one run, measured one after another.
+Prints one JSON object; every figure comes from this one run, measured one
+after another on one local[2] session (Python workers and their traced TF
+functions are reused from one measurement to the next).
 
-    python bench/throughput.py [--quick]
+- ``keras_images_per_s``: ``model.fit`` in one process (TF default threads).
+- ``compute_limit_images_per_s``: the sum of two independent single-thread TF
+  processes, each training its own half with no communication; measured first
+  and last (``compute_limit_before_after``: the drift of a shared machine's
+  load), the mean is the limit. ``efficiency_vs_limit`` = images/s / limit.
+- ``by_steps_per_round[H]`` (H = 10, 50): plain sync rounds driven one at a
+  time (``engine.run_round``); images/s over the rounds after a warm round,
+  ``round_overhead_ms`` = median of (job time − slowest task), next to
+  ``round_compute_ms`` (slowest task's training time).
+- ``pipelined`` (H = 10, ``engine.pipeline=true``): ``SyncEngine.run()`` over
+  one epoch of a slice of the training set sized to a fixed number of rounds;
+  images/s between the completions of the 2nd and the next-to-last round
+  (warm-up and drain left out). A pipelined job waits in Spark's queue while
+  its predecessor runs, so its ``round_overhead_ms`` (job − task) holds that
+  wait; ``exposed_overhead_ms`` = median(round wall − slowest compute) is what
+  the pipeline fails to hide. ``sync_pipelined_idle_fraction``: mean of the
+  rounds' ``idle_fraction`` in the same window. ``state_resets`` > 0 with no
+  failure means a round's tasks ran before their predecessor's and waited out
+  the state wait (``run_wall_s`` shows the cost; the window may leave it out).
+- ``async`` (``engine.mode=async``): ``AsyncEngine.run()`` over the same
+  slice, ``scheduler.target_job_seconds`` set to the measured compute time of
+  10 steps so jobs carry ~10 steps (``mean_steps_per_job`` says what they
+  carried); images/s between completions, leaving out each block's first two
+  jobs (speed not yet known) and the last two (drain). ``async_vs_sync`` =
+  async / plain sync at H = 10.
+
+``--gc-freeze`` measures with the workers' heap frozen after warm-up (see
+``bench._common.spark_backend``), to size the gain of that worker change.
+
+    python bench/throughput.py [--quick] [--gc-freeze]
 """
 
 from __future__ import annotations
@@ -20,55 +45,178 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import KERAS_FIT, SOLO, emit, ensure_data, run_children  # noqa: E402
+from bench._common import (  # noqa: E402
+    KERAS_FIT,
+    SOLO,
+    TimedSink,
+    emit,
+    ensure_data,
+    log,
+    median,
+    run_children,
+    slice_data,
+    spark_backend,
+    steady_rate,
+)
+
+BLOCKS, BATCH = 2, 64
 
 
-def measure_sparkcnn(data: str, H: int, rounds: int, extra: list[str] = ()) -> dict:
+def _engine(data: str, run_id: str, overrides: list[str], sink=None, gc_freeze: bool = False):
+    """Engine on the shared local[2] session, blocks loaded and models built in the workers."""
     from sparkcnn import config
-    from sparkcnn.engine.backend import SparkBackend, get_or_create_spark
+    from sparkcnn.engine.backend import get_or_create_spark
     from sparkcnn.train import build_engine, warm_up
 
-    cfg = config.load(None, [f"data.path={data}", "data.num_blocks=2", f"train.steps_per_round={H}",
-                             "train.batch_size=64", *extra])
-    backend = SparkBackend(get_or_create_spark("local[2]", "sparkcnn-bench"), f"bench-h{H}")
-    engine, _ = build_engine(cfg, backend, backend.run_id)
-    warm_up(backend, engine.spec)
-    engine.run_round(0)  # first round traces the TF functions in both workers
+    cfg = config.load(None, [f"data.path={data}", f"data.num_blocks={BLOCKS}", f"train.batch_size={BATCH}",
+                             *overrides])
+    pool = f"sparkcnn-{run_id}" if cfg.engine.mode == "async" else None
+    backend = spark_backend(get_or_create_spark("local[2]", "sparkcnn-bench"), run_id, pool=pool,
+                            gc_freeze=gc_freeze)
+    engine, _ = build_engine(cfg, backend, run_id, sink=sink)
+    log("%s: blocks loaded and models built in %.1f s", run_id, warm_up(backend, engine.spec))
+    return engine
+
+
+def measure_sparkcnn(data: str, H: int, rounds: int, extra: list[str] = (), warm_rounds: int = 1,
+                     gc_freeze: bool = False) -> dict:
+    """Plain sync rounds, one ``run_round`` after another, after ``warm_rounds`` unmeasured ones.
+
+    The first engine on a fresh session needs a warm round (it traces the TF
+    functions in both workers); later ones reuse those workers and traces.
+    """
+    engine = _engine(data, f"bench-h{H}", [f"train.steps_per_round={H}", *extra], gc_freeze=gc_freeze)
+    for t in range(warm_rounds):
+        engine.run_round(t)
     recs = []
     t0 = time.perf_counter()
-    for t in range(1, rounds + 1):
+    for t in range(warm_rounds, warm_rounds + rounds):
         recs.append(engine.run_round(t))
     wall = time.perf_counter() - t0
+    engine.backend.close()  # unpersist the block placement RDDs
     samples = sum(r["samples"] for r in recs)
-    overhead = sorted(1000 * r["round_overhead_s"] for r in recs)
     return {
         "sparkcnn_images_per_s": samples / wall,
-        "round_overhead_ms": overhead[len(overhead) // 2],
+        "round_overhead_ms": 1000 * median(r["round_overhead_s"] for r in recs),
         "round_compute_ms": 1000 * sum(r["compute_s"] for r in recs) / len(recs),
         "round_wall_ms": 1000 * wall / len(recs),
+        "idle_fraction": sum(r["idle_fraction"] for r in recs) / len(recs),
+        # one block's training time for H steps: sizes the async jobs below
+        "block_compute_ms": 1000 * median(s for r in recs for s in r["task_compute_s"].values()),
         "rounds": len(recs),
     }
 
 
+def measure_pipelined(data: str, H: int, gc_freeze: bool = False) -> dict:
+    """``SyncEngine.run()`` with two rounds in flight over one epoch of ``data``."""
+    sink = TimedSink()
+    engine = _engine(data, f"bench-pipe-h{H}", [f"train.steps_per_round={H}", "train.epochs=1",
+                                                 "engine.pipeline=true"], sink=sink, gc_freeze=gc_freeze)
+    run_s = engine.run()["wall_s"]
+    engine.backend.close()  # unpersist the block placement RDDs
+    rows = sink.rounds()
+    rate = steady_rate(rows, skip_first=2, skip_last=1)
+    steady = [r for _, r in rows[rate["first"]:rate["last"] + 1]][1:]
+    return {
+        "steps_per_round": H, "images_per_s": rate["images_per_s"], "rounds": rate["records"],
+        "window_s": rate["window_s"],
+        "round_overhead_ms": 1000 * median(r["round_overhead_s"] for r in steady),
+        "exposed_overhead_ms": 1000 * median(r["wall_s"] - r["compute_s"] for r in steady),
+        "round_compute_ms": 1000 * sum(r["compute_s"] for r in steady) / len(steady),
+        "round_wall_ms": 1000 * sum(r["wall_s"] for r in steady) / len(steady),
+        "idle_fraction": sum(r["idle_fraction"] for r in steady) / len(steady),
+        # a round that found its predecessor's block state missing: with no failures, its task
+        # waited out state_wait_s (a whole run_wall_s far above the rounds' walls says so)
+        "state_resets": engine.counters["state_resets"], "run_wall_s": run_s,
+    }
+
+
+def measure_async(data: str, H: int, target_job_s: float, gc_freeze: bool = False) -> dict:
+    """``AsyncEngine.run()`` over one epoch of ``data``, jobs sized to ``target_job_s``."""
+    sink = TimedSink()
+    engine = _engine(data, f"bench-async-h{H}", [f"train.steps_per_round={H}", "train.epochs=1",
+                                                  "engine.mode=async",
+                                                  f"scheduler.target_job_seconds={target_job_s:.4f}"],
+                     sink=sink, gc_freeze=gc_freeze)
+    run_s = engine.run()["wall_s"]
+    engine.backend.close()  # unpersist the block placement RDDs
+    rows = sink.rounds()
+    rate = steady_rate(rows, skip_first=2 * BLOCKS, skip_last=2)
+    steady = [r for _, r in rows[rate["first"]:rate["last"] + 1]][1:]
+    busy = sum(r["task_s"] for r in steady)
+    return {
+        "target_job_seconds": target_job_s, "images_per_s": rate["images_per_s"], "jobs": rate["records"],
+        "window_s": rate["window_s"],
+        "mean_steps_per_job": sum(r["steps"] for r in steady) / len(steady),
+        "round_overhead_ms": 1000 * median(r["round_overhead_s"] for r in steady),
+        "round_compute_ms": 1000 * sum(r["compute_s"] for r in steady) / len(steady),
+        "job_wall_ms": 1000 * sum(r["wall_s"] for r in steady) / len(steady),
+        "idle_fraction": max(0.0, 1 - busy / (rate["window_s"] * engine.slots)),
+        "mean_staleness": sum(r["staleness"] for r in steady) / len(steady),
+        "state_resets": engine.counters["state_resets"], "run_wall_s": run_s,
+    }
+
+
+def measure_limit(data: str, steps: int) -> list[dict]:
+    log("compute limit: two single-thread TF processes, %d steps each", steps)
+    return run_children(SOLO, [[data, str(BLOCKS), str(k), str(steps), "1"] for k in range(BLOCKS)])
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer steps (< 1 minute)")
+    ap.add_argument("--quick", action="store_true", help="fewer steps (about 2 minutes)")
+    ap.add_argument("--gc-freeze", action="store_true",
+                    help="freeze the workers' heap after warm-up (stand-in for a proposed worker fix)")
     a = ap.parse_args(argv)
+    t_start = time.perf_counter()
     data = ensure_data()
-    steps = 100 if a.quick else 400
-    limit = run_children(SOLO, [[data, "2", str(k), str(steps), "1"] for k in (0, 1)])
-    limit_ips = sum(r["images_per_s"] for r in limit)
+    steps = 60 if a.quick else 400
+    limit = measure_limit(data, steps)
+    log("keras model.fit, %d steps", steps)
     keras_ips = run_children(KERAS_FIT, [[data, str(steps)]])[0]["images_per_s"]
-    out = {"quick": a.quick, "model": "fmnist_cnn", "blocks": 2, "batch_size": 64, "master": "local[2]",
-           "keras_images_per_s": keras_ips, "compute_limit_images_per_s": limit_ips,
-           "solo_step_ms": [r["step_ms"] for r in limit], "by_steps_per_round": {}}
-    for H in (10, 50):
-        rounds = max(2, (steps // H) if a.quick else (2 * steps // H))
-        m = measure_sparkcnn(data, H, rounds)
-        m["ratio_vs_keras"] = m["sparkcnn_images_per_s"] / keras_ips
-        m["efficiency_vs_limit"] = m["sparkcnn_images_per_s"] / limit_ips
-        out["by_steps_per_round"][str(H)] = m
-    out["targets"] = {"ratio_vs_keras@50": ">= 0.9", "efficiency_vs_limit@50": ">= 0.85"}
+    out = {"quick": a.quick, "gc_freeze": a.gc_freeze, "model": "fmnist_cnn", "blocks": BLOCKS, "batch_size": BATCH,
+           "master": "local[2]",
+           "keras_images_per_s": keras_ips, "solo_step_ms": [r["step_ms"] for r in limit],
+           "by_steps_per_round": {}}
+    for i, H in enumerate((10, 50)):
+        rounds = {10: 8, 50: 2}[H] if a.quick else 2 * steps // H
+        log("sync H=%d: %d rounds", H, rounds)
+        out["by_steps_per_round"][str(H)] = measure_sparkcnn(data, H, rounds, warm_rounds=1 if i == 0 else 0,
+                                                             gc_freeze=a.gc_freeze)
+
+    H = 10
+    sync10 = out["by_steps_per_round"][str(H)]
+    # one epoch of a slice = a fixed number of rounds: 2 warm + measured + 1 drain
+    rounds = (8 if a.quick else 40) + 3
+    short = slice_data(data, rounds * H * BATCH * BLOCKS, 1000)
+    log("pipelined sync H=%d: one epoch of %s", H, os.path.basename(short))
+    p = out["pipelined"] = measure_pipelined(short, H, gc_freeze=a.gc_freeze)
+    out["sync_pipelined_idle_fraction"] = p["idle_fraction"]
+
+    target = sync10["block_compute_ms"] / 1000  # compute time of H steps on one block, as measured above
+    log("async: one epoch of %s, target_job_seconds %.2f", os.path.basename(short), target)
+    s = out["async"] = measure_async(short, H, target, gc_freeze=a.gc_freeze)
+    out["async_vs_sync"] = s["images_per_s"] / sync10["sparkcnn_images_per_s"]
+
+    # the limit again at the end: on a shared machine the load drifts; ratios use the mean
+    after = sum(r["images_per_s"] for r in measure_limit(data, steps))
+    before = sum(r["images_per_s"] for r in limit)
+    limit_ips = (before + after) / 2
+    out.update(compute_limit_images_per_s=limit_ips, compute_limit_before_after=[before, after])
+    for m, key in [*((m, "sparkcnn_images_per_s") for m in out["by_steps_per_round"].values()),
+                   (p, "images_per_s"), (s, "images_per_s")]:
+        m["ratio_vs_keras"] = m[key] / keras_ips
+        m["efficiency_vs_limit"] = m[key] / limit_ips
+
+    targets = {"ratio_vs_keras@50": (">=", 0.9, out["by_steps_per_round"]["50"]["ratio_vs_keras"]),
+               "efficiency_vs_limit@50": (">=", 0.85, out["by_steps_per_round"]["50"]["efficiency_vs_limit"]),
+               "pipelined.efficiency_vs_limit@10": (">=", 0.9, p["efficiency_vs_limit"]),
+               "async.efficiency_vs_limit@10": (">=", 0.9, s["efficiency_vs_limit"]),
+               "sync_pipelined_idle_fraction": ("<=", 0.05, p["idle_fraction"]),
+               "async_vs_sync": (">=", 0.95, out["async_vs_sync"])}
+    out["targets"] = {k: f"{op} {v}" for k, (op, v, _) in targets.items()}
+    out["targets_met"] = {k: (x >= v if op == ">=" else x <= v) for k, (op, v, x) in targets.items()}
+    out["bench_wall_s"] = time.perf_counter() - t_start
     emit(out)
     return out
 
