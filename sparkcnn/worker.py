@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -329,7 +330,8 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, attempt: int 
     else:
         w, resynced, view_bytes = replica_view(spec, order)
     trainer.set_flat(w)
-    executor = root  # the executor's local dir names it (stable across tasks and Python workers)
+    # host + the executor's local dir name it (stable across its tasks and Python workers)
+    executor = f"{socket.gethostname()}:{os.path.realpath(root)}"
     h = int(order.steps_by_executor.get(executor, order.steps.get(block, 0)))
     start = order.step_offset.get(block, 0)
     per_epoch = max(1, steps_per_epoch(len(labels), spec.batch_size))
@@ -389,6 +391,7 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, attempt: int 
     payload = codec.encode(sent, spec.layout, value_dtype=spec.value_dtype,
                            unchecked_values=order.round == spec.chaos_nan_round)
     t3 = time.perf_counter()
+    _freeze_heap_once()
     if attempt == 0 and _chaos_draw(spec, order.round, block, 1) < spec.chaos_kill_p:
         log.warning("chaos: killing the Python worker (block %s round %s)", block, order.round)
         os._exit(17)
@@ -421,6 +424,22 @@ def _chaos_slow(spec: TaskSpec, block: int, t1: float, t2: float) -> float:
         time.sleep((factor - 1) * (t2 - t1))
         return time.perf_counter()
     return t2
+
+
+_HEAP_FROZEN = False
+
+
+def _freeze_heap_once() -> None:
+    """After the first round in this process (TF loaded, model built and traced): collect, then
+    freeze the survivors, so the full GC PySpark runs after every task of a reused worker no
+    longer walks TF/Keras objects (measured 0.25-0.5 s per round at H=10 before, ~0.07 s after)."""
+    global _HEAP_FROZEN
+    if not _HEAP_FROZEN:
+        import gc
+
+        gc.collect()
+        gc.freeze()
+        _HEAP_FROZEN = True
 
 
 _REPLICAS: dict = {}
