@@ -38,7 +38,7 @@ class DivergenceGuard:
         if not np.all(np.isfinite(values)):
             self.rejected += 1
             return "non-finite values"
-        norm = float(np.linalg.norm(values.astype(np.float64))) / max(1, int(steps))
+        norm = float(np.linalg.norm(values)) / max(1, int(steps))
         if len(self._norms) >= self.warmup:
             med = float(np.median(self._norms))
             if med > 0 and norm > self.max_norm_factor * med:

@@ -43,16 +43,6 @@ def new_run_id(name: str) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def make_run_dir(cfg) -> tuple[str, str]:
-    run_id = new_run_id(cfg.run.name)
-    run_dir = os.path.join(cfg.run.out_dir, run_id)
-    try:
-        os.makedirs(run_dir)
-    except OSError as e:
-        raise BadInput(f"run.out_dir {cfg.run.out_dir!r}: cannot create run directory ({e.strerror})") from None
-    return run_id, run_dir
-
-
 def build_spec(cfg, run_id: str, train_dir: str, test_dir: str, train_meta, model) -> TaskSpec:
     sizes = tuple(int(np.prod(w.shape)) for w in model.weights)
     return TaskSpec(

@@ -200,6 +200,7 @@ class Trainer:
             flat[self.offsets[i]:self.offsets[i + 1]] = g.numpy().ravel()
         return flat, float(loss) * len(idx), int(correct), len(idx)
 
+    @functools.cached_property
     def non_trainable_mask(self) -> np.ndarray:
         mask = np.ones(self.offsets[-1], bool)
         for i in self.trainable_pos:
@@ -356,7 +357,7 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, attempt: int 
         # DGC form: gradient only; non-trainable entries (BN statistics) carry their
         # forward-pass change / lr so that the server's ``W -= lr * S`` averages them
         g, loss_sum, correct, seen = trainer.gradient(images, labels, batches[0])
-        nt = trainer.non_trainable_mask()
+        nt = trainer.non_trainable_mask
         if nt.any():
             g[nt] = (w[nt] - trainer.get_flat()[nt]) / order.lr
         policy = _policy(spec, True, spec.momentum)
@@ -466,7 +467,7 @@ def replica_view(spec: TaskSpec, order: RoundOrder):
 
     # the initial load at version 0 is no resync; any later dense read is (lost or new replica)
     resynced = rep.sync(dls, snapshot=snapshot) and order.view_version > 0
-    return np.array(rep.U), resynced, sum(fetched)
+    return rep.U, resynced, sum(fetched)  # read-only view: the trainer only reads it
 
 
 def clear_replicas() -> None:

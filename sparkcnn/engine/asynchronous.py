@@ -43,7 +43,7 @@ class AsyncEngine(SyncEngine):
         # samples in one pass over every block (full minibatches only)
         self.n_train = sum(self.block_steps.values()) * cfg.train.batch_size
         self.total_samples = cfg.train.epochs * self.n_train
-        self.slots = cfg.engine.threads or max(1, min(self.num_blocks, self.backend.parallelism))
+        self.slots = cfg.engine.threads or max(1, min(self.num_blocks, self._parallelism))
         # replicas may trail by up to the jobs in flight: keep that many downlinks inline
         self.inline_downlinks = self.slots + 2
         self.policy = AsyncPolicy(batch_size=cfg.train.batch_size,
@@ -212,18 +212,5 @@ class AsyncEngine(SyncEngine):
             inflight[pool.submit(self._job_one, order, d.block)] = (order, d.block)
 
     def _epoch_end(self, epoch: int, t_start: float, on_epoch) -> None:
-        ev = self.evaluate(epoch)
-        recs = [h for h in self.history if h.get("epoch") == epoch]
-        erec = {"kind": "epoch", "epoch": epoch, **ev,
-                "train_loss": float(np.mean([h["loss"] for h in recs])) if recs else None,
-                "wall_s": time.perf_counter() - t_start,
-                "bytes_up": sum(h["bytes_up"] for h in recs), "bytes_down": sum(h["bytes_down"] for h in recs),
-                "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_hist.items())},
-                **self.counters}
-        self.epoch_history.append(erec)
-        if self.sink:
-            self.sink.write(erec)
-        if self.progress:
-            self.progress.epoch(erec)
-        if on_epoch:
-            on_epoch(erec)
+        self._write_epoch(epoch, t_start, on_epoch,
+                          staleness_histogram={str(k): v for k, v in sorted(self.staleness_hist.items())})

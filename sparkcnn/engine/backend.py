@@ -49,9 +49,6 @@ class LocalBackend:
             acc = seq(acc, self._task(fn, b))
         return acc
 
-    def executor_samples(self):
-        return []
-
     def broadcast(self, value):
         return _LocalBroadcast(value)
 
@@ -108,7 +105,6 @@ class SparkBackend:
         self.sc = spark.sparkContext
         self.run_id = run_id
         self.pool = pool
-        self._lock = threading.Lock()
         self._marker_rdds: dict = {}
 
     @property
@@ -176,19 +172,6 @@ class SparkBackend:
 
     def unpersist(self, bcast):
         bcast.destroy(blocking=False)
-
-    def executor_samples(self):
-        """(executor id, cores, running tasks, failed tasks) from Spark's status tracker."""
-        st = self.sc.statusTracker()
-        out = []
-        try:
-            jsc = self.sc._jsc.sc()
-            for info in jsc.statusTracker().getExecutorInfos():
-                out.append({"host": info.host(), "port": info.port(), "running_tasks": info.numRunningTasks()})
-        except Exception:  # py4j surface differs across versions; load sampling is advisory
-            log.debug("executor infos unavailable", exc_info=True)
-        del st
-        return out
 
     def stop(self):
         self.sc.cancelJobGroup(f"sparkcnn-{self.run_id}")

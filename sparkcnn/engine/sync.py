@@ -79,6 +79,7 @@ class SyncEngine:
                          "loss_spikes": 0}
         self.history: list[dict] = []
         self._last_done: float | None = None
+        self._parallelism = backend.parallelism  # a py4j call on Spark: read once, not per round
         from sparkcnn.guard import DivergenceGuard
 
         self.guard = DivergenceGuard(cfg.guard.max_norm_factor, cfg.guard.loss_spike_factor)
@@ -182,7 +183,7 @@ class SyncEngine:
                 self._old_bcasts.append(self._view_bcast)
                 while len(self._old_bcasts) > self._keep_bcasts:
                     self.backend.unpersist(self._old_bcasts.pop(0))
-            self._view_bcast = self.backend.broadcast(np.array(self.ps.U).tobytes())
+            self._view_bcast = self.backend.broadcast(self.ps.U.tobytes())
             self._view_bcast_version = self.ps.view_version
         return {"weights": b"", "downlinks": tuple(self.downlinks), "view": self._view_bcast,
                 "view_version": self.ps.view_version}
@@ -275,7 +276,7 @@ class SyncEngine:
         rec["round_overhead_s"] = (t1 - t0) - compute
         rec["images_per_s"] = total / rec["wall_s"] if rec["wall_s"] > 0 else 0.0
         rec["downlink_ratio"] = rec["dense_bytes"] / max(1, rec["bytes_down"])
-        slots = max(1, min(len(fresh), self.backend.parallelism))
+        slots = max(1, min(len(fresh), self._parallelism))
         busy = sum(r["task_s"] for r in fresh)
         rec["idle_fraction"] = max(0.0, 1.0 - busy / (rec["wall_s"] * slots)) if rec["wall_s"] > 0 else 0.0
         return rec
@@ -404,15 +405,18 @@ class SyncEngine:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def _epoch_record(self, t: int, t_start: float, on_epoch) -> None:
-        epoch = t // self.rounds_per_epoch
+        self._write_epoch(t // self.rounds_per_epoch, t_start, on_epoch)
+
+    def _write_epoch(self, epoch: int, t_start: float, on_epoch, **extra) -> None:
+        """Evaluate on the test blocks and write the epoch record (sync and async alike)."""
         ev = self.evaluate(epoch)
-        rounds = [h for h in self.history if h["epoch"] == epoch]
+        rounds = [h for h in self.history if h.get("epoch") == epoch]
         erec = {"kind": "epoch", "epoch": epoch, **ev,
                 "train_loss": float(np.mean([h["loss"] for h in rounds])) if rounds else None,
                 "wall_s": time.perf_counter() - t_start,
                 "bytes_up": sum(h["bytes_up"] for h in rounds),
                 "bytes_down": sum(h["bytes_down"] for h in rounds),
-                **self.counters}
+                **extra, **self.counters}
         self.epoch_history.append(erec)
         if self.sink:
             self.sink.write(erec)
