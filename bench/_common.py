@@ -175,44 +175,11 @@ def parent_pid(pid: int) -> int | None:
         return None
 
 
-def spark_backend(spark, run_id: str, pool: str | None = None, gc_freeze: bool = False):
-    """A SparkBackend; with ``gc_freeze`` every task is followed, in each of a Python worker's
-    first three tasks, by ``gc.collect(); gc.freeze()``.
-
-    ``gc_freeze`` is a bench-side stand-in for a proposed worker change: PySpark's
-    daemon runs a full ``gc.collect()`` after every task of a reused worker, and
-    with TF and Keras loaded that scans millions of long-lived objects (~0.3 s of
-    CPU, more on a busy machine) between two rounds of a block. Freezing the
-    objects alive after warm-up and tracing leaves that collection only the
-    objects made since. Off by default: the benches measure sparkcnn as it is.
-    """
+def spark_backend(spark, run_id: str, pool: str | None = None):
+    """A SparkBackend for one engine on the bench's shared session."""
     from sparkcnn.engine.backend import SparkBackend
 
-    if not gc_freeze:
-        return SparkBackend(spark, run_id, pool=pool)
-
-    def freezing(fn):
-        def task(block, attempt):  # nested, so cloudpickle ships it by value
-            import gc
-            import sys as _sys
-
-            out = fn(block, attempt)
-            done = getattr(_sys, "_sparkcnn_bench_freezes", 0)
-            if done < 3:
-                gc.collect()
-                gc.freeze()
-                _sys._sparkcnn_bench_freezes = done + 1
-            return out
-        return task
-
-    class FreezingBackend(SparkBackend):
-        def map_blocks(self, fn, *args, **kwargs):
-            return super().map_blocks(freezing(fn), *args, **kwargs)
-
-        def aggregate_blocks(self, fn, *args, **kwargs):
-            return super().aggregate_blocks(freezing(fn), *args, **kwargs)
-
-    return FreezingBackend(spark, run_id, pool=pool)
+    return SparkBackend(spark, run_id, pool=pool)
 
 
 def emit(obj: dict) -> None:

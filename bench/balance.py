@@ -29,7 +29,7 @@ plus the first rounds or jobs).
   executor's rate within the balanced run itself (both training at once on
   this machine's cores) and ``balance_efficiency_vs_concurrent``.
 
-    python bench/balance.py [--quick] [--target-job-s 1.5] [--gc-freeze]
+    python bench/balance.py [--quick] [--target-job-s 1.5]
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ SLOW = 2.0  # worker 1's slow-down factor
 class Bench:
     """One session on the cluster; engines built on it share the executors' Python workers."""
 
-    def __init__(self, cluster, spark, gc_freeze: bool):
-        self.cluster, self.spark, self.gc_freeze = cluster, spark, gc_freeze
+    def __init__(self, cluster, spark):
+        self.cluster, self.spark = cluster, spark
         self._executor_of: dict[int, int] = {}
 
     def engine(self, data: str, run_id: str, overrides: list[str], sink=None):
@@ -70,7 +70,7 @@ class Bench:
         cfg = config.load(None, [f"data.path={data}", f"data.num_blocks={BLOCKS}", f"train.batch_size={BATCH}",
                                  f"train.steps_per_round={H}", "train.epochs=1", "data.test_blocks=1", *overrides])
         pool = f"sparkcnn-{run_id}" if cfg.engine.mode == "async" else None
-        backend = spark_backend(self.spark, run_id, pool=pool, gc_freeze=self.gc_freeze)
+        backend = spark_backend(self.spark, run_id, pool=pool)
         engine, _ = build_engine(cfg, backend, run_id, sink=sink)
         warm_s = warm_up(backend, engine.spec)
         log("%s: blocks loaded in %.1f s", run_id, warm_s)
@@ -150,8 +150,6 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="0.34 epoch instead of 0.5")
     ap.add_argument("--target-job-s", type=float, default=1.5, help="async scheduler.target_job_seconds")
-    ap.add_argument("--gc-freeze", action="store_true",
-                    help="freeze the workers' heap after warm-up (stand-in for a proposed worker fix)")
     a = ap.parse_args(argv)
     t_start = time.perf_counter()
     from sparkcnn.engine.standalone import StandaloneCluster, session
@@ -160,7 +158,7 @@ def main(argv=None) -> dict:
     rounds = 8 if a.quick else 12  # sync rounds of H steps per block: the fixed sample count
     shared = slice_data(data, rounds * H * BATCH * BLOCKS, 640)
     solo_data = slice_data(data, (12 if a.quick else 24) * H * BATCH, 640)  # >= 5 jobs per executor
-    out = {"quick": a.quick, "gc_freeze": a.gc_freeze, "model": "fmnist_cnn", "blocks": BLOCKS,
+    out = {"quick": a.quick, "model": "fmnist_cnn", "blocks": BLOCKS,
            "executors": "2 x 1 core, standalone on 127.0.0.1", "slowed": {"worker1": SLOW},
            "samples": rounds * H * BATCH * BLOCKS, "steps_per_round": H, "target_job_seconds": a.target_job_s}
     cluster = StandaloneCluster(workers=2, cores_per_worker=1, per_worker_env={1: {"SPARKCNN_CHAOS_SLOW": str(SLOW)}})
@@ -168,7 +166,7 @@ def main(argv=None) -> dict:
     with cluster.start(timeout=180):
         spark = session(cluster, "sparkcnn-bench-balance", conf={"spark.scheduler.mode": "FAIR"}, timeout=180)
         log("cluster up in %.1f s", time.perf_counter() - t_start)
-        bench = Bench(cluster, spark, a.gc_freeze)
+        bench = Bench(cluster, spark)
         try:
             log("unbalanced: sync, %d steps per block per round", H)
             unb = measure_sync(bench, shared, balance=False)

@@ -8,7 +8,7 @@ functions are reused from one measurement to the next).
 - ``compute_limit_images_per_s``: the sum of two independent single-thread TF
   processes, each training its own half with no communication; measured first
   and last (``compute_limit_before_after``: the drift of a shared machine's
-  load), the mean is the limit. ``efficiency_vs_limit`` = images/s / limit.
+  load; ``--quick`` measures it once), the mean is the limit. ``efficiency_vs_limit`` = images/s / limit.
 - ``by_steps_per_round[H]`` (H = 10, 50): plain sync rounds driven one at a
   time (``engine.run_round``); images/s over the rounds after a warm round,
   ``round_overhead_ms`` = median of (job time − slowest task), next to
@@ -30,10 +30,10 @@ functions are reused from one measurement to the next).
   jobs (speed not yet known) and the last two (drain). ``async_vs_sync`` =
   async / plain sync at H = 10.
 
-``--gc-freeze`` measures with the workers' heap frozen after warm-up (see
-``bench._common.spark_backend``), to size the gain of that worker change.
+``--quick`` (under a minute): fewer steps, every Spark measurement on a
+slice of the training set (shorter block loads), and the limit measured once.
 
-    python bench/throughput.py [--quick] [--gc-freeze]
+    python bench/throughput.py [--quick]
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ from bench._common import (  # noqa: E402
 BLOCKS, BATCH = 2, 64
 
 
-def _engine(data: str, run_id: str, overrides: list[str], sink=None, gc_freeze: bool = False):
+def _engine(data: str, run_id: str, overrides: list[str], sink=None):
     """Engine on the shared local[2] session, blocks loaded and models built in the workers."""
     from sparkcnn import config
     from sparkcnn.engine.backend import get_or_create_spark
@@ -71,21 +71,19 @@ def _engine(data: str, run_id: str, overrides: list[str], sink=None, gc_freeze: 
     cfg = config.load(None, [f"data.path={data}", f"data.num_blocks={BLOCKS}", f"train.batch_size={BATCH}",
                              *overrides])
     pool = f"sparkcnn-{run_id}" if cfg.engine.mode == "async" else None
-    backend = spark_backend(get_or_create_spark("local[2]", "sparkcnn-bench"), run_id, pool=pool,
-                            gc_freeze=gc_freeze)
+    backend = spark_backend(get_or_create_spark("local[2]", "sparkcnn-bench"), run_id, pool=pool)
     engine, _ = build_engine(cfg, backend, run_id, sink=sink)
     log("%s: blocks loaded and models built in %.1f s", run_id, warm_up(backend, engine.spec))
     return engine
 
 
-def measure_sparkcnn(data: str, H: int, rounds: int, extra: list[str] = (), warm_rounds: int = 1,
-                     gc_freeze: bool = False) -> dict:
+def measure_sparkcnn(data: str, H: int, rounds: int, extra: list[str] = (), warm_rounds: int = 1) -> dict:
     """Plain sync rounds, one ``run_round`` after another, after ``warm_rounds`` unmeasured ones.
 
     The first engine on a fresh session needs a warm round (it traces the TF
     functions in both workers); later ones reuse those workers and traces.
     """
-    engine = _engine(data, f"bench-h{H}", [f"train.steps_per_round={H}", *extra], gc_freeze=gc_freeze)
+    engine = _engine(data, f"bench-h{H}", [f"train.steps_per_round={H}", *extra])
     for t in range(warm_rounds):
         engine.run_round(t)
     recs = []
@@ -107,11 +105,11 @@ def measure_sparkcnn(data: str, H: int, rounds: int, extra: list[str] = (), warm
     }
 
 
-def measure_pipelined(data: str, H: int, gc_freeze: bool = False) -> dict:
+def measure_pipelined(data: str, H: int) -> dict:
     """``SyncEngine.run()`` with two rounds in flight over one epoch of ``data``."""
     sink = TimedSink()
     engine = _engine(data, f"bench-pipe-h{H}", [f"train.steps_per_round={H}", "train.epochs=1",
-                                                 "engine.pipeline=true"], sink=sink, gc_freeze=gc_freeze)
+                                                 "engine.pipeline=true"], sink=sink)
     run_s = engine.run()["wall_s"]
     engine.backend.close()  # unpersist the block placement RDDs
     rows = sink.rounds()
@@ -131,13 +129,12 @@ def measure_pipelined(data: str, H: int, gc_freeze: bool = False) -> dict:
     }
 
 
-def measure_async(data: str, H: int, target_job_s: float, gc_freeze: bool = False) -> dict:
+def measure_async(data: str, H: int, target_job_s: float) -> dict:
     """``AsyncEngine.run()`` over one epoch of ``data``, jobs sized to ``target_job_s``."""
     sink = TimedSink()
     engine = _engine(data, f"bench-async-h{H}", [f"train.steps_per_round={H}", "train.epochs=1",
                                                   "engine.mode=async",
-                                                  f"scheduler.target_job_seconds={target_job_s:.4f}"],
-                     sink=sink, gc_freeze=gc_freeze)
+                                                  f"scheduler.target_job_seconds={target_job_s:.4f}"], sink=sink)
     run_s = engine.run()["wall_s"]
     engine.backend.close()  # unpersist the block placement RDDs
     rows = sink.rounds()
@@ -164,43 +161,43 @@ def measure_limit(data: str, steps: int) -> list[dict]:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer steps (about 2 minutes)")
-    ap.add_argument("--gc-freeze", action="store_true",
-                    help="freeze the workers' heap after warm-up (stand-in for a proposed worker fix)")
+    ap.add_argument("--quick", action="store_true", help="fewer steps, under a minute")
     a = ap.parse_args(argv)
     t_start = time.perf_counter()
     data = ensure_data()
-    steps = 60 if a.quick else 400
+    steps = 40 if a.quick else 400
+    H = 10
+    # one epoch of a slice = a fixed number of pipelined/async rounds: 2 warm + measured + 1 drain
+    rounds = (6 if a.quick else 40) + 3
+    short = slice_data(data, rounds * H * BATCH * BLOCKS, 1000)
+    sync_data = short if a.quick else data  # quick: shorter block loads
     limit = measure_limit(data, steps)
     log("keras model.fit, %d steps", steps)
     keras_ips = run_children(KERAS_FIT, [[data, str(steps)]])[0]["images_per_s"]
-    out = {"quick": a.quick, "gc_freeze": a.gc_freeze, "model": "fmnist_cnn", "blocks": BLOCKS, "batch_size": BATCH,
+    out = {"quick": a.quick, "model": "fmnist_cnn", "blocks": BLOCKS, "batch_size": BATCH,
            "master": "local[2]",
            "keras_images_per_s": keras_ips, "solo_step_ms": [r["step_ms"] for r in limit],
            "by_steps_per_round": {}}
-    for i, H in enumerate((10, 50)):
-        rounds = {10: 8, 50: 2}[H] if a.quick else 2 * steps // H
-        log("sync H=%d: %d rounds", H, rounds)
-        out["by_steps_per_round"][str(H)] = measure_sparkcnn(data, H, rounds, warm_rounds=1 if i == 0 else 0,
-                                                             gc_freeze=a.gc_freeze)
+    for i, h in enumerate((10, 50)):
+        n = {10: 6, 50: 2}[h] if a.quick else 2 * steps // h
+        log("sync H=%d: %d rounds", h, n)
+        out["by_steps_per_round"][str(h)] = measure_sparkcnn(sync_data, h, n, warm_rounds=1 if i == 0 else 0)
 
-    H = 10
     sync10 = out["by_steps_per_round"][str(H)]
-    # one epoch of a slice = a fixed number of rounds: 2 warm + measured + 1 drain
-    rounds = (8 if a.quick else 40) + 3
-    short = slice_data(data, rounds * H * BATCH * BLOCKS, 1000)
     log("pipelined sync H=%d: one epoch of %s", H, os.path.basename(short))
-    p = out["pipelined"] = measure_pipelined(short, H, gc_freeze=a.gc_freeze)
+    p = out["pipelined"] = measure_pipelined(short, H)
     out["sync_pipelined_idle_fraction"] = p["idle_fraction"]
 
     target = sync10["block_compute_ms"] / 1000  # compute time of H steps on one block, as measured above
     log("async: one epoch of %s, target_job_seconds %.2f", os.path.basename(short), target)
-    s = out["async"] = measure_async(short, H, target, gc_freeze=a.gc_freeze)
+    s = out["async"] = measure_async(short, H, target)
     out["async_vs_sync"] = s["images_per_s"] / sync10["sparkcnn_images_per_s"]
 
-    # the limit again at the end: on a shared machine the load drifts; ratios use the mean
-    after = sum(r["images_per_s"] for r in measure_limit(data, steps))
     before = sum(r["images_per_s"] for r in limit)
+    if a.quick:
+        after = before
+    else:  # the limit again at the end: on a shared machine the load drifts; ratios use the mean
+        after = sum(r["images_per_s"] for r in measure_limit(data, steps))
     limit_ips = (before + after) / 2
     out.update(compute_limit_images_per_s=limit_ips, compute_limit_before_after=[before, after])
     for m, key in [*((m, "sparkcnn_images_per_s") for m in out["by_steps_per_round"].values()),

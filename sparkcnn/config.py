@@ -124,7 +124,7 @@ class EngineConfig:
     master: str = ""            # Spark master when no session is active; "" = local[2]
     pipeline: bool = False      # sync: compute round t+1 while the driver applies round t
     tree_depth: int = 2         # treeAggregate depth
-    threads: int = 0            # driver job-submission threads; 0 = one per block slot
+    threads: int = 0            # async: jobs in flight, fixed; 0 = live executor slots (load monitor)
 
     def validate(self, p: str) -> None:
         _check(self.mode in ("sync", "async"), f"{p}.mode", "one of sync, async", self.mode)

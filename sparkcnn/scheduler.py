@@ -36,6 +36,7 @@ __all__ = [
     "ExecutorSample",
     "pipeline_depth",
     "size_sync_steps",
+    "task_slots",
 ]
 
 
@@ -83,6 +84,7 @@ class ExecutorSample:
     cores: int          # task slots (spark.executor.cores / spark.task.cpus)
     running_tasks: int  # tasks running now, ours and others'
     failed_tasks: int   # cumulative failed tasks (reported; the policy does not act on it)
+    completed_tasks: int = 0  # cumulative completed tasks (reported)
 
     def __post_init__(self) -> None:
         if not isinstance(self.executor_id, str) or not self.executor_id:
@@ -90,6 +92,7 @@ class ExecutorSample:
         _count(f"executor {self.executor_id}: cores", self.cores)
         _count(f"executor {self.executor_id}: running_tasks", self.running_tasks)
         _count(f"executor {self.executor_id}: failed_tasks", self.failed_tasks)
+        _count(f"executor {self.executor_id}: completed_tasks", self.completed_tasks)
 
     @property
     def free_slots(self) -> int:
@@ -109,6 +112,22 @@ class BlockSpeed:
         s = self.images_per_s
         if s is not None and not (isinstance(s, (int, float)) and math.isfinite(s) and s >= 0):
             raise BadInput(f"block {self.block}: `images_per_s` must be a finite number >= 0 or None, got {s!r}")
+
+
+def task_slots(executors: list[ExecutorSample], blocks: int, fixed: int = 0) -> int:
+    """Jobs the async engine may have in flight (one job per block, one task per job)::
+
+        slots = fixed                                   fixed > 0 (``engine.threads``)
+        slots = clamp(sum(e.cores), 1, blocks)          otherwise
+
+    The sum runs over the executors sampled now, so a lost executor takes its
+    slots away and a joining one adds its own. At least 1: with no executor
+    registered yet, a submitted job waits in Spark's queue for one.
+    """
+    n = _count("blocks", blocks, 1)
+    if _count("engine.threads", fixed):
+        return fixed
+    return _clamp(sum(e.cores for e in executors), 1, n)
 
 
 # -- sync -------------------------------------------------------------------------------

@@ -1,13 +1,16 @@
 """Asynchronous engine: the same scenario with a synchronous executor and with the real thread pool."""
 
 import os
-from concurrent.futures import Executor, Future
+import threading
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 from sparkcnn.engine.backend import LocalBackend, SparkBackend
+from sparkcnn.engine.monitor import LoadMonitor
 from sparkcnn.metrics import read_jsonl
+from sparkcnn.scheduler import ExecutorSample
 from sparkcnn.train import build_engine
 
 
@@ -54,6 +57,62 @@ def test_async_engine_trains_with_either_pool(tiny_cfg, pool):
     assert summary["bytes_up"] < summary["dense_bytes_up"] / 5
 
 
+def test_lost_executor_shrinks_jobs_in_flight(tiny_cfg):
+    """The monitor reports 2 one-core executors, then (after 2 results) only one: jobs
+    submitted from then on run alone, and every submitted job is applied once."""
+
+    class Losing(LoadMonitor):
+        results = 0
+        lost = False
+
+        def record(self, result):
+            super().record(result)
+            self.results += 1
+
+        def _read(self):
+            self.lost = self.lost or self.results >= 2
+            return [ExecutorSample("e1", 1, 0, 0)] + ([] if self.lost else [ExecutorSample("e2", 1, 0, 0)])
+
+    class CountingPool(ThreadPoolExecutor):
+        """Notes, per job, whether it was submitted after the loss and how many jobs ran with it."""
+
+        def __init__(self, n):
+            super().__init__(n)
+            self.lock, self.running, self.seen = threading.Lock(), set(), []
+
+        def submit(self, fn, order, block):
+            after_loss = monitor.lost  # decided on this sample (same thread, just before)
+
+            def job():
+                with self.lock:
+                    self.running.add(order.round)
+                    self.seen.append((after_loss, len(self.running)))
+                try:
+                    return fn(order, block)
+                finally:
+                    with self.lock:
+                        self.running.discard(order.round)
+
+            return super().submit(job)
+
+    cfg = _async_cfg(tiny_cfg)
+    backend = LocalBackend("t-async-lost")
+    engine, _ = build_engine(cfg, backend, backend.run_id)
+    monitor = engine.monitor = Losing(backend, min_interval_s=0)
+    pools = []
+    engine.pool_factory = lambda n: pools.append(CountingPool(n)) or pools[-1]
+    summary = engine.run()
+
+    seen = pools[0].seen
+    assert any(n == 2 for lost, n in seen if not lost)  # two at once while both executors lived
+    assert [n for lost, n in seen if lost] and all(n == 1 for lost, n in seen if lost)
+    assert summary["epochs"] == cfg.train.epochs and engine.samples_done >= engine.total_samples
+    assert sorted(r["round"] for r in engine.history) == list(range(engine.jobs))  # each job applied once
+    assert {r["block"] for r in engine.history} == set(range(cfg.data.num_blocks))
+    assert all((r["executors"], r["slots"]) == (1, 1) for r in engine.history[2:])
+    assert (engine.history[0]["executors"], engine.history[0]["slots"]) == (2, 2)
+
+
 def test_duplicate_results_are_dropped_and_counted(tiny_cfg):
     """A speculative or retried duplicate of a (round, block) result is applied once."""
 
@@ -87,4 +146,5 @@ def test_async_on_local_spark(spark, tiny_cfg):
     assert [e["epoch"] for e in epochs] == list(range(cfg.train.epochs))
     assert summary["duplicates_dropped"] == 0 and summary["state_resets"] == 0
     assert {r["block"] for r in jobs} == {0, 1}
+    assert all((r["executors"], r["slots"]) == (1, 2) for r in jobs)  # local[2]: the driver, 2 slots
     assert summary["test_accuracy"] > 0.6

@@ -4,6 +4,7 @@ import glob
 import hashlib
 import json
 import os
+import random
 import subprocess
 import sys
 
@@ -29,29 +30,33 @@ def _weights(run_dir):
 
 @pytest.fixture(scope="module")
 def runs(tiny_data, tmp_path_factory):
-    """An uninterrupted run and one whose driver is SIGKILLed after round 5, then resumed."""
+    """On Spark local[2]: an uninterrupted run, and one whose driver is SIGKILLed after a
+    random round (printed, so a failure can be replayed with SPARKCNN_TEST_KILL_ROUND)."""
     out = tmp_path_factory.mktemp("resume")
-    common = ["train", "--no-progress", "--set", f"data.path={tiny_data}", "--set", "engine.master=inprocess",
+    common = ["train", "--no-progress", "--set", f"data.path={tiny_data}", "--set", "engine.master=local[2]",
               "--set", "run.deterministic=true", "--set", "train.epochs=2", "--set", "train.batch_size=32",
               "--set", "train.steps_per_round=5", "--set", "checkpoint.every_rounds=2",
               "--set", "compression.method=threshold", "--set", "compression.density=0.02",
               "--set", "compression.density_down=0.05"]
     clean = _cli([*common, "--set", f"run.out_dir={out / 'clean'}"])
-    killed = _cli([*common, "--set", f"run.out_dir={out / 'killed'}", "--set", "chaos.kill_driver_round=4"],
-                  check=False)
-    assert killed.returncode == -9, killed.stderr[-2000:]
+    total = json.loads(clean.stdout)["rounds"]
+    kill_round = int(os.environ.get("SPARKCNN_TEST_KILL_ROUND", random.Random().randrange(total - 1)))
+    print(f"driver SIGKILLed after round {kill_round} of {total}")
+    killed = _cli([*common, "--set", f"run.out_dir={out / 'killed'}",
+                   "--set", f"chaos.kill_driver_round={kill_round}"], check=False)
+    assert killed.returncode == -9, (kill_round, killed.stderr[-2000:])
     (run_dir,) = glob.glob(str(out / "killed" / "*"))
-    return json.loads(clean.stdout)["run_dir"], run_dir
+    return json.loads(clean.stdout)["run_dir"], run_dir, kill_round
 
 
 def test_resume_after_sigkill_is_bit_identical(runs):
-    clean_dir, killed_dir = runs
+    clean_dir, killed_dir, kill_round = runs
     assert not os.path.exists(os.path.join(killed_dir, "model.keras"))
     resumed = _cli(["train", "--no-progress", "--resume", killed_dir, "--set", "chaos.kill_driver_round=-1"])
     summary = json.loads(resumed.stdout)
     assert summary["run_dir"] == killed_dir
     for a, b in zip(_weights(clean_dir), _weights(killed_dir)):
-        assert np.array_equal(a, b)
+        assert np.array_equal(a, b), f"killed after round {kill_round}"
     with open(os.path.join(killed_dir, "metrics.jsonl")) as fh:
         records = [json.loads(line) for line in fh]
     rounds = [r["round"] for r in records if r["kind"] == "round"]
@@ -62,7 +67,7 @@ def test_resume_after_sigkill_is_bit_identical(runs):
 def test_flipped_byte_in_checkpoint_is_refused(runs, tmp_path):
     import shutil
 
-    _, killed_dir = runs
+    _, killed_dir, _ = runs
     copy = tmp_path / "copy"
     shutil.copytree(killed_dir, copy)
     latest = open(copy / "checkpoints" / "LATEST").read().strip()
@@ -79,3 +84,37 @@ def test_flipped_byte_in_checkpoint_is_refused(runs, tmp_path):
     after = {q: hashlib.sha256(open(q, "rb").read()).hexdigest()
              for q in glob.glob(str(copy / "**" / "*"), recursive=True) if os.path.isfile(q)}
     assert after == before  # nothing written, nothing removed
+
+
+def test_ctrl_c_checkpoints_the_rounds_done_and_resume_finishes(tiny_cfg):
+    """Ctrl-C between rounds: a checkpoint holds exactly the recorded rounds; --resume completes
+    the run with no round missing or repeated."""
+    from sparkcnn.engine.backend import LocalBackend
+    from sparkcnn.train import train
+
+    class CtrlCAfter:
+        def __init__(self, round_):
+            self.round_ = round_
+
+        def round(self, rec, total):
+            if rec["round"] == self.round_:
+                raise KeyboardInterrupt
+
+        def epoch(self, *a, **k):
+            pass
+
+        def close(self):
+            pass
+
+    cfg = tiny_cfg.replace(compression__method="threshold", compression__density=0.05)
+    run_dir = os.path.join(cfg.run.out_dir, "ctrl-c")
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, backend=LocalBackend("ctrl-c"), progress=CtrlCAfter(2), run_dir=run_dir)
+    ckpts = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
+    assert "r0000003" in ckpts  # rounds 0..2 kept; round 2 is no regular checkpoint round
+    assert not os.path.exists(os.path.join(run_dir, "model.keras"))
+    summary = train(cfg, backend=LocalBackend("ctrl-c"), run_dir=run_dir, resume=True)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        records = [json.loads(line) for line in fh]
+    assert [r["round"] for r in records if r["kind"] == "round"] == list(range(summary["rounds"]))
+    assert os.path.exists(os.path.join(run_dir, "model.keras"))

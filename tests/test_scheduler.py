@@ -18,6 +18,7 @@ from sparkcnn.scheduler import (
     ExecutorSample,
     pipeline_depth,
     size_sync_steps,
+    task_slots,
 )
 
 SUBMIT, HOLD = DecisionKind.SUBMIT, DecisionKind.HOLD
@@ -223,6 +224,8 @@ def test_async_bound_holds_and_slots_stay_busy(blocks, slots, bound, landings):
     (lambda: AsyncPolicy(**POLICY).decide(3, 1, [0], {0: 1}), r"blocks \[0\] are both idle and in flight"),
     (lambda: AsyncPolicy(**POLICY).decide(3, 1, [0], {1: 4}), r"block 1: base version 4 is ahead"),
     (lambda: AsyncPolicy(**POLICY).decide(3, -1, [0], {}), r"`free_slots` must be an int >= 0"),
+    (lambda: ExecutorSample("e1", 1, 0, 0, -2), r"`executor e1: completed_tasks` must be an int >= 0"),
+    (lambda: task_slots([], 0), r"`blocks` must be an int >= 1, got 0"),
 ])
 def test_rejects_bad_input(build, match):
     with pytest.raises(BadInput, match=match):
@@ -232,6 +235,46 @@ def test_rejects_bad_input(build, match):
 def test_free_slots_of_busy_executor():
     assert ExecutorSample("e1", 2, 5, 1).free_slots == 0
     assert ExecutorSample("e1", 4, 1, 0).free_slots == 3
+
+
+# -- async: live task slots from the load monitor's sample ---------------------------
+
+# id, executors sampled (id, cores), blocks, engine.threads, expected slots
+SLOTS = [
+    ("sum-of-cores", [("e1", 2), ("e2", 2)], 8, 0, 4),
+    ("executor-lost", [("e1", 2)], 8, 0, 2),
+    ("executor-joined", [("e1", 2), ("e2", 2), ("e3", 4)], 8, 0, 8),
+    ("capped-by-blocks", [("e1", 8)], 3, 0, 3),
+    ("none-registered-yet", [], 4, 0, 1),
+    ("threads-fixed", [("e1", 1)], 8, 5, 5),
+]
+
+
+@pytest.mark.parametrize("executors, blocks, threads, expected",
+                         [c[1:] for c in SLOTS], ids=[c[0] for c in SLOTS])
+def test_task_slots(executors, blocks, threads, expected):
+    assert task_slots([ex(e, c) for e, c in executors], blocks, threads) == expected
+
+
+# id, executors sampled (id, cores, running), jobs in flight (block -> base), expected SUBMITs
+SHRINK = [
+    ("two-executors", [("e1", 2, 1), ("e2", 2, 0)], {0: 3}, [1, 2, 3]),
+    ("one-lost-mid-run", [("e1", 2, 1)], {0: 3}, [1]),
+    ("lost-leaves-none-free", [("e1", 1, 1)], {0: 3}, []),
+    ("rejoined", [("e1", 2, 1), ("e3", 1, 0)], {0: 3}, [1, 2]),
+]
+
+
+@pytest.mark.parametrize("executors, in_flight, submitted",
+                         [c[1:] for c in SHRINK], ids=[c[0] for c in SHRINK])
+def test_fewer_sampled_slots_fewer_submissions(executors, in_flight, submitted):
+    """What the engine does per decision: free = task_slots(sample) - jobs in flight."""
+    sample = [ex(e, c, r) for e, c, r in executors]
+    policy = AsyncPolicy(**POLICY)
+    free = task_slots(sample, blocks=6) - len(in_flight)
+    got = policy.decide(3, max(0, free), [1, 2, 3, 4, 5], in_flight, executors=sample)
+    assert [d.block for d in got if d.kind is SUBMIT] == submitted
+    assert all(d.reason == "no free slot" for d in got if d.kind is HOLD)
 
 
 # -- purity -----------------------------------------------------------------------------

@@ -4,7 +4,10 @@ A driver thread pool (threads reused) keeps every executor slot busy with
 single-block jobs; the pure :class:`~sparkcnn.scheduler.AsyncPolicy` picks the
 next block (stalest first, then locality), sizes its job to about
 ``scheduler.target_job_seconds`` and holds blocks back past
-``ps.max_staleness``. Each result is applied as it arrives::
+``ps.max_staleness``. The :class:`~sparkcnn.engine.monitor.LoadMonitor` tells
+it the live task slots (fewer when an executor is lost, more when one joins;
+``engine.threads`` fixes them), each executor's load and each block's speed.
+Each result is applied as it arrives::
 
     tau = version_now - base_version
     W  -= lambda(tau) * S_k / N          # lambda = 1/tau (inverse) or 1 (none)
@@ -24,9 +27,10 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 import numpy as np
 
 from sparkcnn.compression.warmup import density_at, lr_at
+from sparkcnn.engine.monitor import LoadMonitor
 from sparkcnn.engine.sync import SyncEngine
 from sparkcnn.errors import CodecError
-from sparkcnn.scheduler import AsyncPolicy, BlockSpeed, DecisionKind
+from sparkcnn.scheduler import AsyncPolicy, DecisionKind, task_slots
 from sparkcnn.staleness import staleness_scale
 from sparkcnn.worker import RoundOrder, run_block_round
 
@@ -36,16 +40,19 @@ log = logging.getLogger(__name__)
 class AsyncEngine(SyncEngine):
     """Asynchronous rounds over the same parameter server, worker and records as sync mode."""
 
-    def __init__(self, *args, pool_factory=None, **kwargs):
+    def __init__(self, *args, pool_factory=None, monitor=None, **kwargs):
         super().__init__(*args, **kwargs)
         cfg = self.cfg
         self.num_blocks = len(self.block_rows)
         # samples in one pass over every block (full minibatches only)
         self.n_train = sum(self.block_steps.values()) * cfg.train.batch_size
         self.total_samples = cfg.train.epochs * self.n_train
-        self.slots = cfg.engine.threads or max(1, min(self.num_blocks, self._parallelism))
-        # replicas may trail by up to the jobs in flight: keep that many downlinks inline
-        self.inline_downlinks = self.slots + 2
+        # the pool can run a job per block; live slots (_refresh_slots) limit the jobs in flight
+        self.max_slots = cfg.engine.threads or self.num_blocks
+        self.monitor = monitor or LoadMonitor(self.backend)
+        self.load = None  # latest LoadSample
+        self.slots = self.max_slots
+        self._refresh_slots()
         self.policy = AsyncPolicy(batch_size=cfg.train.batch_size,
                                   target_job_seconds=cfg.scheduler.target_job_seconds,
                                   default_steps=cfg.train.steps_per_round,
@@ -92,6 +99,14 @@ class AsyncEngine(SyncEngine):
         res = self.backend.map_blocks(fn, [block], desc, universe=self.num_blocks)
         return res, t0, time.perf_counter()
 
+    def _refresh_slots(self) -> int:
+        """Task slots now (``scheduler.task_slots`` of the monitor's latest sample)."""
+        self.load = self.monitor.sample()
+        self.slots = task_slots(self.load.executors, self.num_blocks, self.cfg.engine.threads)
+        # replicas may trail by up to the jobs in flight: keep that many downlinks inline
+        self.inline_downlinks = self.slots + 2
+        return self.slots
+
     def _apply_async(self, order: RoundOrder, block: int, results, t0: float, t1: float) -> dict | None:
         fresh = []
         for r in results:
@@ -125,8 +140,7 @@ class AsyncEngine(SyncEngine):
         nnz_down = self._send_downlink() if self.sparse_down else self.W.size
         down_inline = sum(len(d[4]) for d in order.downlinks) if self.sparse_down else len(order.weights)
         self.policy.applied(block, r["base_version"])
-        if r["compute_s"] > 0 and r["samples"] > 0:
-            self.policy.observe({block: BlockSpeed(block, r["samples"] / r["compute_s"], str(r["pid"]))})
+        self.monitor.record(r)
         self.last_job[block] = r["round"]
         self.counters["state_resets"] += int(r["state_reset"])
         self.counters["replica_resyncs"] += int(r["replica_resync"])
@@ -154,14 +168,16 @@ class AsyncEngine(SyncEngine):
             "compute_s": r["compute_s"], "task_s": r["task_s"], "job_s": t1 - t0, "apply_s": t2 - t1,
             "wall_s": t2 - t0, "round_overhead_s": (t1 - t0) - r["task_s"],
             "images_per_s": r["samples"] / (t2 - t0) if t2 > t0 else 0.0, "pid": r["pid"],
+            "executors": len(self.load.executors), "slots": self.slots,
         }
 
     def run(self, start_round: int = 0, on_epoch=None) -> dict:
         t_start = time.perf_counter()
         next_eval = 1
         inflight: dict = {}  # future -> (order, block)
-        busy_s = 0.0
-        with self.pool_factory(self.slots) as pool:
+        busy_s = slot_s = 0.0  # task seconds done; slot seconds offered (live slots x wall time)
+        t_prev = t_start
+        with self.pool_factory(self.max_slots) as pool:
             try:
                 while True:
                     done_all = self.samples_done >= self.total_samples
@@ -171,14 +187,19 @@ class AsyncEngine(SyncEngine):
                         if done_all:
                             break
                         raise RuntimeError("async scheduler submitted nothing and nothing is in flight")
-                    done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
+                    # wake up at the monitor's pace too, so a joining executor gets work at once
+                    done, _ = wait(list(inflight), timeout=max(0.05, self.monitor.min_interval_s),
+                                   return_when=FIRST_COMPLETED)
+                    now = time.perf_counter()
+                    slot_s += (now - t_prev) * self.slots
+                    t_prev = now
                     for fut in done:
                         order, block = inflight.pop(fut)
                         rec = self._apply_async(order, block, *fut.result())
                         if rec is None:
                             continue
                         busy_s += rec["task_s"]
-                        rec["idle_fraction"] = max(0.0, 1 - busy_s / ((time.perf_counter() - t_start) * self.slots))
+                        rec["idle_fraction"] = max(0.0, 1 - busy_s / slot_s) if slot_s > 0 else 0.0
                         self.history.append(rec)
                         if self.sink:
                             self.sink.write(rec)
@@ -199,12 +220,14 @@ class AsyncEngine(SyncEngine):
     def _submit(self, pool, inflight: dict) -> None:
         in_flight_blocks = {b: o.base_version for o, b in inflight.values()}
         idle = [k for k in self.block_rows if k not in in_flight_blocks]
-        free = self.slots - len(inflight)
+        free = self._refresh_slots() - len(inflight)
         if free <= 0 or not idle:
             return
         remaining = self.total_samples - self.samples_done - sum(
             o.steps[b] * self.cfg.train.batch_size for o, b in inflight.values())
-        for d in self.policy.decide(self.version, free, idle, in_flight_blocks):
+        for d in self.policy.decide(self.version, free, idle, in_flight_blocks,
+                                    speeds=self.monitor.speeds(self.block_rows),
+                                    executors=list(self.load.executors)):
             if d.kind is not DecisionKind.SUBMIT or remaining <= 0:
                 continue
             order = self.order_for_block(d.block, d.steps)

@@ -27,6 +27,8 @@ class LocalBackend:
         # one "executor" with one slot: concurrent jobs (pipelining, async) take turns,
         # as tasks do on a single-core executor; the worker's TF model is not shared
         self._slot = threading.Lock()
+        self._jobs = 0  # jobs entered so far (job_mark / wait_job_after)
+        self._jobs_cv = threading.Condition()
 
     max_attempts = 4  # like spark.task.maxFailures: a failed task is retried as attempt + 1
 
@@ -40,10 +42,24 @@ class LocalBackend:
                     raise
                 log.warning("block %s attempt %s failed; retrying", block, attempt, exc_info=True)
 
+    def _enter_job(self):
+        with self._jobs_cv:
+            self._jobs += 1
+            self._jobs_cv.notify_all()
+
+    def job_mark(self) -> int:
+        return self._jobs
+
+    def wait_job_after(self, mark: int, timeout: float = 30.0) -> bool:
+        with self._jobs_cv:
+            return self._jobs_cv.wait_for(lambda: self._jobs > mark, timeout)
+
     def map_blocks(self, fn, blocks, description="", universe=None):
+        self._enter_job()
         return [self._task(fn, b) for b in blocks]
 
     def aggregate_blocks(self, fn, blocks, zero, seq, comb, description="", depth=2, universe=None):
+        self._enter_job()
         acc = zero()
         for b in blocks:
             acc = seq(acc, self._task(fn, b))
@@ -112,7 +128,7 @@ class SparkBackend:
         return self.sc.defaultParallelism
 
     def _describe(self, description: str) -> None:
-        self.sc.setJobGroup(f"sparkcnn-{self.run_id}", description, interruptOnCancel=True)
+        self.sc.setJobGroup(self._group(), description, interruptOnCancel=True)
         if self.pool:
             self.sc.setLocalProperty("spark.scheduler.pool", self.pool)
 
@@ -135,6 +151,12 @@ class SparkBackend:
             self._marker_rdds[universe] = rdd
         return rdd
 
+    def marker_rdd_id(self, universe: int) -> int | None:
+        """Id of the persisted block-id RDD for ``universe`` blocks (None before its first job);
+        the load monitor looks up each block's home executor by it."""
+        rdd = self._marker_rdds.get(universe)
+        return None if rdd is None else rdd.id()
+
     @staticmethod
     def _part(fn, wanted):
         def part(it):
@@ -152,6 +174,30 @@ class SparkBackend:
         if universe is None:
             return self.sc.parallelize(list(blocks), len(blocks)).mapPartitions(self._part(fn, None))
         return self._markers(universe).mapPartitions(self._part(fn, None))
+
+    def _group(self) -> str:
+        return f"sparkcnn-{self.run_id}"
+
+    def job_mark(self) -> int:
+        """The newest job id of this run's job group so far (-1: none)."""
+        return max(self.sc.statusTracker().getJobIdsForGroup(self._group()), default=-1)
+
+    def wait_job_after(self, mark: int, timeout: float = 30.0) -> bool:
+        """Wait until a job newer than ``mark`` is registered with the scheduler.
+
+        Two rounds in flight are submitted from two threads; the scheduler runs
+        the earlier-registered job's tasks first, so round t+1 is submitted only
+        once round t is registered (else its tasks could run first and wait for
+        block states that round t has not produced yet).
+        """
+        import time
+
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.job_mark() > mark:
+                return True
+            time.sleep(0.002)
+        return False
 
     def map_blocks(self, fn, blocks, description="", universe=None):
         blocks = list(blocks)
@@ -174,7 +220,7 @@ class SparkBackend:
         bcast.destroy(blocking=False)
 
     def stop(self):
-        self.sc.cancelJobGroup(f"sparkcnn-{self.run_id}")
+        self.sc.cancelJobGroup(self._group())
 
     def close(self):
         for rdd in self._marker_rdds.values():

@@ -78,6 +78,8 @@ class SyncEngine:
         self.counters = {"state_resets": 0, "duplicates_dropped": 0, "rejected_deltas": 0, "replica_resyncs": 0, "stale_states": 0,
                          "loss_spikes": 0}
         self.history: list[dict] = []
+        self.last_applied_round: int | None = None   # W holds rounds up to this one
+        self.last_recorded_round: int | None = None  # metrics hold rounds up to this one
         self._last_done: float | None = None
         self._parallelism = backend.parallelism  # a py4j call on Spark: read once, not per round
         from sparkcnn.guard import DivergenceGuard
@@ -263,6 +265,7 @@ class SyncEngine:
             fresh.append(res)
         total = sum(r["samples"] for r in fresh)
         rec = self._apply(t, order, fresh, total)
+        self.last_applied_round = t
         self._observe_speeds(fresh)
         if order.return_state:
             self.block_states = {r["block"]: r["state"] for r in fresh if r.get("state") is not None}
@@ -372,23 +375,47 @@ class SyncEngine:
                         order = self.order_for(next_t)
                         # the next round on this block starts from this round's state
                         self.last_state_round = {k: next_t for k in self.block_rows}
+                        mark = self.backend.job_mark() if depth > 1 else None
                         inflight.append((order, pool.submit(self._job, order)))
+                        if mark is not None and not self.backend.wait_job_after(mark):
+                            log.warning("round %s: job not registered within 30 s", next_t)
                         next_t += 1
                     order, fut = inflight.popleft()
                     rec = self._complete(order, *fut.result())
                     t = order.round
                     self._record(rec, t, t_start, on_epoch)
-            except BaseException:
+            except BaseException as e:
                 for _, fut in inflight:
                     fut.cancel()
                 self.backend.stop()
+                if isinstance(e, KeyboardInterrupt):
+                    self._checkpoint_on_interrupt()
                 raise
         return self.summary(time.perf_counter() - t_start)
+
+    def _checkpoint_on_interrupt(self) -> None:
+        """Ctrl-C: keep the rounds done so far (``--resume`` continues after the last one).
+
+        Only when the weights hold exactly the recorded rounds; block states not
+        collected since the last regular checkpoint restart from zero on resume
+        (counted as ``state_resets``).
+        """
+        t = self.last_recorded_round
+        if self.run_dir is None or t is None or t != self.last_applied_round:
+            return
+        if self._is_checkpoint_round(t):
+            return  # written right after that round
+        try:
+            path = self.save_checkpoint(t + 1)
+            log.warning("interrupted after round %s: checkpoint %s written (continue with --resume)", t, path)
+        except Exception:
+            log.warning("interrupted after round %s: checkpoint failed", t, exc_info=True)
 
     def _record(self, rec: dict, t: int, t_start: float, on_epoch) -> None:
         self.history.append(rec)
         if self.sink:
             self.sink.write(rec)
+        self.last_recorded_round = t
         if self.progress:
             self.progress.round(rec, self.total_rounds)
         epoch_end = (t + 1) % self.rounds_per_epoch == 0
