@@ -143,6 +143,20 @@ def _truncate_metrics(path: str, next_round: int, rounds_per_epoch: int) -> tupl
     return [r for r in keep if r["kind"] == "round"], [r for r in keep if r["kind"] == "epoch"]
 
 
+def _has_checkpoint(run_dir: str) -> bool:
+    """Whether ``run_dir`` holds a checkpoint or the remains of one (then loading it names
+    what is damaged); False for a run stopped before its first checkpoint was complete."""
+    from sparkcnn.checkpoint import LATEST, MANIFEST
+
+    root = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(root):
+        return False
+    if os.path.exists(os.path.join(root, LATEST)):
+        return True
+    return any(os.path.exists(os.path.join(root, d, MANIFEST))
+               for d in os.listdir(root) if not d.startswith((".tmp-", ".old-")))  # crashed-save leftovers
+
+
 def resume_config(run_dir: str, overrides=()):
     """The configuration a run was started with (its config.yaml), plus overrides."""
     path = os.path.join(run_dir, "config.yaml")
@@ -175,10 +189,13 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
     if backend is None:
         backend = make_backend(cfg, run_id)
     ckpt = None
-    if resume:
+    if resume and _has_checkpoint(run_dir):
         from sparkcnn.checkpoint import load_checkpoint
 
         ckpt = load_checkpoint(run_dir)  # verified: a damaged checkpoint is refused, naming the file
+    elif resume:  # stopped before its first checkpoint: the same run id starts over
+        log.warning("resume %s: no checkpoint yet; starting again from round 0", run_id)
+        _truncate_metrics(os.path.join(run_dir, "metrics.jsonl"), 0, 1)
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     engine, model = build_engine(cfg, backend, run_id, progress=progress, run_dir=run_dir)
     start = 0

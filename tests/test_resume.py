@@ -118,3 +118,33 @@ def test_ctrl_c_checkpoints_the_rounds_done_and_resume_finishes(tiny_cfg):
         records = [json.loads(line) for line in fh]
     assert [r["round"] for r in records if r["kind"] == "round"] == list(range(summary["rounds"]))
     assert os.path.exists(os.path.join(run_dir, "model.keras"))
+
+
+def test_resume_before_any_checkpoint_starts_the_run_over(tiny_cfg):
+    """A driver that died before its first checkpoint: --resume reruns the same run id from
+    round 0, and the metrics file holds each round once."""
+    from sparkcnn.engine.backend import LocalBackend
+    from sparkcnn.train import train
+
+    class CrashAt:
+        def round(self, rec, total):
+            if rec["round"] == 1:
+                raise RuntimeError("driver lost")
+
+        def epoch(self, *a, **k):
+            pass
+
+        def close(self):
+            pass
+
+    run_dir = os.path.join(tiny_cfg.run.out_dir, "crash")
+    with pytest.raises(RuntimeError):
+        train(tiny_cfg, backend=LocalBackend("crash"), progress=CrashAt(), run_dir=run_dir)
+    assert not os.path.exists(os.path.join(run_dir, "checkpoints"))
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        assert [json.loads(line)["round"] for line in fh] == [0, 1]
+    summary = train(tiny_cfg, backend=LocalBackend("crash"), run_dir=run_dir, resume=True)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        records = [json.loads(line) for line in fh]
+    assert [r["round"] for r in records if r["kind"] == "round"] == list(range(summary["rounds"]))
+    assert summary["test_accuracy"] > 0.3
