@@ -10,9 +10,11 @@ equivalents (4·P per block per round and direction), ``steady_uplink_ratio``
 Variants: ``sync-dense``, ``sync-sparse`` (uplink density 0.001 after a
 3-epoch exponential warm-up from 0.25), ``sync-sparse-bidir`` (and downlink
 density 0.01), and the same three in async mode (ASGD, GS-ASGD, GS-ASGD with
-model-parameter sparsification).
+model-parameter sparsification). ``momentum_forms``: the per-step path
+(``steps_per_round`` = 1) with DGC momentum correction next to
+sparsification-aware momentum, on a slice of the training set.
 
-    python bench/accuracy.py [--quick] [--variants sync-dense,sync-sparse] [--no-sweep]
+    python bench/accuracy.py [--quick] [--variants sync-dense,sync-sparse] [--no-sweep] [--no-momentum]
 """
 
 from __future__ import annotations
@@ -40,6 +42,13 @@ VARIANTS = {
     "async-sparse": ["train.steps_per_round=10", *ASYNC, *SPARSE],
     "async-sparse-bidir": ["train.steps_per_round=10", *ASYNC, *SPARSE, *BIDIR],
 }
+# the two momentum forms of the per-step path (steps_per_round = 1, DESIGN §3), side by side on a
+# slice of the training set: DGC momentum correction with factor masking, and sparsification-aware
+# momentum (unsent coordinates keep accumulating instead of decaying)
+MOMENTUM_FORMS = ("correction", "sparsification_aware")
+MOMENTUM_BASE = ["train.steps_per_round=1", "compression.method=threshold", "compression.density=0.001",
+                 "compression.initial_density=0.25", "compression.warmup_epochs=1",
+                 "compression.dense_below=1000"]
 # accuracy vs steady uplink ratio: density x steps_per_round (3 epochs each)
 SWEEP = [(d, h) for d in (0.01, 0.001) for h in (10, 50)]
 
@@ -84,6 +93,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--sweep-epochs", type=int, default=3)
+    ap.add_argument("--no-momentum", action="store_true", help="skip the momentum-form comparison")
+    ap.add_argument("--momentum-epochs", type=int, default=3)
+    ap.add_argument("--momentum-rows", type=int, default=20000,
+                    help="training rows of the slice the momentum forms are compared on")
     a = ap.parse_args(argv)
     data = ensure_data()
     out_dir = tempfile.mkdtemp(prefix="sparkcnn-bench-acc-")
@@ -104,6 +117,18 @@ def main(argv=None) -> dict:
                           "steady_uplink_ratio": r["steady_uplink_ratio"], "wall_s": r["wall_s"],
                           "epochs": a.sweep_epochs})
             print(f"# sweep d={d} h={h}: {r['test_accuracy']}", file=sys.stderr, flush=True)
+    momentum = []
+    if not (a.quick or a.no_momentum):
+        from bench._common import slice_data
+
+        short = slice_data(data, a.momentum_rows, 10000)
+        for form in MOMENTUM_FORMS:
+            r = run_variant(short, f"momentum-{form}", [*MOMENTUM_BASE, f"compression.momentum={form}"],
+                            a.momentum_epochs, out_dir)
+            momentum.append({"momentum": form, "steps_per_round": 1, "train_rows": a.momentum_rows,
+                             **{k: r[k] for k in ("test_accuracy", "accuracy_per_epoch", "wall_s",
+                                                  "steady_uplink_ratio", "epochs")}})
+            print(f"# momentum {form}: {r['test_accuracy']}", file=sys.stderr, flush=True)
     by = {r["name"]: r for r in runs}
     checks = {}
     for mode in ("sync", "async"):
@@ -122,7 +147,7 @@ def main(argv=None) -> dict:
             if mode == "async" and dense:
                 checks["async-sparse-bidir faster than async-dense"] = bidir["wall_s"] < dense["wall_s"]
     out = {"bench": "accuracy", "quick": a.quick, "model": "fmnist_cnn", "blocks": 2, "runs": runs,
-           "sweep": sweep, "checks": checks}
+           "sweep": sweep, "momentum_forms": momentum, "checks": checks}
     emit(out)
     return out
 

@@ -26,8 +26,9 @@ functions are reused from one measurement to the next).
 - ``async`` (``engine.mode=async``): ``AsyncEngine.run()`` over the same
   slice, ``scheduler.target_job_seconds`` set to the measured compute time of
   10 steps so jobs carry ~10 steps (``mean_steps_per_job`` says what they
-  carried); images/s between completions, leaving out each block's first two
-  jobs (speed not yet known) and the last two (drain). ``async_vs_sync`` =
+  carried), on ``ASYNC_BLOCKS`` = 4 blocks (two per slot: one job queued in
+  Spark per slot); images/s between completions, leaving out each block's
+  first two jobs (speed not yet known) and the last two (drain). ``async_vs_sync`` =
   async / plain sync at H = 10.
 
 ``--quick`` (under a minute): fewer steps, every Spark measurement on a
@@ -60,6 +61,9 @@ from bench._common import (  # noqa: E402
 )
 
 BLOCKS, BATCH = 2, 64
+# async: two blocks per task slot, so with scheduler.queue_depth = 1 a job waits in Spark's
+# queue and a freed slot starts it at once (same samples in all, each block half as long)
+ASYNC_BLOCKS = 4
 
 
 def _engine(data: str, run_id: str, overrides: list[str], sink=None):
@@ -133,16 +137,17 @@ def measure_async(data: str, H: int, target_job_s: float) -> dict:
     """``AsyncEngine.run()`` over one epoch of ``data``, jobs sized to ``target_job_s``."""
     sink = TimedSink()
     engine = _engine(data, f"bench-async-h{H}", [f"train.steps_per_round={H}", "train.epochs=1",
-                                                  "engine.mode=async",
+                                                  "engine.mode=async", f"data.num_blocks={ASYNC_BLOCKS}",
                                                   f"scheduler.target_job_seconds={target_job_s:.4f}"], sink=sink)
     run_s = engine.run()["wall_s"]
     engine.backend.close()  # unpersist the block placement RDDs
     rows = sink.rounds()
-    rate = steady_rate(rows, skip_first=2 * BLOCKS, skip_last=2)
+    rate = steady_rate(rows, skip_first=2 * ASYNC_BLOCKS, skip_last=2)
     steady = [r for _, r in rows[rate["first"]:rate["last"] + 1]][1:]
     busy = sum(r["task_s"] for r in steady)
     return {
-        "target_job_seconds": target_job_s, "images_per_s": rate["images_per_s"], "jobs": rate["records"],
+        "blocks": ASYNC_BLOCKS, "target_job_seconds": target_job_s,
+        "images_per_s": rate["images_per_s"], "jobs": rate["records"],
         "window_s": rate["window_s"],
         "mean_steps_per_job": sum(r["steps"] for r in steady) / len(steady),
         "round_overhead_ms": 1000 * median(r["round_overhead_s"] for r in steady),

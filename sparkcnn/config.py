@@ -135,11 +135,14 @@ class EngineConfig:
 @dataclass(frozen=True)
 class SchedulerConfig:
     target_job_seconds: float = 1.0  # async: size H so one job lasts about this long
+    queue_depth: int = 1             # async: jobs queued in Spark beyond the free task slots (when
+                                     # there are more blocks than slots), so a freed slot starts one at once
     balance: bool = False            # sync: size H per executor by measured speed so a round's
                                      # tasks finish together (blocks then see different sample counts)
 
     def validate(self, p: str) -> None:
         _check(self.target_job_seconds > 0, f"{p}.target_job_seconds", "> 0", self.target_job_seconds)
+        _check(self.queue_depth >= 0, f"{p}.queue_depth", ">= 0", self.queue_depth)
 
 
 @dataclass(frozen=True)

@@ -114,20 +114,23 @@ class BlockSpeed:
             raise BadInput(f"block {self.block}: `images_per_s` must be a finite number >= 0 or None, got {s!r}")
 
 
-def task_slots(executors: list[ExecutorSample], blocks: int, fixed: int = 0) -> int:
+def task_slots(executors: list[ExecutorSample], blocks: int, fixed: int = 0, queued: int = 0) -> int:
     """Jobs the async engine may have in flight (one job per block, one task per job)::
 
-        slots = fixed                                   fixed > 0 (``engine.threads``)
-        slots = clamp(sum(e.cores), 1, blocks)          otherwise
+        slots = fixed                                        fixed > 0 (``engine.threads``)
+        slots = clamp(sum(e.cores) + queued, 1, blocks)      otherwise
 
     The sum runs over the executors sampled now, so a lost executor takes its
-    slots away and a joining one adds its own. At least 1: with no executor
-    registered yet, a submitted job waits in Spark's queue for one.
+    slots away and a joining one adds its own. ``queued`` jobs wait in Spark's
+    queue beyond the free slots (``scheduler.queue_depth``): a slot that frees
+    starts the next block at once instead of idling through a driver round
+    trip. At least 1: with no executor registered yet, a submitted job waits
+    in Spark's queue for one.
     """
     n = _count("blocks", blocks, 1)
     if _count("engine.threads", fixed):
         return fixed
-    return _clamp(sum(e.cores for e in executors), 1, n)
+    return _clamp(sum(e.cores for e in executors) + _count("scheduler.queue_depth", queued), 1, n)
 
 
 # -- sync -------------------------------------------------------------------------------

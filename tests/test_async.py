@@ -95,7 +95,7 @@ def test_lost_executor_shrinks_jobs_in_flight(tiny_cfg):
 
             return super().submit(job)
 
-    cfg = _async_cfg(tiny_cfg)
+    cfg = _async_cfg(tiny_cfg).replace(scheduler__queue_depth=0)  # jobs in flight = live slots
     backend = LocalBackend("t-async-lost")
     engine, _ = build_engine(cfg, backend, backend.run_id)
     monitor = engine.monitor = Losing(backend, min_interval_s=0)
@@ -148,3 +148,41 @@ def test_async_on_local_spark(spark, tiny_cfg):
     assert {r["block"] for r in jobs} == {0, 1}
     assert all((r["executors"], r["slots"]) == (1, 2) for r in jobs)  # local[2]: the driver, 2 slots
     assert summary["test_accuracy"] > 0.6
+
+
+def test_queue_depth_keeps_one_job_waiting_beyond_the_slots(tiny_cfg):
+    """4 blocks, 2 sampled slots, scheduler.queue_depth=1: 3 jobs in flight at most (one waits in
+    the backend's queue for a slot), and the run still applies every job once."""
+
+    class TwoSlots(LoadMonitor):
+        def _read(self):
+            return [ExecutorSample("e1", 1, 0, 0), ExecutorSample("e2", 1, 0, 0)]
+
+    class PeakPool(ThreadPoolExecutor):
+        def __init__(self, n):
+            super().__init__(n)
+            self.lock, self.running, self.peak = threading.Lock(), 0, 0
+
+        def submit(self, fn, order, block):
+            def job():
+                with self.lock:
+                    self.running += 1
+                    self.peak = max(self.peak, self.running)
+                try:
+                    return fn(order, block)
+                finally:
+                    with self.lock:
+                        self.running -= 1
+
+            return super().submit(job)
+
+    cfg = _async_cfg(tiny_cfg).replace(data__num_blocks=4, scheduler__queue_depth=1)
+    backend = LocalBackend("t-async-queue")
+    engine, _ = build_engine(cfg, backend, backend.run_id)
+    engine.monitor = TwoSlots(backend, min_interval_s=0)
+    pools = []
+    engine.pool_factory = lambda n: pools.append(PeakPool(n)) or pools[-1]
+    engine.run()
+    assert pools[0].peak == 3
+    assert sorted(r["round"] for r in engine.history) == list(range(engine.jobs))
+    assert all((r["slots"], r["inflight_limit"]) == (2, 3) for r in engine.history)

@@ -256,6 +256,22 @@ def test_task_slots(executors, blocks, threads, expected):
     assert task_slots([ex(e, c) for e, c in executors], blocks, threads) == expected
 
 
+# id, executors sampled (id, cores), blocks, scheduler.queue_depth, expected jobs in flight
+QUEUED = [
+    ("one-queued-past-two-slots", [("e1", 1), ("e2", 1)], 4, 1, 3),
+    ("queue-capped-by-blocks", [("e1", 2)], 2, 1, 2),
+    ("no-queue", [("e1", 2)], 4, 0, 2),
+    ("deep-queue", [("e1", 2)], 8, 3, 5),
+    ("queue-waits-for-first-executor", [], 4, 1, 1),
+]
+
+
+@pytest.mark.parametrize("executors, blocks, queued, expected",
+                         [c[1:] for c in QUEUED], ids=[c[0] for c in QUEUED])
+def test_task_slots_with_queued_jobs(executors, blocks, queued, expected):
+    assert task_slots([ex(e, c) for e, c in executors], blocks, 0, queued) == expected
+
+
 # id, executors sampled (id, cores, running), jobs in flight (block -> base), expected SUBMITs
 SHRINK = [
     ("two-executors", [("e1", 2, 1), ("e2", 2, 0)], {0: 3}, [1, 2, 3]),

@@ -51,7 +51,7 @@ class AsyncEngine(SyncEngine):
         self.max_slots = cfg.engine.threads or self.num_blocks
         self.monitor = monitor or LoadMonitor(self.backend)
         self.load = None  # latest LoadSample
-        self.slots = self.max_slots
+        self.slots = self.inflight_limit = self.max_slots
         self._refresh_slots()
         self.policy = AsyncPolicy(batch_size=cfg.train.batch_size,
                                   target_job_seconds=cfg.scheduler.target_job_seconds,
@@ -100,12 +100,15 @@ class AsyncEngine(SyncEngine):
         return res, t0, time.perf_counter()
 
     def _refresh_slots(self) -> int:
-        """Task slots now (``scheduler.task_slots`` of the monitor's latest sample)."""
+        """Jobs allowed in flight now: the live task slots (``scheduler.task_slots`` of the
+        monitor's latest sample) plus ``scheduler.queue_depth`` queued in Spark."""
         self.load = self.monitor.sample()
-        self.slots = task_slots(self.load.executors, self.num_blocks, self.cfg.engine.threads)
+        ex, threads = self.load.executors, self.cfg.engine.threads
+        self.slots = task_slots(ex, self.num_blocks, threads)
+        self.inflight_limit = task_slots(ex, self.num_blocks, threads, self.cfg.scheduler.queue_depth)
         # replicas may trail by up to the jobs in flight: keep that many downlinks inline
-        self.inline_downlinks = self.slots + 2
-        return self.slots
+        self.inline_downlinks = self.inflight_limit + 2
+        return self.inflight_limit
 
     def _apply_async(self, order: RoundOrder, block: int, results, t0: float, t1: float) -> dict | None:
         fresh = []
@@ -168,7 +171,7 @@ class AsyncEngine(SyncEngine):
             "compute_s": r["compute_s"], "task_s": r["task_s"], "job_s": t1 - t0, "apply_s": t2 - t1,
             "wall_s": t2 - t0, "round_overhead_s": (t1 - t0) - r["task_s"],
             "images_per_s": r["samples"] / (t2 - t0) if t2 > t0 else 0.0, "pid": r["pid"],
-            "executors": len(self.load.executors), "slots": self.slots,
+            "executors": len(self.load.executors), "slots": self.slots, "inflight_limit": self.inflight_limit,
         }
 
     def run(self, start_round: int = 0, on_epoch=None) -> dict:
