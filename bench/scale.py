@@ -8,7 +8,12 @@ Keys:
   driver_apply_s           seconds to decode N payloads, sum them and apply
                            ``W += Σ w_k S_k`` in place, by model size then N
                            (density 0.001, small tensors dense as in training)
-  driver_apply_cpu_s       the same, CPU seconds of this process (contention-free)
+  driver_apply_cpu_s       the same, CPU seconds of this process (contention-free;
+                           summed over its threads)
+  driver_apply_1thread_s   driver_apply_s with threads=1, and its CPU seconds in
+                           driver_apply_1thread_cpu_s
+  driver_threads           decode_and_sum's default threads, used by driver_apply_s
+                           (payloads under PARALLEL_MIN_BYTES in all run on one)
   driver_decode_s          the decode-and-validate part of driver_apply_s
   payload_bytes            mean bytes of one payload, by model
   sparsify_s_per_mparam    threshold selection seconds per million parameters
@@ -37,6 +42,7 @@ from sparkcnn.compression import (  # noqa: E402
     decode_parts,
     encode,
 )
+from sparkcnn.compression.sparse_sum import DEFAULT_THREADS  # noqa: E402
 
 DENSITY = 0.001
 DENSE_BELOW = 16384  # elements: tensors below this go whole, as in training
@@ -126,7 +132,8 @@ def codec_bytes_per_nonzero(rng) -> dict:
 def driver_apply(quick: bool, rng) -> dict:
     ns = (2, 32, 256) if quick else (2, 8, 32, 128, 256)
     repeat = 3 if quick else 5
-    out = {"driver_apply_s": {}, "driver_apply_cpu_s": {}, "driver_decode_s": {}, "payload_bytes": {}}
+    out = {"driver_apply_s": {}, "driver_apply_cpu_s": {}, "driver_apply_1thread_s": {},
+           "driver_apply_1thread_cpu_s": {}, "driver_decode_s": {}, "payload_bytes": {}}
     for name, make in MODELS.items():
         layout = make()
         size = sum(layout)
@@ -140,8 +147,13 @@ def driver_apply(quick: bool, rng) -> dict:
             wall, cpu = best_of(lambda: decode_and_sum(payloads[:n], weights[:n], layout, out=W), repeat)
             out["driver_apply_s"][name][str(n)] = round(wall, 5)
             out["driver_apply_cpu_s"][name][str(n)] = round(cpu, 5)
+            wall, cpu = best_of(lambda: decode_and_sum(payloads[:n], weights[:n], layout, out=W, threads=1),
+                                repeat)
+            out["driver_apply_1thread_s"][name][str(n)] = round(wall, 5)
+            out["driver_apply_1thread_cpu_s"][name][str(n)] = round(cpu, 5)
             wall, _ = best_of(lambda: [decode_parts(p, layout) for p in payloads[:n]], repeat)
             out["driver_decode_s"][name][str(n)] = round(wall, 5)
+    out["driver_threads"] = DEFAULT_THREADS
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkcnn.compression import SparseDelta, decode, decode_and_sum, decode_parts, encode
+from sparkcnn.compression import sparse_sum
 from sparkcnn.compression.codec import MAGIC, wire_to_float32
 from sparkcnn.errors import CodecError
 
@@ -21,6 +23,12 @@ HEADER = 16  # magic, version, dtype, reserved, tensor count, unary length
 def layouts_and_deltas(draw):
     """Random layouts whose tensors are empty, dense or sparse, any mix."""
     layout = tuple(draw(st.lists(st.integers(0, 3000), min_size=0, max_size=5)))
+    return layout, draw(deltas_over(layout))
+
+
+@st.composite
+def deltas_over(draw, layout):
+    """A delta over ``layout`` whose tensors are empty, dense or sparse, any mix."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     parts, start = [], 0
     for n in layout:
@@ -38,7 +46,7 @@ def layouts_and_deltas(draw):
     idx = np.concatenate(parts) if parts else np.empty(0, np.int64)
     scale = draw(st.sampled_from([1e-6, 1e-2, 1.0, 1e3]))
     values = (rng.standard_normal(idx.size) * scale).astype(np.float32)
-    return layout, SparseDelta(start, idx, values)
+    return SparseDelta(start, idx, values)
 
 
 @FAST
@@ -237,6 +245,74 @@ def test_decode_and_sum_matches_dense_reference_and_is_all_or_nothing():
     with pytest.raises(CodecError, match=r"payload 2: truncated delta"):
         decode_and_sum(payloads[:2] + [payloads[2][:-3]] + payloads[3:], weights, layout, out=W)
     assert np.array_equal(W, before)  # nothing applied
+
+
+def _serial_sum(payloads, weights, layout, out):
+    """decode_and_sum's order, written out: per element, its sparse entries in
+    payload order, then the sum of each set of dense tensors (itself summed in
+    payload order), sets in order of first appearance."""
+    acc, offsets = out.copy(), np.concatenate([[0], np.cumsum(layout, dtype=np.int64)])
+    parts = [decode_parts(data, layout) for data in payloads]
+    ws = [np.float32(w) for w in weights]
+    for p, w in zip(parts, ws):
+        acc[p.sparse_indices] += w * p.sparse_values.astype(np.float32)
+    sets: dict[bytes, np.ndarray] = {}
+    for p, w in zip(parts, ws):
+        if p.dense_values.size:
+            term = w * p.dense_values.astype(np.float32)
+            key = p.dense.tobytes()
+            sets[key] = term if key not in sets else sets[key] + term
+    for key, total in sets.items():
+        dense = np.frombuffer(key, bool)
+        idx = np.concatenate([np.arange(offsets[t], offsets[t + 1]) for t in np.flatnonzero(dense)])
+        acc[idx] += total
+    return acc
+
+
+@FAST
+@given(data=st.data(), layout=st.lists(st.integers(0, 3000), min_size=1, max_size=5).map(tuple),
+       count=st.integers(0, 7), value_dtype=st.sampled_from(["float16", "float32"]), into=st.booleans())
+def test_decode_and_sum_is_bitwise_the_serial_order_for_any_thread_count(data, layout, count, value_dtype, into):
+    payloads = [encode(data.draw(deltas_over(layout)), layout, value_dtype=value_dtype) for _ in range(count)]
+    weights = data.draw(st.lists(st.floats(-4, 4, width=32), min_size=count, max_size=count))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    W = rng.standard_normal(sum(layout)).astype(np.float32) if into else np.zeros(sum(layout), np.float32)
+    expected = _serial_sum(payloads, weights, layout, W)
+    with mock.patch.object(sparse_sum, "PARALLEL_MIN_BYTES", 0):  # threads even for tiny payloads
+        for threads in (1, 2, 3, 4):
+            got = decode_and_sum(payloads, weights, layout, out=W.copy() if into else None, threads=threads)
+            assert got.dtype == np.float32 and np.array_equal(got, expected), threads
+            assert np.array_equal(got.view(np.int32), expected.view(np.int32)), threads  # signed zeros too
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+def test_decode_and_sum_with_threads_names_the_first_bad_payload_and_applies_nothing(threads):
+    layout = (64, 20_000, 30_000)
+    rng = np.random.default_rng(5)
+    payloads = []
+    for _ in range(8):
+        idx = np.concatenate([np.arange(64), 64 + np.sort(rng.choice(50_000, 60, replace=False))])
+        payloads.append(encode(SparseDelta(sum(layout), idx, rng.standard_normal(idx.size)), layout))
+    bad = list(payloads)
+    bad[3] = bad[3][:-3]  # truncated
+    bad[4] = bad[4][:23] + b"\x7f" + bad[4][24:]  # tensor 1's count (high byte) beyond its size
+    W = rng.standard_normal(sum(layout)).astype(np.float32)
+    before = W.copy()
+    with mock.patch.object(sparse_sum, "PARALLEL_MIN_BYTES", 0):
+        with pytest.raises(CodecError, match=r"^payload 3: truncated delta"):
+            decode_and_sum(bad, np.ones(8), layout, out=W, threads=threads)
+        assert np.array_equal(W, before)  # nothing applied
+        with pytest.raises(CodecError, match=r"^payload 4: delta tensor 1: count"):
+            decode_and_sum(payloads[:4] + bad[4:], np.ones(8), layout, out=W, threads=threads)
+        assert np.array_equal(W, before)
+        decode_and_sum(payloads, np.ones(8), layout, out=W, threads=threads)
+    assert not np.array_equal(W, before)
+
+
+def test_decode_and_sum_validates_threads():
+    for threads in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match=r"threads must be an integer >= 1"):
+            decode_and_sum([], [], (10,), threads=threads)
 
 
 def test_decode_parts_keeps_wire_dtype():

@@ -8,13 +8,16 @@ the deltas, so results are deterministic. Measured (numpy 2.4, shared 2-vCPU
 VM; 256 distinct deltas of 25.5 k entries into 25.6 M parameters): 140–200 ms
 for this per-delta add, ~215 ms for one concatenated ``np.bincount`` (which
 also allocates a float64 array of the model's size), 160–180 ms for
-``np.add.at``. All three are bound by the random memory accesses."""
+``np.add.at``. All three are bound by the random memory accesses. Run
+interleaved (30 runs each, medians of CPU time), ``np.add.at`` per delta
+took 162 ms against 214 ms for the buffered add, but it holds the GIL all
+along: decode_and_sum uses it on one thread, while several threads each take
+a range of the output and use the buffered add, which releases the GIL."""
 
 from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -24,15 +27,18 @@ from ..errors import CodecError
 from .codec import DecodedParts, decode_parts, dense_indices, wire_to_float32
 from .delta import Layout, SparseDelta
 
-# decode_and_sum's threads: numpy drops the GIL inside its array loops,
-# where nearly all of the decoding and scattering happens.
+# decode_and_sum's threads: numpy drops the GIL inside most array loops
+# (not np.add.at or np.repeat), which carry most of the decoding and
+# scattering; per-call Python overhead (~30 % of a 25 M payload's decode)
+# keeps it. They pay only with idle cores: on a 2-vCPU VM busy with other
+# work, 2 threads gained no wall time and cost ~20 % more CPU than one
+# (bench/scale.py reports both side by side).
 DEFAULT_THREADS = min(4, os.cpu_count() or 1)
-# Payload bytes below which decode_and_sum stays on one thread: starting a
-# pool (~0.3 ms) costs more than it saves on a few ms of work.
-PARALLEL_MIN_BYTES = 1 << 20
-# Output entries per scatter block (8 MB of float32): every payload adds its
-# entries in one block before the next, so the random accesses hit cache.
-SCATTER_BLOCK = 1 << 21
+# Payload bytes below which decode_and_sum stays on one thread (4 MiB: ~12
+# payloads of a 25 M model at density 0.001, ~15 ms of work). Below it a
+# pool costs more than it saves, and small payloads are mostly per-call
+# Python overhead, which holds the GIL.
+PARALLEL_MIN_BYTES = 1 << 22
 
 
 def _output(size: int, out: np.ndarray | None) -> np.ndarray:
@@ -102,21 +108,21 @@ class _Decoded:
 
     parts: DecodedParts
     sparse_values: np.ndarray  # float32: w · the sparse values
-    cuts: list[int]  # sparse entries below each block edge
+    cuts: list[int]  # output range t gets sparse entries cuts[t]:cuts[t + 1]
 
 
 def _decode(data: bytes, layout: Layout, w: np.float32, edges: np.ndarray) -> _Decoded:
     p = decode_parts(data, layout)
-    n = p.sparse_indices.size
-    cuts = np.searchsorted(p.sparse_indices, edges).tolist() if edges.size > 2 else [0, n]
+    idx = p.sparse_indices  # strictly increasing, so each range's entries are one slice
+    cuts = [0, idx.size] if edges.size == 2 else np.searchsorted(idx, edges).tolist()
     return _Decoded(p, wire_to_float32(p.sparse_values, w), cuts)
 
 
-def _map(pool: ThreadPoolExecutor | None, fn, items: list) -> list:
+def _map(pool: ThreadPoolExecutor | None, fn, items) -> list:
     return list(map(fn, items) if pool is None else pool.map(fn, items))
 
 
-def _decode_all(payloads, ws, layout, edges, pool, threads) -> list[_Decoded]:
+def _decode_all(payloads, ws, layout, edges, pool, threads: int) -> list[_Decoded]:
     """Decode every payload, or raise CodecError naming the first bad one."""
     decoded: list = [None] * len(payloads)
 
@@ -125,10 +131,11 @@ def _decode_all(payloads, ws, layout, edges, pool, threads) -> list[_Decoded]:
             try:
                 decoded[k] = _decode(payloads[k], layout, ws[k], edges)
             except CodecError as e:
-                return k, e  # later payloads of this share can only fail later
+                return k, e  # the rest of this share could only fail later
         return None
 
-    failures = [f for f in _map(pool, decode_share, [range(t, len(payloads), threads) for t in range(threads)]) if f]
+    shares = [range(t, len(payloads), threads) for t in range(threads)]
+    failures = [f for f in _map(pool, decode_share, shares) if f]
     if failures:
         k, e = min(failures, key=lambda f: f[0])
         raise CodecError(f"payload {k}: {e}") from None
@@ -148,15 +155,19 @@ def _dense_groups(decoded: list[_Decoded], ws, layout) -> list[tuple[np.ndarray,
     return [(dense_indices(layout, np.frombuffer(key, bool)), members) for key, members in groups.items()]
 
 
-def _add_blocks(acc: np.ndarray, decoded: list[_Decoded], groups: list, edges: np.ndarray,
-                first: int, last: int) -> None:
-    """Add everything that lands in ``acc[edges[first]:edges[last]]``, block by block."""
-    for j in range(first, last):  # a block stays in cache while every payload adds to it
-        for d in decoded:
-            a, b = d.cuts[j], d.cuts[j + 1]
-            if a < b:
-                acc[d.parts.sparse_indices[a:b]] += d.sparse_values[a:b]
-    spans = [np.searchsorted(idx, (edges[first], edges[last])).tolist() for idx, _ in groups]
+def _add_buffered(acc: np.ndarray, idx: np.ndarray, values: np.ndarray) -> None:
+    acc[idx] += values  # exact for unique idx; numpy drops the GIL here, np.add.at keeps it
+
+
+def _add_range(acc: np.ndarray, decoded: list[_Decoded], groups: list, edges: np.ndarray, t: int,
+               add) -> None:
+    """Add every entry that lands in ``acc[edges[t]:edges[t + 1]]``; ``add(acc, idx, values)``."""
+    for d in decoded:
+        a, b = d.cuts[t], d.cuts[t + 1]
+        if a < b:
+            add(acc, d.parts.sparse_indices[a:b], d.sparse_values[a:b])
+    whole = edges.size == 2
+    spans = [(0, idx.size) if whole else np.searchsorted(idx, edges[t:t + 2]).tolist() for idx, _ in groups]
     # Conversions go through one reused scratch buffer: a fresh ~0.5 MB
     # temporary per payload would be mapped and faulted in every time.
     scratch = np.empty(max((b - a for a, b in spans), default=0), np.float32)
@@ -170,7 +181,7 @@ def _add_blocks(acc: np.ndarray, decoded: list[_Decoded], groups: list, edges: n
         if idx.size == acc.size:  # every tensor dense: idx is arange(size)
             acc[a:b] += total
         else:
-            acc[idx[a:b]] += total
+            add(acc, idx[a:b], total)
 
 
 def decode_and_sum(payloads: Sequence[bytes], weights: Sequence[float], layout: Layout,
@@ -181,12 +192,12 @@ def decode_and_sum(payloads: Sequence[bytes], weights: Sequence[float], layout: 
     malformed one raises CodecError ("payload k: …") and leaves ``out`` untouched.
 
     ``threads`` (default DEFAULT_THREADS) decode payloads side by side, then
-    each adds into its own range of the output; inputs under
-    PARALLEL_MIN_BYTES run on the caller's thread alone, as does
-    ``threads=1``. Every output element gets the same float32 additions in
-    the same order whatever the thread count, so results are bitwise equal:
-    its sparse entries in payload order, then the sum of each set of dense
-    tensors (itself summed in payload order), sets in order of first appearance.
+    each adds into its own range of the output; ``threads=1``, or payloads of
+    fewer than PARALLEL_MIN_BYTES in all, run on the caller's thread alone.
+    Every output element gets the same float32 additions in the same order
+    whatever the thread count, so results are bitwise equal: its sparse
+    entries in payload order, then the sum of each set of dense tensors
+    (itself summed in payload order), sets in order of first appearance.
     """
     ws = _check_weights(len(payloads), weights)
     threads = DEFAULT_THREADS if threads is None else threads
@@ -194,12 +205,15 @@ def decode_and_sum(payloads: Sequence[bytes], weights: Sequence[float], layout: 
         raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
     threads = int(threads) if sum(len(data) for data in payloads) >= PARALLEL_MIN_BYTES else 1
     size = int(sum(layout))  # each decode_parts below validates the layout itself
-    blocks = threads * -(-size // (threads * SCATTER_BLOCK)) or threads  # a run of blocks per thread
-    edges = np.arange(blocks + 1) * size // blocks
-    shares = [(t * blocks // threads, (t + 1) * blocks // threads) for t in range(threads)]
-    with ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:
+    edges = np.arange(threads + 1) * size // threads  # thread t adds into acc[edges[t]:edges[t + 1]]
+    if threads == 1:
+        decoded = _decode_all(payloads, ws, layout, edges, None, 1)
+        acc = _output(size, out)
+        _add_range(acc, decoded, _dense_groups(decoded, ws, layout), edges, 0, np.add.at)
+        return acc
+    with ThreadPoolExecutor(threads, thread_name_prefix="decode_and_sum") as pool:
         decoded = _decode_all(payloads, ws, layout, edges, pool, threads)
         acc = _output(size, out)
         groups = _dense_groups(decoded, ws, layout)
-        _map(pool, lambda share: _add_blocks(acc, decoded, groups, edges, *share), shares)
+        _map(pool, lambda t: _add_range(acc, decoded, groups, edges, t, _add_buffered), range(threads))
     return acc
