@@ -102,7 +102,7 @@ def main(argv=None) -> dict:
     out_dir = tempfile.mkdtemp(prefix="sparkcnn-bench-acc-")
     epochs = 1 if a.quick else a.epochs
     runs = []
-    for name in a.variants.split(","):
+    for name in filter(None, a.variants.split(",")):
         if name not in VARIANTS:
             raise SystemExit(f"bench/accuracy.py: unknown variant {name!r} (known: {', '.join(VARIANTS)})")
         runs.append(run_variant(data, name, VARIANTS[name], epochs, out_dir))
