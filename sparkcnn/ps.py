@@ -212,12 +212,16 @@ class ParameterServer:
 
     # -- downlink side ---------------------------------------------------------------
 
-    def downlink(self) -> Downlink | None:
+    def downlink(self, density: float | None = None) -> Downlink | None:
         """Move ``U`` towards ``W`` and return the downlink that does it.
 
         None when nothing was applied since the previous downlink (``U`` is
         already at this version). See the module docstring for ``D``.
+        ``density``: this downlink's density in place of ``density_down``
+        (the density warm-up); sparse servers only.
         """
+        if density is not None and not (isinstance(density, numbers.Real) and 0 < density <= 1):
+            raise BadInput(f"`density` must be in (0, 1], got {density!r}")
         with self._lock:
             if self.version == self._view_version:
                 return None
@@ -226,7 +230,7 @@ class ParameterServer:
                 delta = SparseDelta(self._W.size, idx, self._W[idx])
                 assign = True
             else:
-                idx, values = self._select()
+                idx, values = self._select(self.density_down if density is None else float(density))
                 if self.value_dtype == "float16":
                     values = np.clip(values, -_F16_MAX, _F16_MAX).astype(np.float16).astype(np.float32)
                     keep = values != 0  # underflowed to 0: would cost bytes and move nothing
@@ -253,7 +257,7 @@ class ParameterServer:
         while logged > self._W.size and len(self._log) > 1:
             logged -= self._log.popleft().delta.nnz
 
-    def _select(self) -> tuple[np.ndarray, np.ndarray]:
+    def _select(self, density_down: float) -> tuple[np.ndarray, np.ndarray]:
         """Indices and float32 values of ``D``: per tensor t of size n_t, the k_t largest |R| among R != 0.
 
             k_t   = target_count(n_t, density_down)    # all of R_t != 0 when n_t < dense_below
@@ -277,7 +281,7 @@ class ParameterServer:
         idx, vals = [], []
         for t, n in enumerate(self.layout):
             cand, rt = support[cuts[t] : cuts[t + 1]], r[cuts[t] : cuts[t + 1]]
-            k = target_count(n, self.density_down)
+            k = target_count(n, density_down)
             if cand.size > k and sp.method != "none" and n >= sp.dense_below:
                 local = self._on_support.indices(rt, (rt.size,), k / rt.size)
                 cand, rt = cand[local], rt[local]

@@ -151,6 +151,24 @@ def test_sparse_downlink_is_topk_of_residual_minus_zeros(seed, density, dense_be
     assert np.array_equal(bits(dl.delta.values), bits(residual[expected_idx]))
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([0.05, 0.5, 1.0]))
+def test_downlink_density_of_one_call_overrides_density_down(seed, density):
+    """The density warm-up: one downlink at ``density`` is the top-k at that density (and
+    U + R == W still holds), whatever ``density_down`` is."""
+    rng = np.random.default_rng(seed)
+    sp = Sparsifier("topk", dense_below=0)
+    ps = make_ps(density_down=0.05, sparsifier=sp)
+    step(ps, rng, density=1.0)
+    residual = ps.W - ps.U
+    expected = sp.select(residual, LAYOUT, density)
+    dl = ps.downlink(density)
+    assert np.array_equal(dl.delta.indices, expected.indices[expected.values != 0])
+    assert ps.view_version == ps.version
+    with pytest.raises(BadInput, match="density"):
+        ps.downlink(0.0)
+
+
 def test_log_holds_at_most_P_entries():
     rng = np.random.default_rng(10)
     ps = make_ps(density_down=None, max_log=50)

@@ -140,7 +140,7 @@ class AsyncEngine(SyncEngine):
                 log.error("job %s block %s: delta rejected: %s", r["round"], block, e)
                 rejected = 1
                 self.counters["rejected_deltas"] += 1
-        nnz_down = self._send_downlink() if self.sparse_down else self.W.size
+        nnz_down = self._send_downlink(self.epoch_float) if self.sparse_down else self.W.size
         down_inline = sum(len(d[4]) for d in order.downlinks) if self.sparse_down else len(order.weights)
         self.policy.applied(block, r["base_version"])
         self.monitor.record(r)

@@ -193,11 +193,18 @@ class SyncEngine:
     # sync rounds keep every active replica one version behind: the latest D suffices
     inline_downlinks = 1
 
-    def _send_downlink(self) -> int:
+    def downlink_density(self, epoch: float) -> float:
+        """``compression.density_down`` after the same warm-up as the uplink density: early
+        updates are large and dense, and a view that lags them slows training most."""
+        c = self.cfg.compression
+        return min(1.0, density_at(epoch, initial=max(c.initial_density, c.density_down),
+                                   target=c.density_down, warmup_epochs=c.warmup_epochs))
+
+    def _send_downlink(self, epoch: float) -> int:
         """After an update: D = sparsify(W - U), U += D; keep the last few for the next orders."""
         from sparkcnn.compression import codec
 
-        dl = self.ps.downlink()
+        dl = self.ps.downlink(self.downlink_density(epoch))
         if dl is None:
             return 0
         enc = codec.encode(dl.delta, self.spec.layout,
@@ -312,7 +319,8 @@ class SyncEngine:
             if not self.ps.apply(G):
                 rejected += len(good)
                 self.counters["rejected_deltas"] += len(good)
-        nnz_down = self._send_downlink() if self.sparse_down else self.W.size
+        nnz_down = (self._send_downlink(order.epoch + order.round_in_epoch / self.rounds_per_epoch)
+                    if self.sparse_down else self.W.size)
         down_inline = (sum(len(d[4]) for d in order.downlinks) if self.sparse_down else len(order.weights))
         for r in fresh:
             self.counters["state_resets"] += int(r["state_reset"])
