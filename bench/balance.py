@@ -124,18 +124,18 @@ def measure_sync(bench: Bench, data: str, balance: bool) -> dict:
     return out
 
 
-def run_async(bench: Bench, data: str, run_id: str, target_s: float, threads: int = 0):
+def run_async(bench: Bench, data: str, run_id: str, target_s: float, threads: int = 0, blocks: int = BLOCKS):
     """``AsyncEngine.run()`` over one epoch of ``data``; the engine and its timed job records."""
     sink = TimedSink()
     engine = bench.engine(data, run_id, ["engine.mode=async", f"scheduler.target_job_seconds={target_s}",
-                                         f"engine.threads={threads}"], sink=sink)
+                                         f"engine.threads={threads}", f"data.num_blocks={blocks}"], sink=sink)
     engine.run()
     engine.backend.close()  # unpersist the block placement RDDs
     return engine, sink.rounds()
 
 
 def summarize_async(bench: Bench, engine, rows: list) -> dict:
-    rate = steady_rate(rows, skip_first=2 * BLOCKS, skip_last=2)
+    rate = steady_rate(rows, skip_first=2 * engine.num_blocks, skip_last=2)
     steady = [r for _, r in rows[rate["first"]:rate["last"] + 1]][1:]
     return {"images_per_s": rate["images_per_s"], "jobs": rate["records"], "window_s": rate["window_s"],
             "job_wall_ms": 1000 * sum(r["wall_s"] for r in steady) / len(steady),
@@ -150,6 +150,9 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="0.34 epoch instead of 0.5")
     ap.add_argument("--target-job-s", type=float, default=1.5, help="async scheduler.target_job_seconds")
+    ap.add_argument("--async-blocks", type=int, default=BLOCKS,
+                    help="blocks of the balanced async run (more than the slots: scheduler.queue_depth "
+                         "keeps a job queued)")
     a = ap.parse_args(argv)
     t_start = time.perf_counter()
     from sparkcnn.engine.standalone import StandaloneCluster, session
@@ -160,7 +163,8 @@ def main(argv=None) -> dict:
     solo_data = slice_data(data, (12 if a.quick else 24) * H * BATCH, 640)  # >= 5 jobs per executor
     out = {"quick": a.quick, "model": "fmnist_cnn", "blocks": BLOCKS,
            "executors": "2 x 1 core, standalone on 127.0.0.1", "slowed": {"worker1": SLOW},
-           "samples": rounds * H * BATCH * BLOCKS, "steps_per_round": H, "target_job_seconds": a.target_job_s}
+           "samples": rounds * H * BATCH * BLOCKS, "steps_per_round": H, "target_job_seconds": a.target_job_s,
+           "async_blocks": a.async_blocks}
     cluster = StandaloneCluster(workers=2, cores_per_worker=1, per_worker_env={1: {"SPARKCNN_CHAOS_SLOW": str(SLOW)}})
     # generous start-up timeouts: JVMs start slowly on a busy 2-core machine
     with cluster.start(timeout=180):
@@ -173,7 +177,8 @@ def main(argv=None) -> dict:
             log("sync balanced: scheduler.balance=true")
             sync_bal = measure_sync(bench, shared, balance=True)
             log("balanced: async, target_job_seconds %.2f", a.target_job_s)
-            bal = summarize_async(bench, *run_async(bench, shared, "bench-balance-async", a.target_job_s))
+            bal = summarize_async(bench, *run_async(bench, shared, "bench-balance-async", a.target_job_s,
+                                                    blocks=a.async_blocks))
             log("solo: async, one job at a time")
             _, solo_rows = run_async(bench, solo_data, "bench-balance-solo", a.target_job_s, threads=1)
         finally:
