@@ -46,24 +46,25 @@ t = time.perf_counter(); tr.train(x, y, b[5:], 0.05); dt = time.perf_counter() -
 print(json.dumps({"images_per_s": steps * 64 / dt, "step_ms": 1000 * dt / steps}))
 """
 
-KERAS_FIT = r"""
-import json, os, sys, time
-os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-import keras
-from sparkcnn.data.parquet_io import read_split_numpy
-from sparkcnn.models import build_model
-data, steps = sys.argv[1], int(sys.argv[2])
-x, y = read_split_numpy(os.path.join(data, "train"))
-n = (steps + 5) * 64
-x, y = x[:n], y[:n]
-m = build_model("fmnist_cnn", x.shape[1:], 10, 0)
-m.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
-          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-m.fit(x[:320], y[:320], batch_size=64, epochs=1, verbose=0)
-t = time.perf_counter(); m.fit(x[320:], y[320:], batch_size=64, epochs=1, verbose=0, shuffle=True)
-dt = time.perf_counter() - t
-print(json.dumps({"images_per_s": steps * 64 / dt}))
-"""
+def keras_fit_images_per_s(data: str, steps: int) -> float:
+    """``model.fit`` of ``fmnist_cnn`` in this process (TF default threads): images/s over
+    ``steps`` batches of 64 after a short warm-up fit (tracing)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+
+    from sparkcnn.data.parquet_io import read_split_numpy
+    from sparkcnn.models import build_model
+
+    x, y = read_split_numpy(os.path.join(data, "train"))
+    n = (steps + 5) * 64
+    x, y = x[:n], y[:n]
+    m = build_model("fmnist_cnn", x.shape[1:], 10, 0)
+    m.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    m.fit(x[:320], y[:320], batch_size=64, epochs=1, verbose=0)
+    t = time.perf_counter()
+    m.fit(x[320:], y[320:], batch_size=64, epochs=1, verbose=0, shuffle=True)
+    return steps * 64 / (time.perf_counter() - t)
 
 
 def run_children(script: str, argvs: list[list[str]], timeout: float = 600) -> list[dict]:

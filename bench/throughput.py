@@ -4,7 +4,8 @@ Prints one JSON object; every figure comes from this one run, measured one
 after another on one local[2] session (Python workers and their traced TF
 functions are reused from one measurement to the next).
 
-- ``keras_images_per_s``: ``model.fit`` in one process (TF default threads).
+- ``keras_images_per_s``: ``model.fit`` in this process (TF default threads),
+  before any Spark work.
 - ``compute_limit_images_per_s``: the sum of two independent single-thread TF
   processes, each training its own half with no communication; measured first
   and last (``compute_limit_before_after``: the drift of a shared machine's
@@ -31,7 +32,8 @@ functions are reused from one measurement to the next).
   first two jobs (speed not yet known) and the last two (drain). ``async_vs_sync`` =
   async / plain sync at H = 10.
 
-``--quick`` (under a minute): fewer steps, every Spark measurement on a
+``--quick`` (about 75 s on a 2-core machine: three TF start-ups and a Spark
+start are most of it): fewer steps, every Spark measurement on a
 slice of the training set (shorter block loads), and the limit measured once.
 
     python bench/throughput.py [--quick]
@@ -47,11 +49,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._common import (  # noqa: E402
-    KERAS_FIT,
     SOLO,
     TimedSink,
     emit,
     ensure_data,
+    keras_fit_images_per_s,
     log,
     median,
     run_children,
@@ -166,7 +168,7 @@ def measure_limit(data: str, steps: int) -> list[dict]:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer steps, under a minute")
+    ap.add_argument("--quick", action="store_true", help="fewer steps, about 75 s")
     a = ap.parse_args(argv)
     t_start = time.perf_counter()
     data = ensure_data()
@@ -178,7 +180,8 @@ def main(argv=None) -> dict:
     sync_data = short if a.quick else data  # quick: shorter block loads
     limit = measure_limit(data, steps)
     log("keras model.fit, %d steps", steps)
-    keras_ips = run_children(KERAS_FIT, [[data, str(steps)]])[0]["images_per_s"]
+    # in this process: it imports TF for the engines anyway (a child would pay a TF start-up)
+    keras_ips = keras_fit_images_per_s(data, steps)
     out = {"quick": a.quick, "model": "fmnist_cnn", "blocks": BLOCKS, "batch_size": BATCH,
            "master": "local[2]",
            "keras_images_per_s": keras_ips, "solo_step_ms": [r["step_ms"] for r in limit],
