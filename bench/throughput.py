@@ -32,9 +32,11 @@ functions are reused from one measurement to the next).
   first two jobs (speed not yet known) and the last two (drain). ``async_vs_sync`` =
   async / plain sync at H = 10.
 
-``--quick`` (about 75 s on a 2-core machine: three TF start-ups and a Spark
-start are most of it): fewer steps, every Spark measurement on a
-slice of the training set (shorter block loads), and the limit measured once.
+``--quick`` (about a minute here): fewer steps, every Spark measurement on a slice
+of the training set (shorter block loads), and the limit measured once, in
+the Spark Python workers themselves once they are warm (each trains its block
+alone, both at once, single-thread, no communication: the same limit without
+two more TF start-ups; ``compute_limit_method`` says which was used).
 
     python bench/throughput.py [--quick]
 """
@@ -83,13 +85,40 @@ def _engine(data: str, run_id: str, overrides: list[str], sink=None):
     return engine
 
 
-def measure_sparkcnn(data: str, H: int, rounds: int, extra: list[str] = (), warm_rounds: int = 1) -> dict:
+def _limit_task(spec, steps: int):
+    """One block trained alone in its (warm, single-thread) Python worker: no communication."""
+    def fn(block, attempt):
+        import time as _time
+
+        from sparkcnn import blockstore
+        from sparkcnn.worker import batch_indices, get_trainer, local_root, task_cores
+
+        x, y = blockstore.get_block(local_root(spec), spec.run_id, spec.train_dir, "train", spec.num_blocks, block)
+        tr = get_trainer(spec, task_cores())
+        b = [batch_indices(len(y), spec.batch_size, 0, 0, block, i) for i in range(steps + 5)]
+        tr.train(x, y, b[:5], 0.05)
+        t = _time.perf_counter()
+        tr.train(x, y, b[5:], 0.05)
+        dt = _time.perf_counter() - t
+        return {"images_per_s": steps * spec.batch_size / dt, "step_ms": 1000 * dt / steps}
+    return fn
+
+
+def measure_sparkcnn(data: str, H: int, rounds: int, extra: list[str] = (), warm_rounds: int = 1,
+                     limit_steps: int = 0) -> dict:
     """Plain sync rounds, one ``run_round`` after another, after ``warm_rounds`` unmeasured ones.
 
     The first engine on a fresh session needs a warm round (it traces the TF
     functions in both workers); later ones reuse those workers and traces.
+    ``limit_steps`` > 0: first measure the compute limit in the engine's own
+    workers (both blocks at once, ``limit_steps`` steps each, no communication).
     """
     engine = _engine(data, f"bench-h{H}", [f"train.steps_per_round={H}", *extra])
+    limit = None
+    if limit_steps:
+        log("compute limit: both blocks trained alone in their Spark Python workers, %d steps each", limit_steps)
+        limit = engine.backend.map_blocks(_limit_task(engine.spec, limit_steps), [0, 1],
+                                          "bench compute limit", universe=BLOCKS)
     for t in range(warm_rounds):
         engine.run_round(t)
     recs = []
@@ -108,6 +137,7 @@ def measure_sparkcnn(data: str, H: int, rounds: int, extra: list[str] = (), warm
         # one block's training time for H steps: sizes the async jobs below
         "block_compute_ms": 1000 * median(s for r in recs for s in r["task_compute_s"].values()),
         "rounds": len(recs),
+        **({"limit": limit} if limit else {}),
     }
 
 
@@ -168,7 +198,7 @@ def measure_limit(data: str, steps: int) -> list[dict]:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer steps, about 75 s")
+    ap.add_argument("--quick", action="store_true", help="fewer steps, about a minute")
     a = ap.parse_args(argv)
     t_start = time.perf_counter()
     data = ensure_data()
@@ -178,18 +208,24 @@ def main(argv=None) -> dict:
     rounds = (6 if a.quick else 40) + 3
     short = slice_data(data, rounds * H * BATCH * BLOCKS, 1000)
     sync_data = short if a.quick else data  # quick: shorter block loads
-    limit = measure_limit(data, steps)
+    # quick: the limit is measured in the Spark workers once they are warm (two TF start-ups less)
+    limit = None if a.quick else measure_limit(data, steps)
     log("keras model.fit, %d steps", steps)
     # in this process: it imports TF for the engines anyway (a child would pay a TF start-up)
     keras_ips = keras_fit_images_per_s(data, steps)
     out = {"quick": a.quick, "model": "fmnist_cnn", "blocks": BLOCKS, "batch_size": BATCH,
            "master": "local[2]",
-           "keras_images_per_s": keras_ips, "solo_step_ms": [r["step_ms"] for r in limit],
-           "by_steps_per_round": {}}
+           "keras_images_per_s": keras_ips, "by_steps_per_round": {}}
     for i, h in enumerate((10, 50)):
         n = {10: 6, 50: 2}[h] if a.quick else 2 * steps // h
         log("sync H=%d: %d rounds", h, n)
-        out["by_steps_per_round"][str(h)] = measure_sparkcnn(sync_data, h, n, warm_rounds=1 if i == 0 else 0)
+        out["by_steps_per_round"][str(h)] = measure_sparkcnn(sync_data, h, n, warm_rounds=1 if i == 0 else 0,
+                                                             limit_steps=steps if a.quick and i == 0 else 0)
+    if limit is None:
+        limit = out["by_steps_per_round"]["10"].pop("limit")
+    out["solo_step_ms"] = [r["step_ms"] for r in limit]
+    out["compute_limit_method"] = ("quick: both blocks trained alone at once in their warm Spark Python workers"
+                                   if a.quick else "two single-thread TF child processes, before and after")
 
     sync10 = out["by_steps_per_round"][str(H)]
     log("pipelined sync H=%d: one epoch of %s", H, os.path.basename(short))
