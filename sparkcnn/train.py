@@ -188,6 +188,7 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
         raise BadInput(f"run.out_dir {cfg.run.out_dir!r}: cannot create run directory ({e.strerror})") from None
     if backend is None:
         backend = make_backend(cfg, run_id)
+    metrics_path = os.path.join(run_dir, "metrics.jsonl")
     ckpt = None
     if resume and _has_checkpoint(run_dir):
         from sparkcnn.checkpoint import load_checkpoint
@@ -195,8 +196,7 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
         ckpt = load_checkpoint(run_dir)  # verified: a damaged checkpoint is refused, naming the file
     elif resume:  # stopped before its first checkpoint: the same run id starts over
         log.warning("resume %s: no checkpoint yet; starting again from round 0", run_id)
-        _truncate_metrics(os.path.join(run_dir, "metrics.jsonl"), 0, 1)
-    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+        _truncate_metrics(metrics_path, 0, 1)
     engine, model = build_engine(cfg, backend, run_id, progress=progress, run_dir=run_dir)
     start = 0
     if ckpt is not None:

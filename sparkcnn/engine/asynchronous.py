@@ -26,7 +26,6 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 import numpy as np
 
-from sparkcnn.compression.warmup import density_at, lr_at
 from sparkcnn.engine.monitor import LoadMonitor
 from sparkcnn.engine.sync import SyncEngine
 from sparkcnn.errors import CodecError
@@ -73,13 +72,9 @@ class AsyncEngine(SyncEngine):
         return self.samples_done / self.n_train
 
     def order_for_block(self, block: int, steps: int) -> RoundOrder:
-        cfg, c = self.cfg, self.cfg.compression
-        e = self.epoch_float
         steps = max(1, min(steps, self.block_steps[block] - self.block_step[block]))
-        lr = lr_at(min(e, cfg.train.epochs), base_lr=cfg.train.lr, warmup_epochs=cfg.train.lr_warmup_epochs,
-                   total_epochs=cfg.train.epochs, schedule=cfg.train.lr_schedule) * self.lr_factor
-        density = 1.0 if c.method == "none" else min(1.0, self.density_factor * density_at(
-            e, initial=max(c.initial_density, c.density), target=c.density, warmup_epochs=c.warmup_epochs))
+        # orders are made while samples remain, so the epoch is below train.epochs
+        lr, density = self._schedule(min(self.epoch_float, self.cfg.train.epochs))
         job = self.jobs
         self.jobs += 1
         order = RoundOrder(round=job, epoch=self.block_epoch[block], round_in_epoch=self.block_step[block],

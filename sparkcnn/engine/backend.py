@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import threading
+import time
 
 log = logging.getLogger(__name__)
 
@@ -190,8 +191,6 @@ class SparkBackend:
         once round t is registered (else its tasks could run first and wait for
         block states that round t has not produced yet).
         """
-        import time
-
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.job_mark() > mark:

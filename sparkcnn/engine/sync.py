@@ -75,11 +75,12 @@ class SyncEngine:
         self.progress = progress
         self.applied: set[tuple[int, int]] = set()
         self.last_state_round: dict[int, int] = {}
-        self.counters = {"state_resets": 0, "duplicates_dropped": 0, "rejected_deltas": 0, "replica_resyncs": 0, "stale_states": 0,
-                         "loss_spikes": 0}
+        self.counters = {"state_resets": 0, "duplicates_dropped": 0, "rejected_deltas": 0, "replica_resyncs": 0,
+                         "stale_states": 0, "loss_spikes": 0}
         self.history: list[dict] = []
         self.last_applied_round: int | None = None   # W holds rounds up to this one
-        self.last_recorded_round: int | None = None  # metrics hold rounds up to this one
+        self.last_recorded_round: int | None = None  # metrics hold rounds (and epochs) up to this one
+        self.checkpointed_round: int | None = None   # next_round of the latest checkpoint written
         self._last_done: float | None = None
         self._parallelism = backend.parallelism  # a py4j call on Spark: read once, not per round
         from sparkcnn.guard import DivergenceGuard
@@ -135,8 +136,10 @@ class SyncEngine:
             "block_cursor": {str(k): v for k, v in self.block_cursor.items()},
             "config": self.cfg.to_dict(),
         }
-        return save_checkpoint(self.run_dir, f"r{next_round:07d}", arrays=arrays, state=state,
+        path = save_checkpoint(self.run_dir, f"r{next_round:07d}", arrays=arrays, state=state,
                                blocks=dict(self.block_states))
+        self.checkpointed_round = next_round
+        return path
 
     def restore(self, ckpt) -> int:
         """Continue from a loaded checkpoint; returns the round to start from."""
@@ -193,12 +196,27 @@ class SyncEngine:
     # sync rounds keep every active replica one version behind: the latest D suffices
     inline_downlinks = 1
 
-    def downlink_density(self, epoch: float) -> float:
-        """``compression.density_down`` after the same warm-up as the uplink density: early
-        updates are large and dense, and a view that lags them slows training most."""
+    def _warmed_density(self, epoch: float, target: float) -> float:
+        """``target`` after the exponential density warm-up (``compression.initial_density``,
+        ``warmup_epochs``), the same for the uplink and the downlink."""
         c = self.cfg.compression
-        return min(1.0, density_at(epoch, initial=max(c.initial_density, c.density_down),
-                                   target=c.density_down, warmup_epochs=c.warmup_epochs))
+        return density_at(epoch, initial=max(c.initial_density, target), target=target,
+                          warmup_epochs=c.warmup_epochs)
+
+    def _schedule(self, epoch: float) -> tuple[float, float]:
+        """(learning rate, uplink density) at a fractional ``epoch`` (sync and async alike),
+        warm-ups and the guard's factors included."""
+        t, c = self.cfg.train, self.cfg.compression
+        lr = lr_at(epoch, base_lr=t.lr, warmup_epochs=t.lr_warmup_epochs, total_epochs=t.epochs,
+                   schedule=t.lr_schedule) * self.lr_factor
+        density = (1.0 if c.method == "none"
+                   else min(1.0, self.density_factor * self._warmed_density(epoch, c.density)))
+        return lr, density
+
+    def downlink_density(self, epoch: float) -> float:
+        """``compression.density_down`` after the density warm-up: early updates are large and
+        dense, and a view that lags them slows training most."""
+        return min(1.0, self._warmed_density(epoch, self.cfg.compression.density_down))
 
     def _send_downlink(self, epoch: float) -> int:
         """After an update: D = sparsify(W - U), U += D; keep the last few for the next orders."""
@@ -226,13 +244,7 @@ class SyncEngine:
             steps = {k: max(0, min(H, s - r * H)) for k, s in self.block_steps.items()}
             offsets = {k: epoch * s + r * H for k, s in self.block_steps.items()}
             by_exec = {}
-        lr = lr_at(epoch + r / self.rounds_per_epoch, base_lr=self.cfg.train.lr,
-                   warmup_epochs=self.cfg.train.lr_warmup_epochs, total_epochs=self.cfg.train.epochs,
-                   schedule=self.cfg.train.lr_schedule) * self.lr_factor
-        c = self.cfg.compression
-        density = 1.0 if c.method == "none" else min(1.0, self.density_factor * density_at(
-            epoch + r / self.rounds_per_epoch, initial=max(c.initial_density, c.density), target=c.density,
-            warmup_epochs=c.warmup_epochs))
+        lr, density = self._schedule(epoch + r / self.rounds_per_epoch)
         return RoundOrder(round=t, epoch=epoch, round_in_epoch=r, steps=steps,
                           step_offset=offsets, steps_by_executor=by_exec, lr=lr,
                           base_version=self.version, expect_state=dict(self.last_state_round),
@@ -411,7 +423,7 @@ class SyncEngine:
         t = self.last_recorded_round
         if self.run_dir is None or t is None or t != self.last_applied_round:
             return
-        if self._is_checkpoint_round(t):
+        if self.checkpointed_round == t + 1:
             return  # written right after that round
         try:
             path = self.save_checkpoint(t + 1)
@@ -423,12 +435,14 @@ class SyncEngine:
         self.history.append(rec)
         if self.sink:
             self.sink.write(rec)
-        self.last_recorded_round = t
+        epoch_end = (t + 1) % self.rounds_per_epoch == 0
+        if not epoch_end:  # else only once its epoch record is written (a resume keeps that epoch's)
+            self.last_recorded_round = t
         if self.progress:
             self.progress.round(rec, self.total_rounds)
-        epoch_end = (t + 1) % self.rounds_per_epoch == 0
         if epoch_end:
             self._epoch_record(t, t_start, on_epoch)
+            self.last_recorded_round = t
         if self._is_checkpoint_round(t):
             self.save_checkpoint(t + 1)
             self.block_states = {}
