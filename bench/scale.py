@@ -15,6 +15,9 @@ Keys:
   driver_threads           decode_and_sum's default threads, used by driver_apply_s
                            (payloads under PARALLEL_MIN_BYTES in all run on one)
   driver_decode_s          the decode-and-validate part of driver_apply_s
+  driver_apply_numpy_s     driver_apply_s on the numpy path (compiled kernels off,
+                           SPARKCNN_NATIVE=0), side by side with the compiled one;
+                           driver_native says whether the compiled kernels ran
   payload_bytes            mean bytes of one payload, by model
   sparsify_s_per_mparam    threshold selection seconds per million parameters
                            (25 M model); by model in sparsify_s_per_mparam_by_model
@@ -25,6 +28,7 @@ side, never against absolute numbers from another machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -42,6 +46,7 @@ from sparkcnn.compression import (  # noqa: E402
     decode_parts,
     encode,
 )
+from sparkcnn.compression import native  # noqa: E402
 from sparkcnn.compression.sparse_sum import DEFAULT_THREADS  # noqa: E402
 
 DENSITY = 0.001
@@ -104,6 +109,20 @@ def random_delta(layout, density: float, rng) -> SparseDelta:
     return SparseDelta(int(offsets[-1]), idx, vals)
 
 
+@contextlib.contextmanager
+def numpy_path():
+    """The compiled kernels off (SPARKCNN_NATIVE=0) for the block."""
+    before = os.environ.get("SPARKCNN_NATIVE")
+    os.environ["SPARKCNN_NATIVE"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["SPARKCNN_NATIVE"]
+        else:
+            os.environ["SPARKCNN_NATIVE"] = before
+
+
 def best_of(fn, repeat: int) -> tuple[float, float]:
     """Least wall-clock and least CPU seconds of ``repeat`` calls.
 
@@ -133,7 +152,8 @@ def driver_apply(quick: bool, rng) -> dict:
     ns = (2, 32, 256) if quick else (2, 8, 32, 128, 256)
     repeat = 3 if quick else 5
     out = {"driver_apply_s": {}, "driver_apply_cpu_s": {}, "driver_apply_1thread_s": {},
-           "driver_apply_1thread_cpu_s": {}, "driver_decode_s": {}, "payload_bytes": {}}
+           "driver_apply_1thread_cpu_s": {}, "driver_decode_s": {}, "driver_apply_numpy_s": {},
+           "payload_bytes": {}}
     for name, make in MODELS.items():
         layout = make()
         size = sum(layout)
@@ -153,7 +173,11 @@ def driver_apply(quick: bool, rng) -> dict:
             out["driver_apply_1thread_cpu_s"][name][str(n)] = round(cpu, 5)
             wall, _ = best_of(lambda: [decode_parts(p, layout) for p in payloads[:n]], repeat)
             out["driver_decode_s"][name][str(n)] = round(wall, 5)
+            with numpy_path():
+                wall, _ = best_of(lambda: decode_and_sum(payloads[:n], weights[:n], layout, out=W), repeat)
+            out["driver_apply_numpy_s"][name][str(n)] = round(wall, 5)
     out["driver_threads"] = DEFAULT_THREADS
+    out["driver_native"] = native.enabled()
     return out
 
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkcnn.compression import SparseDelta, decode, decode_and_sum, decode_parts, encode
-from sparkcnn.compression import sparse_sum
+from sparkcnn.compression import native, sparse_sum
 from sparkcnn.compression.codec import MAGIC, wire_to_float32
 from sparkcnn.errors import CodecError
 
@@ -332,3 +332,74 @@ def test_round_trip_of_wide_gaps_uses_64_bit_fields():
     assert back.indices.tolist() == delta.indices.tolist() and back.values.tolist() == [1.5, -2.0]
     with pytest.raises(CodecError, match=r"delta tensor 1: index 123456789 out of range \[0, 100000000\)"):
         decode(data, (2**28, 10**8))
+
+
+# --------------------------------------------------------------------------- compiled kernels
+
+
+def _numpy_path():
+    return mock.patch.dict("os.environ", {"SPARKCNN_NATIVE": "0"})
+
+
+def test_compiled_kernels_are_in_use():
+    # numba is a dependency: a silent fall back to numpy would lose the driver's speed.
+    assert native.enabled()
+    with _numpy_path():
+        assert not native.enabled()
+
+
+@settings(max_examples=400, deadline=None)
+@given(pos=st.integers(0, 10_000), byte=st.integers(0, 255), layout_kind=st.integers(0, 3),
+       density=st.sampled_from([0.002, 0.02, 0.3]))
+def test_compiled_decoder_accepts_and_rejects_exactly_what_numpy_does(pos, byte, layout_kind, density):
+    layout = [(1000,), (40, 5000, 7), (3, 0, 20000), (1, 70_000, 2)][layout_kind]
+    rng = np.random.default_rng(layout_kind)
+    size = sum(layout)
+    idx = np.sort(rng.choice(size, max(1, int(size * density)), replace=False))
+    data = bytearray(encode(SparseDelta(size, idx, rng.standard_normal(idx.size)), layout))
+    if pos % 3:  # two in three corrupted; the rest intact
+        data[pos % len(data)] = byte
+    results = []
+    for numpy_only in (False, True):
+        with _numpy_path() if numpy_only else mock.patch.dict("os.environ", {}):
+            try:
+                p = decode_parts(bytes(data), layout)
+                results.append(("ok", p.sparse_indices.tolist(), p.sparse_values.tobytes(), p.dense_values.tobytes()))
+            except CodecError as e:
+                results.append(("error", str(e)))
+    assert results[0] == results[1]
+
+
+@FAST
+@given(data=st.data(), layout=st.lists(st.integers(0, 3000), min_size=1, max_size=5).map(tuple),
+       count=st.integers(0, 7), value_dtype=st.sampled_from(["float16", "float32"]))
+def test_decode_and_sum_compiled_is_bitwise_the_numpy_path(data, layout, count, value_dtype):
+    payloads = [encode(data.draw(deltas_over(layout)), layout, value_dtype=value_dtype) for _ in range(count)]
+    weights = data.draw(st.lists(st.floats(-4, 4, width=32), min_size=count, max_size=count))
+    W = np.random.default_rng(count).standard_normal(sum(layout)).astype(np.float32)
+    with _numpy_path():
+        expected = decode_and_sum(payloads, weights, layout, out=W.copy(), threads=1)
+    with mock.patch.object(sparse_sum, "PARALLEL_MIN_BYTES", 0):
+        for threads in (1, 2, 3):
+            got = decode_and_sum(payloads, weights, layout, out=W.copy(), threads=threads)
+            assert np.array_equal(got.view(np.int32), expected.view(np.int32)), threads
+
+
+def test_blocked_scatter_chunks_do_not_change_the_sum():
+    rng = np.random.default_rng(3)
+    size, runs = 50_000, []
+    for _ in range(9):
+        runs.append(np.sort(rng.choice(size, rng.integers(0, 3000), replace=False)))
+    idx = np.concatenate(runs).astype(np.int64)
+    vals = rng.standard_normal(idx.size).astype(np.float32)
+    starts = np.concatenate([[0], np.cumsum([r.size for r in runs])]).astype(np.int64)
+    expected = np.zeros(size, np.float32)
+    for k in range(len(runs)):
+        expected[idx[starts[k]:starts[k + 1]]] += vals[starts[k]:starts[k + 1]]
+    for chunk in (1, 7, 4096, 1 << 20):
+        for lo, hi in ((0, size), (0, 12_345), (12_345, size)):
+            acc = np.zeros(size, np.float32)
+            native.scatter_runs(acc, idx, vals, starts, lo, hi, chunk)
+            want = np.zeros(size, np.float32)
+            want[lo:hi] = expected[lo:hi]
+            assert np.array_equal(acc, want), (chunk, lo, hi)

@@ -1,7 +1,8 @@
 """Sparse communication: selection, error feedback, momentum, warm-up, wire codec, sums.
 
-numpy and the standard library only (a test checks that importing this
-package pulls in neither pyspark nor tensorflow).
+numpy and the standard library, plus numba for two compiled loops of the
+driver's decode+sum (native.py, loaded on first use). A test checks that
+importing this package pulls in neither pyspark nor tensorflow.
 """
 
 from .codec import DecodedParts, decode, decode_parts, encode

@@ -35,6 +35,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..errors import CodecError
+from . import native
 from .delta import Layout, SparseDelta, layout_offsets
 
 MAGIC = b"SKCD"
@@ -269,8 +270,27 @@ def _raise_out_of_range(q, b, r, sp_counts, sparse, sizes) -> None:
     raise CodecError(f"delta tensor {t}: index {int(local[at])} out of range [0, {int(sizes[t])})")
 
 
-def decode_parts(data: bytes, layout: Layout) -> DecodedParts:
-    """Parse and validate ``data`` against ``layout``; CodecError on any fault."""
+@dataclass(frozen=True)
+class _Frame:
+    """A payload whose header, table and lengths are checked; index stream not yet decoded."""
+
+    info: _LayoutInfo
+    counts: np.ndarray  # int64, T
+    rice: np.ndarray  # uint8, T
+    dense: np.ndarray  # bool, T
+    sparse: np.ndarray  # bool, T
+    values: np.ndarray  # wire dtype: dense tensors' values, then sparse ones'
+    n_dense: int
+    unary: np.ndarray  # uint8
+    rem: np.ndarray  # uint8
+
+    @property
+    def n_sparse(self) -> int:
+        return self.values.size - self.n_dense
+
+
+def _parse(data: bytes, layout: Layout) -> _Frame:
+    """Check everything but the index stream and the values; CodecError on any fault."""
     info = _info(layout)
     buf = memoryview(data)
     if len(buf) < _HEADER.size:
@@ -316,59 +336,97 @@ def decode_parts(data: bytes, layout: Layout) -> DecodedParts:
 
     values = np.frombuffer(buf, wire, n_dense + n_sparse, pos)
     pos += values.nbytes
-    dense_values, sparse_values = values[:n_dense], values[n_dense:]
+    return _Frame(info, counts, rice_u8, dense, sparse, values, n_dense,
+                  np.frombuffer(buf, np.uint8, unary_len, pos), np.frombuffer(buf, np.uint8, rem_len, pos + unary_len))
 
-    sp_counts = counts[sparse]
+
+def _sparse_indices_numpy(f: _Frame) -> np.ndarray:
+    """Decode and check the index stream with numpy (the reference); CodecError on any fault."""
+    sizes, sparse, n_sparse = f.info.sizes, f.sparse, f.n_sparse
+    sp_counts = f.counts[sparse]
     # unpackbits yields 0/1 bytes; flatnonzero is ~7× faster on a bool view.
-    bits = np.unpackbits(np.frombuffer(buf, np.uint8, unary_len, pos)).view(bool)
-    ones = np.flatnonzero(bits)
+    ones = np.flatnonzero(np.unpackbits(f.unary).view(bool))
     if ones.size != n_sparse:
         raise CodecError(f"index stream holds {ones.size} codes, expected {n_sparse}")
-    if unary_len != (int(ones[-1]) // 8 + 1 if ones.size else 0):
+    if f.unary.size != (int(ones[-1]) // 8 + 1 if ones.size else 0):
         raise CodecError("index stream has trailing bytes after its last code")
-    sparse_indices = np.zeros(0, np.int64)
-    if n_sparse:
-        q = np.empty_like(ones)  # zeros before each one
-        q[0] = ones[0]
-        np.subtract(ones[1:], ones[:-1] + 1, out=q[1:])
-        b = np.repeat(rice_u8[sparse], sp_counts)  # uint8: a quarter of the traffic
-        r = _unpack_fields(np.frombuffer(buf, np.uint8, rem_len, pos + unary_len), b, int(rice.max()))
-        # Every gap is below the largest tensor, or some index is out of
-        # range; checking that first keeps the shift and the cumulative sum
-        # (<= n_sparse · 2**31) clear of int64 overflow on forged input.
-        biggest = int(sizes[sparse].max())
-        if int(q.max()) >= biggest:
-            _raise_out_of_range(q, b, r, sp_counts, sparse, sizes)
-        gaps = q << b
-        gaps |= r
-        if int(gaps.max()) >= biggest:
-            _raise_out_of_range(q, b, r, sp_counts, sparse, sizes)
-        gaps += 1
-        cs = np.cumsum(gaps)
-        last = np.cumsum(sp_counts) - 1  # last entry of each sparse tensor
-        base = np.zeros(sp_counts.size, dtype=np.int64)  # cs before each tensor
-        base[1:] = cs[last[:-1]]
-        # Local indices increase within a tensor, so checking its last is enough.
-        over = cs[last] - 1 - base >= sizes[sparse]
-        if over.any():
-            _raise_out_of_range(q, b, r, sp_counts, sparse, sizes)
-        # global index = offset_t + local = cs - 1 - base_t + offset_t
-        sparse_indices = cs
-        sparse_indices += np.repeat(info.offsets[:-1][sparse] - base - 1, sp_counts)
+    if not n_sparse:
+        return np.zeros(0, np.int64)
+    q = np.empty_like(ones)  # zeros before each one
+    q[0] = ones[0]
+    np.subtract(ones[1:], ones[:-1] + 1, out=q[1:])
+    b = np.repeat(f.rice[sparse], sp_counts)  # uint8: a quarter of the traffic
+    r = _unpack_fields(f.rem, b, int(f.rice.max()))
+    # Every gap is below the largest tensor, or some index is out of
+    # range; checking that first keeps the shift and the cumulative sum
+    # (<= n_sparse · 2**31) clear of int64 overflow on forged input.
+    biggest = int(sizes[sparse].max())
+    if int(q.max()) >= biggest:
+        _raise_out_of_range(q, b, r, sp_counts, sparse, sizes)
+    gaps = q << b
+    gaps |= r
+    if int(gaps.max()) >= biggest:
+        _raise_out_of_range(q, b, r, sp_counts, sparse, sizes)
+    gaps += 1
+    cs = np.cumsum(gaps)
+    last = np.cumsum(sp_counts) - 1  # last entry of each sparse tensor
+    base = np.zeros(sp_counts.size, dtype=np.int64)  # cs before each tensor
+    base[1:] = cs[last[:-1]]
+    # Local indices increase within a tensor, so checking its last is enough.
+    over = cs[last] - 1 - base >= sizes[sparse]
+    if over.any():
+        _raise_out_of_range(q, b, r, sp_counts, sparse, sizes)
+    # global index = offset_t + local = cs - 1 - base_t + offset_t
+    cs += np.repeat(f.info.offsets[:-1][sparse] - base - 1, sp_counts)
+    return cs
 
-    if not _all_finite(values):
-        at = int(np.flatnonzero(~np.isfinite(values))[0])
-        if at < n_dense:
-            d_counts = counts[dense]
-            k = int(np.searchsorted(np.cumsum(d_counts), at, side="right"))
-            t = int(np.flatnonzero(dense)[k])
-            where = at - int(d_counts[:k].sum())
-        else:
-            i = int(sparse_indices[at - n_dense])
-            t = int(np.searchsorted(info.offsets, i, side="right")) - 1
-            where = i - int(info.offsets[t])
-        raise CodecError(f"delta tensor {t}: non-finite value {values[at]} at index {where}")
-    return DecodedParts(dense, dense_values, sparse_indices, sparse_values, counts)
+
+def _sparse_indices(f: _Frame, out: np.ndarray | None) -> np.ndarray:
+    """The frame's global sparse indices (into ``out`` when given); CodecError on any fault."""
+    if f.n_sparse and native.enabled():
+        if out is None:
+            out = np.empty(f.n_sparse, np.int64)
+        sparse = f.sparse
+        if native.rice_indices(f.unary, f.rem, f.counts[sparse], f.rice[sparse].astype(np.int64),
+                               f.info.offsets[:-1][sparse], f.info.sizes[sparse], out):
+            return out
+    idx = _sparse_indices_numpy(f)  # the reference: raises, naming the fault
+    if out is None:
+        return idx
+    out[:] = idx
+    return out
+
+
+def _check_values(f: _Frame, sparse_indices: np.ndarray) -> None:
+    if _all_finite(f.values):
+        return
+    values, counts, dense, n_dense = f.values, f.counts, f.dense, f.n_dense
+    at = int(np.flatnonzero(~np.isfinite(values))[0])
+    if at < n_dense:
+        d_counts = counts[dense]
+        k = int(np.searchsorted(np.cumsum(d_counts), at, side="right"))
+        t = int(np.flatnonzero(dense)[k])
+        where = at - int(d_counts[:k].sum())
+    else:
+        i = int(sparse_indices[at - n_dense])
+        t = int(np.searchsorted(f.info.offsets, i, side="right")) - 1
+        where = i - int(f.info.offsets[t])
+    raise CodecError(f"delta tensor {t}: non-finite value {values[at]} at index {where}")
+
+
+def decode_parts(data: bytes, layout: Layout, *, index_out: np.ndarray | None = None) -> DecodedParts:
+    """Parse and validate ``data`` against ``layout``; CodecError on any fault.
+
+    ``index_out`` (int64, as long as the sparse entries) receives the sparse
+    indices, and is what ``sparse_indices`` then is: decode_and_sum decodes
+    every payload into one shared array.
+    """
+    f = _parse(data, layout)
+    if index_out is not None and index_out.shape != (f.n_sparse,):
+        raise ValueError(f"index_out must have shape ({f.n_sparse},), got {index_out.shape}")
+    idx = _sparse_indices(f, index_out)
+    _check_values(f, idx)
+    return DecodedParts(f.dense, f.values[:f.n_dense], idx, f.values[f.n_dense:], f.counts)
 
 
 @lru_cache(maxsize=64)

@@ -12,7 +12,12 @@ also allocates a float64 array of the model's size), 160–180 ms for
 interleaved (30 runs each, medians of CPU time), ``np.add.at`` per delta
 took 162 ms against 214 ms for the buffered add, but it holds the GIL all
 along: decode_and_sum uses it on one thread, while several threads each take
-a range of the output and use the buffered add, which releases the GIL."""
+a range of the output and use the buffered add, which releases the GIL.
+
+Those are the numpy path's figures. With numba present (native.py) the
+sparse entries go through a compiled decoder and a chunked add instead
+(~180 ms against ~300 ms for the whole 256 × 25 M decode+sum, bench/scale.py),
+in the same order, so the sums are bitwise equal."""
 
 from __future__ import annotations
 
@@ -24,7 +29,8 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import CodecError
-from .codec import DecodedParts, decode_parts, dense_indices, wire_to_float32
+from . import native
+from .codec import DecodedParts, _check_values, _parse, _sparse_indices, decode_parts, dense_indices, wire_to_float32
 from .delta import Layout, SparseDelta
 
 # decode_and_sum's threads: numpy drops the GIL inside most array loops
@@ -159,13 +165,16 @@ def _add_buffered(acc: np.ndarray, idx: np.ndarray, values: np.ndarray) -> None:
     acc[idx] += values  # exact for unique idx; numpy drops the GIL here, np.add.at keeps it
 
 
-def _add_range(acc: np.ndarray, decoded: list[_Decoded], groups: list, edges: np.ndarray, t: int,
-               add) -> None:
-    """Add every entry that lands in ``acc[edges[t]:edges[t + 1]]``; ``add(acc, idx, values)``."""
+def _add_sparse_range(acc: np.ndarray, decoded: list[_Decoded], t: int, add) -> None:
+    """Add every sparse entry that lands in range t of the output; ``add(acc, idx, values)``."""
     for d in decoded:
         a, b = d.cuts[t], d.cuts[t + 1]
         if a < b:
             add(acc, d.parts.sparse_indices[a:b], d.sparse_values[a:b])
+
+
+def _add_dense_range(acc: np.ndarray, groups: list, edges: np.ndarray, t: int, add) -> None:
+    """Add the dense sets' entries that land in ``acc[edges[t]:edges[t + 1]]``."""
     whole = edges.size == 2
     spans = [(0, idx.size) if whole else np.searchsorted(idx, edges[t:t + 2]).tolist() for idx, _ in groups]
     # Conversions go through one reused scratch buffer: a fresh ~0.5 MB
@@ -182,6 +191,64 @@ def _add_range(acc: np.ndarray, decoded: list[_Decoded], groups: list, edges: np
             acc[a:b] += total
         else:
             add(acc, idx[a:b], total)
+
+
+def _sum_native(payloads, ws, layout, size, out, threads: int) -> np.ndarray:
+    """decode_and_sum through the compiled kernels: the same checks, additions and order.
+
+    Every payload's sparse indices and scaled values go into two shared
+    arrays (no per-payload temporaries); each thread then adds one range of
+    the output, walking it in cache-sized chunks.
+    """
+    frames, failure = [], None
+    for k, data in enumerate(payloads):
+        try:
+            frames.append(_parse(data, layout))
+        except CodecError as e:
+            failure = (k, e)  # a bad stream in an earlier payload still comes first
+            break
+    starts = np.zeros(len(frames) + 1, np.int64)
+    np.cumsum([f.n_sparse for f in frames], out=starts[1:])
+    idx = np.empty(int(starts[-1]), np.int64)
+    vals = np.empty(idx.size, np.float32)
+    decoded: list = [None] * len(frames)
+
+    def decode_share(ks: range):
+        for k in ks:
+            f, a, b = frames[k], starts[k], starts[k + 1]
+            try:
+                run = _sparse_indices(f, idx[a:b])
+                _check_values(f, run)
+            except CodecError as e:
+                return k, e  # the rest of this share could only fail later
+            parts = DecodedParts(f.dense, f.values[:f.n_dense], run, f.values[f.n_dense:], f.counts)
+            decoded[k] = _Decoded(parts, wire_to_float32(parts.sparse_values, ws[k], out=vals[a:b]), [])
+        return None
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="decode_and_sum") if threads > 1 else _NoPool() as pool:
+        shares = [range(t, len(frames), threads) for t in range(threads)]
+        failures = [f for f in _map(pool, decode_share, shares) if f] + ([failure] if failure else [])
+        if failures:
+            k, e = min(failures, key=lambda f: f[0])
+            raise CodecError(f"payload {k}: {e}") from None
+        acc = _output(size, out)
+        groups = _dense_groups(decoded, ws, layout)
+        edges = np.arange(threads + 1) * size // threads
+
+        def add_range(t: int) -> None:
+            native.scatter_runs(acc, idx, vals, starts, int(edges[t]), int(edges[t + 1]))
+            _add_dense_range(acc, groups, edges, t, _add_buffered)
+
+        _map(pool, add_range, range(threads))
+    return acc
+
+
+class _NoPool:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
 
 
 def decode_and_sum(payloads: Sequence[bytes], weights: Sequence[float], layout: Layout,
@@ -206,14 +273,22 @@ def decode_and_sum(payloads: Sequence[bytes], weights: Sequence[float], layout: 
     threads = int(threads) if sum(len(data) for data in payloads) >= PARALLEL_MIN_BYTES else 1
     size = int(sum(layout))  # each decode_parts below validates the layout itself
     edges = np.arange(threads + 1) * size // threads  # thread t adds into acc[edges[t]:edges[t + 1]]
+    if native.enabled():
+        return _sum_native(payloads, ws, layout, size, out, threads)
     if threads == 1:
         decoded = _decode_all(payloads, ws, layout, edges, None, 1)
         acc = _output(size, out)
-        _add_range(acc, decoded, _dense_groups(decoded, ws, layout), edges, 0, np.add.at)
+        _add_sparse_range(acc, decoded, 0, np.add.at)
+        _add_dense_range(acc, _dense_groups(decoded, ws, layout), edges, 0, np.add.at)
         return acc
+
+    def add_range(t: int) -> None:
+        _add_sparse_range(acc, decoded, t, _add_buffered)
+        _add_dense_range(acc, groups, edges, t, _add_buffered)
+
     with ThreadPoolExecutor(threads, thread_name_prefix="decode_and_sum") as pool:
         decoded = _decode_all(payloads, ws, layout, edges, pool, threads)
         acc = _output(size, out)
         groups = _dense_groups(decoded, ws, layout)
-        _map(pool, lambda t: _add_range(acc, decoded, groups, edges, t, _add_buffered), range(threads))
+        _map(pool, add_range, range(threads))
     return acc
