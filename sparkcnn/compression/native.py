@@ -33,13 +33,13 @@ CHUNK = 1 << 16
 OK, FAULT = 0, 1
 
 
-def _compile():
+def _compile(cache: bool):
     import numba
 
     # Leading zeros of a byte: position of its first one bit, MSB first (8 for 0).
     clz8 = np.array([8] + [7 - int(v).bit_length() + 1 for v in range(1, 256)], dtype=np.int64)
 
-    @numba.njit(cache=True, nogil=True, boundscheck=False)
+    @numba.njit(cache=cache, nogil=True, boundscheck=False)
     def rice_indices(unary, rem, counts, rice, bases, sizes, out):
         """Global indices of every sparse entry into ``out``; OK, or FAULT on any inconsistency.
 
@@ -100,7 +100,7 @@ def _compile():
             return FAULT  # a one bit after the last code
         return OK
 
-    @numba.njit(cache=True, nogil=True, boundscheck=False)
+    @numba.njit(cache=cache, nogil=True, boundscheck=False)
     def scatter_runs(acc, idx, vals, starts, lo, hi, chunk):
         """``acc[idx[j]] += vals[j]`` for every j with lo <= idx[j] < hi.
 
@@ -137,7 +137,10 @@ def _load():
         with _lock:
             if _kernels is None:
                 try:
-                    _kernels = _compile()
+                    try:
+                        _kernels = _compile(cache=True)
+                    except RuntimeError:  # no writable cache directory: compile each run
+                        _kernels = _compile(cache=False)
                 except ImportError:
                     _kernels = False
     return _kernels
