@@ -131,6 +131,7 @@ class SparkBackend:
         self.run_id = run_id
         self.pool = pool
         self._marker_rdds: dict = {}
+        self._job_counter = None  # the DAG scheduler (py4j), False where unreachable
 
     @property
     def parallelism(self) -> int:
@@ -188,22 +189,40 @@ class SparkBackend:
         return f"sparkcnn-{self.run_id}"
 
     def job_mark(self) -> int:
-        """The newest job id of this run's job group so far (-1: none)."""
+        """Jobs submitted to this SparkContext so far (the next job's id).
+
+        Read from the DAG scheduler's job counter, which submitJob bumps before
+        it queues the job: one cheap call. Spark's status tracker (the public
+        route) scans every retained job per call, ~1000 in a long run, and is
+        the fallback where the counter cannot be reached.
+        """
+        if self._job_counter is None:
+            try:
+                self._job_counter = self.sc._jsc.sc().dagScheduler()
+                int(self._job_counter.nextJobId())
+            except Exception:  # noqa: BLE001 - py4j raises several types; any means "not here"
+                self._job_counter = False
+        if self._job_counter:
+            return int(self._job_counter.nextJobId()) - 1
         return max(self.sc.statusTracker().getJobIdsForGroup(self._group()), default=-1)
 
     def wait_job_after(self, mark: int, timeout: float = 30.0) -> bool:
-        """Wait until a job newer than ``mark`` is registered with the scheduler.
+        """Wait until a job newer than ``mark`` is submitted to the scheduler.
 
         Two rounds in flight are submitted from two threads; the scheduler runs
-        the earlier-registered job's tasks first, so round t+1 is submitted only
-        once round t is registered (else its tasks could run first and wait for
-        block states that round t has not produced yet).
+        the earlier-submitted job's tasks first, so round t+1 is submitted only
+        once round t is (else its tasks could run first and wait for block
+        states that round t has not produced yet). A job of another thread of
+        the application can end the wait early; the round then pays at most
+        the state wait, counted in ``stale_states``.
         """
         end = time.monotonic() + timeout
+        pause = 0.001
         while time.monotonic() < end:
             if self.job_mark() > mark:
                 return True
-            time.sleep(0.002)
+            time.sleep(pause)
+            pause = min(0.005, pause * 1.5)
         return False
 
     def map_blocks(self, fn, blocks, description="", universe=None):

@@ -67,7 +67,7 @@ class SyncEngine:
         self.block_cursor = {k: 0 for k in block_rows}
         self.block_states: dict = {}    # block -> state returned by a checkpoint round
         self.downlinks: list = []      # encoded recent downlinks shipped inline with each task
-        self._view_bcast = None
+        self._bcast = None
         self._old_bcasts: list = []
         # > versions that can pass while an order is in flight (async: up to max_staleness)
         self._keep_bcasts = cfg.ps.max_staleness + 2 * max(2, len(block_rows)) + 2
@@ -180,18 +180,23 @@ class SyncEngine:
     def _downlink_fields(self) -> dict:
         """Sparse downlink: the last downlinks inline, the dense view as a lazily read broadcast."""
         if not self.sparse_down:
-            return {"weights": self.W.tobytes()}
-        if self._view_bcast is None or self._view_bcast_version != self.ps.view_version:
-            if self._view_bcast is not None:
-                # orders still in flight (pipelined round, async jobs) may read an older view:
+            # dense: W itself, broadcast once per version
+            return {"weights": b"", "weights_bcast": self._broadcast_at(self.version, self.W)}
+        return {"weights": b"", "downlinks": tuple(self.downlinks),
+                "view": self._broadcast_at(self.ps.view_version, self.ps.U), "view_version": self.ps.view_version}
+
+    def _broadcast_at(self, version: int, array: np.ndarray):
+        """A broadcast of ``array``'s bytes at ``version``, made once per version."""
+        if self._bcast is None or self._bcast_version != version:
+            if self._bcast is not None:
+                # orders still in flight (pipelined round, async jobs) may read an older one:
                 # destroy a broadcast only once a few newer ones exist
-                self._old_bcasts.append(self._view_bcast)
+                self._old_bcasts.append(self._bcast)
                 while len(self._old_bcasts) > self._keep_bcasts:
                     self.backend.unpersist(self._old_bcasts.pop(0))
-            self._view_bcast = self.backend.broadcast(self.ps.U.tobytes())
-            self._view_bcast_version = self.ps.view_version
-        return {"weights": b"", "downlinks": tuple(self.downlinks), "view": self._view_bcast,
-                "view_version": self.ps.view_version}
+            self._bcast = self.backend.broadcast(array.tobytes())
+            self._bcast_version = version
+        return self._bcast
 
     # sync rounds keep every active replica one version behind: the latest D suffices
     inline_downlinks = 1
@@ -333,7 +338,7 @@ class SyncEngine:
                 self.counters["rejected_deltas"] += len(good)
         nnz_down = (self._send_downlink(order.epoch + order.round_in_epoch / self.rounds_per_epoch)
                     if self.sparse_down else self.W.size)
-        down_inline = (sum(len(d[4]) for d in order.downlinks) if self.sparse_down else len(order.weights))
+        down_inline = (sum(len(d[4]) for d in order.downlinks) if self.sparse_down else self.W.nbytes)
         for r in fresh:
             self.counters["state_resets"] += int(r["state_reset"])
             self.counters["stale_states"] += int(r.get("state_stale", False))
