@@ -40,7 +40,11 @@ the Spark Python workers themselves once they are warm (each trains its block
 alone, both at once, single-thread, no communication: the same limit without
 two more TF start-ups; ``compute_limit_method`` says which was used).
 
-    python bench/throughput.py [--quick]
+``--set KEY=VALUE`` (repeatable) applies a config override to every sparkcnn
+engine of the run, e.g. the sparse uplink: ``--set compression.method=threshold
+--set compression.density=0.001 --set compression.warmup_epochs=0``.
+
+    python bench/throughput.py [--quick] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ BLOCKS, BATCH = 2, 64
 # async: two blocks per task slot, so with scheduler.queue_depth = 1 a job waits in Spark's
 # queue and a freed slot starts it at once (same samples in all, each block half as long)
 ASYNC_BLOCKS = 4
+EXTRA: list[str] = []  # --set overrides, applied to every engine of the run
 
 
 def _engine(data: str, run_id: str, overrides: list[str], sink=None):
@@ -80,7 +85,7 @@ def _engine(data: str, run_id: str, overrides: list[str], sink=None):
     from sparkcnn.train import build_engine, warm_up
 
     cfg = config.load(None, [f"data.path={data}", f"data.num_blocks={BLOCKS}", f"train.batch_size={BATCH}",
-                             *overrides])
+                             *EXTRA, *overrides])
     pool = f"sparkcnn-{run_id}" if cfg.engine.mode == "async" else None
     backend = spark_backend(get_or_create_spark("local[2]", "sparkcnn-bench"), run_id, pool=pool)
     engine, _ = build_engine(cfg, backend, run_id, sink=sink)
@@ -204,7 +209,10 @@ def measure_limit(data: str, steps: int) -> list[dict]:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps, about a minute")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override for every sparkcnn engine (e.g. compression.method=threshold)")
     a = ap.parse_args(argv)
+    EXTRA[:] = a.set
     t_start = time.perf_counter()
     data = ensure_data()
     steps = 40 if a.quick else 400
@@ -227,7 +235,7 @@ def main(argv=None) -> dict:
     else:
         keras_ips = keras_fit_images_per_s(data, steps)
     out = {"quick": a.quick, "model": "fmnist_cnn", "blocks": BLOCKS, "batch_size": BATCH,
-           "master": "local[2]",
+           "master": "local[2]", "overrides": a.set,
            "keras_images_per_s": keras_ips, "by_steps_per_round": {}}
     for i, h in enumerate((10, 50)):
         n = {10: 6, 50: 2}[h] if a.quick else 2 * steps // h

@@ -104,11 +104,14 @@ def get_or_create_spark(master: str = "", app_name: str = "sparkcnn", conf: dict
         # workers on this machine must run this interpreter (same packages as the driver)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = builder.config("spark.pyspark.python", sys.executable)
-    if master.startswith("local") and "spark.driver.extraJavaOptions" not in (conf or {}):
+    java_opts = os.environ.get("SPARKCNN_DRIVER_JAVA_OPTS", LOCAL_DRIVER_JAVA_OPTS)
+    submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+    if (master.startswith("local") and java_opts and "spark.driver.extraJavaOptions" not in (conf or {})
+            and "driver-java-options" not in submit_args and "extraJavaOptions" not in submit_args):
         # The one JVM this process starts: C1-only JIT starts it ~25 % faster (Spark SQL's
         # start-up is mostly class loading), and its work here (scheduling small jobs,
         # passing result bytes through) measured no slower per job.
-        builder = builder.config("spark.driver.extraJavaOptions", LOCAL_DRIVER_JAVA_OPTS)
+        builder = builder.config("spark.driver.extraJavaOptions", java_opts)
     # a console progress bar of our own is printed by the CLI; Spark's would interleave
     builder = builder.config("spark.ui.showConsoleProgress", "false")
     builder = builder.config("spark.python.worker.reuse", "true")
