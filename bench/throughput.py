@@ -218,7 +218,7 @@ def main(argv=None) -> dict:
     steps = 40 if a.quick else 400
     H = 10
     # one epoch of a slice = a fixed number of pipelined/async rounds: 2 warm + measured + 1 drain
-    rounds = (6 if a.quick else 40) + 3
+    rounds = (5 if a.quick else 40) + 3
     short = slice_data(data, rounds * H * BATCH * BLOCKS, 1000)
     sync_data = short if a.quick else data  # quick: shorter block loads
     # quick: the limit is measured in the Spark workers once they are warm (two TF start-ups less)
@@ -238,7 +238,7 @@ def main(argv=None) -> dict:
            "master": "local[2]", "overrides": a.set,
            "keras_images_per_s": keras_ips, "by_steps_per_round": {}}
     for i, h in enumerate((10, 50)):
-        n = {10: 6, 50: 2}[h] if a.quick else 2 * steps // h
+        n = {10: 5, 50: 2}[h] if a.quick else 2 * steps // h
         log("sync H=%d: %d rounds", h, n)
         out["by_steps_per_round"][str(h)] = measure_sparkcnn(sync_data, h, n, warm_rounds=1 if i == 0 else 0,
                                                              limit_steps=steps if a.quick and i == 0 else 0,
