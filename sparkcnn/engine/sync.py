@@ -69,8 +69,13 @@ class SyncEngine:
         self.downlinks: list = []      # encoded recent downlinks shipped inline with each task
         self._bcast = None
         self._old_bcasts: list = []
-        # > versions that can pass while an order is in flight (async: up to max_staleness)
-        self._keep_bcasts = cfg.ps.max_staleness + 2 * max(2, len(block_rows)) + 2
+        # older broadcasts (W, or the view U) kept alive: more than the versions that can pass
+        # while an order is in flight. Sync: the rounds in flight (1, pipelined 2) plus a spare,
+        # so a large model's driver holds a few copies, not a dozen; async: up to max_staleness.
+        if cfg.engine.mode == "sync":
+            self._keep_bcasts = (2 if cfg.engine.pipeline else 1) + 1
+        else:
+            self._keep_bcasts = cfg.ps.max_staleness + 2 * max(2, len(block_rows)) + 2
         self.sink = sink
         self.progress = progress
         self.applied: set[tuple[int, int]] = set()
