@@ -131,3 +131,89 @@ def test_balanced_sync_sizes_steps_per_executor(tiny_cfg):
     rec = engine.run_round(1)
     assert rec["samples"] == sized[key] * cfg.train.batch_size * cfg.data.num_blocks
     assert all(engine.block_cursor[k] == cursor[k] + sized[key] for k in cursor)
+
+
+class _CountingBackend:
+    """Wraps a backend, counting broadcasts made and destroyed."""
+
+    def __init__(self, inner):
+        self.inner, self.made, self.destroyed = inner, [], []
+
+    def broadcast(self, value):
+        b = self.inner.broadcast(value)
+        self.made.append(b)
+        return b
+
+    def unpersist(self, bcast):
+        self.destroyed.append(bcast)
+        self.inner.unpersist(bcast)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_dense_weights_travel_as_one_broadcast_per_version_and_old_ones_are_destroyed(tiny_cfg, pipeline):
+    """Dense downlink: W reaches the tasks as a broadcast (not inline in the job's closure),
+    made once per version; sync keeps only what the rounds in flight can read."""
+    from sparkcnn.engine.backend import LocalBackend
+    from sparkcnn.train import build_engine
+
+    cfg = tiny_cfg.replace(engine__pipeline=pipeline, train__steps_per_round=2)
+    backend = _CountingBackend(LocalBackend("t-bcast"))
+    engine, _ = build_engine(cfg, backend, backend.run_id)
+    order = engine.order_for(0)
+    assert order.weights == b""
+    assert np.array_equal(np.frombuffer(order.weights_bcast.value, np.float32), engine.W)
+    assert engine.order_for(0).weights_bcast is order.weights_bcast  # same version: no new broadcast
+    rounds = [engine.run_round(t) for t in range(6)]
+    assert all(r["bytes_down"] == engine.W.nbytes * r["blocks"] for r in rounds)
+    live = [b for b in backend.made if b not in backend.destroyed]
+    assert len(backend.made) == 6  # versions 0..5, one broadcast each
+    assert engine._keep_bcasts == (3 if pipeline else 2)  # rounds in flight + a spare
+    assert len(live) == engine._keep_bcasts + 1  # and the current one
+    assert backend.destroyed == backend.made[:len(backend.destroyed)]  # oldest first
+
+
+def test_local_driver_jvm_gets_c1_unless_the_user_chose(spark, monkeypatch):
+    from sparkcnn.engine import backend as B
+
+    opts = spark.sparkContext.getConf().get("spark.driver.extraJavaOptions", "")
+    if "SPARKCNN_DRIVER_JAVA_OPTS" not in os.environ and "driver-java-options" not in os.environ.get(
+            "PYSPARK_SUBMIT_ARGS", ""):
+        assert B.LOCAL_DRIVER_JAVA_OPTS in opts
+
+    seen = {}
+
+    class Builder:
+        def __getattr__(self, name):
+            return lambda *a, **k: self
+
+        def config(self, key, value):
+            seen[key] = value
+            return self
+
+        def getOrCreate(self):
+            raise RuntimeError("stop here")
+
+    class Session:
+        builder = Builder()
+
+        @staticmethod
+        def getActiveSession():
+            return None
+
+    monkeypatch.setattr("pyspark.sql.SparkSession", Session)
+    for env, conf, expected in (({}, None, B.LOCAL_DRIVER_JAVA_OPTS),
+                                ({"SPARKCNN_DRIVER_JAVA_OPTS": "-Xss4m"}, None, "-Xss4m"),
+                                ({"SPARKCNN_DRIVER_JAVA_OPTS": ""}, None, None),
+                                ({"PYSPARK_SUBMIT_ARGS": "--driver-java-options -Xss8m pyspark-shell"}, None, None),
+                                ({}, {"spark.driver.extraJavaOptions": "-Xss2m"}, "-Xss2m")):
+        seen.clear()
+        for k in ("SPARKCNN_DRIVER_JAVA_OPTS", "PYSPARK_SUBMIT_ARGS"):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        with pytest.raises(RuntimeError, match="stop here"):
+            B.get_or_create_spark("local[2]", conf=conf)
+        assert seen.get("spark.driver.extraJavaOptions") == expected, (env, conf)
