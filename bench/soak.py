@@ -18,7 +18,7 @@ the driver's Python object count at round 20 and at the end, and rounds/s over
 the first and the last window of rounds (sum of the rounds' own wall times, so
 the sampling is not counted).
 
-    python bench/soak.py [--quick]
+    python bench/soak.py [--quick] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -66,7 +66,11 @@ def _growth(series: list[float | None], tail: int) -> float | None:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="60 rounds instead of 200")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override after the defaults above (e.g. compression.density_down=0: "
+                         "the dense downlink, W broadcast every round)")
     a = ap.parse_args(argv)
+    overrides = [*OVERRIDES, *a.set]
     rounds = 60 if a.quick else 200
     window = min(50, rounds // 3)  # rounds in the first and last rate windows
     tail = max(1, rounds // 10)
@@ -77,7 +81,7 @@ def main(argv=None) -> dict:
     from sparkcnn.train import build_engine, warm_up
 
     data = ensure_data()
-    cfg = config.load(None, [f"data.path={data}", *OVERRIDES])
+    cfg = config.load(None, [f"data.path={data}", *overrides])
     spark = get_or_create_spark("local[2]", "sparkcnn-bench-soak")
     sc = spark.sparkContext
     jvm_pid = int(sc._jvm.java.lang.ProcessHandle.current().pid())
@@ -119,7 +123,7 @@ def main(argv=None) -> dict:
     first, last = walls[:window], walls[-window:]
     out = {
         "quick": a.quick, "rounds": rounds, "steps_per_round": cfg.train.steps_per_round,
-        "master": "local[2]", "overrides": OVERRIDES,
+        "master": "local[2]", "overrides": overrides,
         "baseline_rounds": list(BASELINE), "tail_rounds": tail,
         "driver_rss_growth_mb": _growth(series["driver"], tail),
         "executor_rss_growth_mb": _growth(series["workers"], tail),
