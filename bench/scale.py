@@ -28,12 +28,12 @@ side, never against absolute numbers from another machine.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
 import sys
 import time
+from unittest import mock
 
 import numpy as np
 
@@ -109,20 +109,6 @@ def random_delta(layout, density: float, rng) -> SparseDelta:
     return SparseDelta(int(offsets[-1]), idx, vals)
 
 
-@contextlib.contextmanager
-def numpy_path():
-    """The compiled kernels off (SPARKCNN_NATIVE=0) for the block."""
-    before = os.environ.get("SPARKCNN_NATIVE")
-    os.environ["SPARKCNN_NATIVE"] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["SPARKCNN_NATIVE"]
-        else:
-            os.environ["SPARKCNN_NATIVE"] = before
-
-
 def best_of(fn, repeat: int) -> tuple[float, float]:
     """Least wall-clock and least CPU seconds of ``repeat`` calls.
 
@@ -173,7 +159,7 @@ def driver_apply(quick: bool, rng) -> dict:
             out["driver_apply_1thread_cpu_s"][name][str(n)] = round(cpu, 5)
             wall, _ = best_of(lambda: [decode_parts(p, layout) for p in payloads[:n]], repeat)
             out["driver_decode_s"][name][str(n)] = round(wall, 5)
-            with numpy_path():
+            with mock.patch.dict(os.environ, {"SPARKCNN_NATIVE": "0"}):  # the numpy path
                 wall, _ = best_of(lambda: decode_and_sum(payloads[:n], weights[:n], layout, out=W), repeat)
             out["driver_apply_numpy_s"][name][str(n)] = round(wall, 5)
     out["driver_threads"] = DEFAULT_THREADS

@@ -414,17 +414,10 @@ def _check_values(f: _Frame, sparse_indices: np.ndarray) -> None:
     raise CodecError(f"delta tensor {t}: non-finite value {values[at]} at index {where}")
 
 
-def decode_parts(data: bytes, layout: Layout, *, index_out: np.ndarray | None = None) -> DecodedParts:
-    """Parse and validate ``data`` against ``layout``; CodecError on any fault.
-
-    ``index_out`` (int64, as long as the sparse entries) receives the sparse
-    indices, and is what ``sparse_indices`` then is: decode_and_sum decodes
-    every payload into one shared array.
-    """
+def decode_parts(data: bytes, layout: Layout) -> DecodedParts:
+    """Parse and validate ``data`` against ``layout``; CodecError on any fault."""
     f = _parse(data, layout)
-    if index_out is not None and index_out.shape != (f.n_sparse,):
-        raise ValueError(f"index_out must have shape ({f.n_sparse},), got {index_out.shape}")
-    idx = _sparse_indices(f, index_out)
+    idx = _sparse_indices(f, None)
     _check_values(f, idx)
     return DecodedParts(f.dense, f.values[:f.n_dense], idx, f.values[f.n_dense:], f.counts)
 

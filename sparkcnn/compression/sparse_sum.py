@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -128,20 +129,21 @@ def _map(pool: ThreadPoolExecutor | None, fn, items) -> list:
     return list(map(fn, items) if pool is None else pool.map(fn, items))
 
 
-def _decode_all(payloads, ws, layout, edges, pool, threads: int) -> list[_Decoded]:
-    """Decode every payload, or raise CodecError naming the first bad one."""
-    decoded: list = [None] * len(payloads)
+def _decode_all(n: int, decode_one, pool, threads: int, failure=None) -> list[_Decoded]:
+    """``decode_one(k)`` for k < n, spread over the threads; or raise CodecError naming the
+    first bad payload (``failure``: a (k, CodecError) found before, e.g. while parsing)."""
+    decoded: list = [None] * n
 
     def decode_share(ks: range):
         for k in ks:
             try:
-                decoded[k] = _decode(payloads[k], layout, ws[k], edges)
+                decoded[k] = decode_one(k)
             except CodecError as e:
                 return k, e  # the rest of this share could only fail later
         return None
 
-    shares = [range(t, len(payloads), threads) for t in range(threads)]
-    failures = [f for f in _map(pool, decode_share, shares) if f]
+    shares = [range(t, n, threads) for t in range(threads)]
+    failures = [f for f in _map(pool, decode_share, shares) if f] + ([failure] if failure else [])
     if failures:
         k, e = min(failures, key=lambda f: f[0])
         raise CodecError(f"payload {k}: {e}") from None
@@ -193,17 +195,17 @@ def _add_dense_range(acc: np.ndarray, groups: list, edges: np.ndarray, t: int, a
             add(acc, idx[a:b], total)
 
 
-def _sum_native(payloads, ws, layout, size, out, threads: int) -> np.ndarray:
-    """decode_and_sum through the compiled kernels: the same checks, additions and order.
+def _decode_native(payloads, ws, layout, pool, threads: int):
+    """Decode for the compiled scatter: (decoded payloads, ``scatter(acc, lo, hi)``).
 
     Every payload's sparse indices and scaled values go into two shared
-    arrays (no per-payload temporaries); each thread then adds one range of
-    the output, walking it in cache-sized chunks.
+    arrays (no per-payload temporaries), which the compiled add then walks
+    range by range in cache-sized chunks, payload order kept.
     """
     frames, failure = [], None
     for k, data in enumerate(payloads):
         try:
-            frames.append(_parse(data, layout))
+            frames.append(_parse(data, layout))  # sizes the shared arrays
         except CodecError as e:
             failure = (k, e)  # a bad stream in an earlier payload still comes first
             break
@@ -211,44 +213,16 @@ def _sum_native(payloads, ws, layout, size, out, threads: int) -> np.ndarray:
     np.cumsum([f.n_sparse for f in frames], out=starts[1:])
     idx = np.empty(int(starts[-1]), np.int64)
     vals = np.empty(idx.size, np.float32)
-    decoded: list = [None] * len(frames)
 
-    def decode_share(ks: range):
-        for k in ks:
-            f, a, b = frames[k], starts[k], starts[k + 1]
-            try:
-                run = _sparse_indices(f, idx[a:b])
-                _check_values(f, run)
-            except CodecError as e:
-                return k, e  # the rest of this share could only fail later
-            parts = DecodedParts(f.dense, f.values[:f.n_dense], run, f.values[f.n_dense:], f.counts)
-            decoded[k] = _Decoded(parts, wire_to_float32(parts.sparse_values, ws[k], out=vals[a:b]), [])
-        return None
+    def decode_one(k: int) -> _Decoded:
+        f, a, b = frames[k], starts[k], starts[k + 1]
+        run = _sparse_indices(f, idx[a:b])
+        _check_values(f, run)
+        parts = DecodedParts(f.dense, f.values[:f.n_dense], run, f.values[f.n_dense:], f.counts)
+        return _Decoded(parts, wire_to_float32(parts.sparse_values, ws[k], out=vals[a:b]), [])
 
-    with ThreadPoolExecutor(threads, thread_name_prefix="decode_and_sum") if threads > 1 else _NoPool() as pool:
-        shares = [range(t, len(frames), threads) for t in range(threads)]
-        failures = [f for f in _map(pool, decode_share, shares) if f] + ([failure] if failure else [])
-        if failures:
-            k, e = min(failures, key=lambda f: f[0])
-            raise CodecError(f"payload {k}: {e}") from None
-        acc = _output(size, out)
-        groups = _dense_groups(decoded, ws, layout)
-        edges = np.arange(threads + 1) * size // threads
-
-        def add_range(t: int) -> None:
-            native.scatter_runs(acc, idx, vals, starts, int(edges[t]), int(edges[t + 1]))
-            _add_dense_range(acc, groups, edges, t, _add_buffered)
-
-        _map(pool, add_range, range(threads))
-    return acc
-
-
-class _NoPool:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
+    decoded = _decode_all(len(frames), decode_one, pool, threads, failure)
+    return decoded, lambda acc, lo, hi: native.scatter_runs(acc, idx, vals, starts, int(lo), int(hi))
 
 
 def decode_and_sum(payloads: Sequence[bytes], weights: Sequence[float], layout: Layout,
@@ -273,22 +247,23 @@ def decode_and_sum(payloads: Sequence[bytes], weights: Sequence[float], layout: 
     threads = int(threads) if sum(len(data) for data in payloads) >= PARALLEL_MIN_BYTES else 1
     size = int(sum(layout))  # each decode_parts below validates the layout itself
     edges = np.arange(threads + 1) * size // threads  # thread t adds into acc[edges[t]:edges[t + 1]]
-    if native.enabled():
-        return _sum_native(payloads, ws, layout, size, out, threads)
-    if threads == 1:
-        decoded = _decode_all(payloads, ws, layout, edges, None, 1)
-        acc = _output(size, out)
-        _add_sparse_range(acc, decoded, 0, np.add.at)
-        _add_dense_range(acc, _dense_groups(decoded, ws, layout), edges, 0, np.add.at)
-        return acc
-
-    def add_range(t: int) -> None:
-        _add_sparse_range(acc, decoded, t, _add_buffered)
-        _add_dense_range(acc, groups, edges, t, _add_buffered)
-
-    with ThreadPoolExecutor(threads, thread_name_prefix="decode_and_sum") as pool:
-        decoded = _decode_all(payloads, ws, layout, edges, pool, threads)
+    add = np.add.at if threads == 1 else _add_buffered  # np.add.at: fastest, but holds the GIL
+    with ThreadPoolExecutor(threads, thread_name_prefix="decode_and_sum") if threads > 1 else nullcontext() as pool:
+        if native.enabled():
+            decoded, scatter = _decode_native(payloads, ws, layout, pool, threads)
+        else:
+            decoded = _decode_all(len(payloads), lambda k: _decode(payloads[k], layout, ws[k], edges), pool,
+                                  threads)
+            scatter = None
         acc = _output(size, out)
         groups = _dense_groups(decoded, ws, layout)
+
+        def add_range(t: int) -> None:  # sparse entries first, then the dense sets
+            if scatter is None:
+                _add_sparse_range(acc, decoded, t, add)
+            else:
+                scatter(acc, edges[t], edges[t + 1])
+            _add_dense_range(acc, groups, edges, t, add)
+
         _map(pool, add_range, range(threads))
     return acc
