@@ -126,17 +126,123 @@ class TimedSink:
 
     The engines write a round record right after applying it, so these times
     are completion times on one clock: the basis of steady-state rates for
-    pipelined and asynchronous runs, whose rounds overlap.
+    pipelined and asynchronous runs, whose rounds overlap. With a
+    :class:`CpuMeter`, each record also gets the CPU seconds spent so far by
+    kind of process (:meth:`cpu_of`).
     """
 
-    def __init__(self):
+    def __init__(self, cpu: CpuMeter | None = None):
         self.rows: list[tuple[float, dict]] = []
+        self.meter = cpu
+        self._cpu: dict[int, dict[str, float]] = {}
 
     def write(self, record: dict) -> None:
         self.rows.append((time.perf_counter(), record))
+        if self.meter is not None:
+            self._cpu[id(record)] = self.meter.sample()
 
     def rounds(self) -> list[tuple[float, dict]]:
         return [(t, r) for t, r in self.rows if r.get("kind") == "round"]
+
+    def cpu_of(self, record: dict) -> dict[str, float]:
+        """CPU seconds by kind of process when ``record`` arrived."""
+        return self._cpu[id(record)]
+
+
+def _stat(pid: int) -> tuple[int, float, str] | None:
+    """(parent pid, user + system CPU seconds, command name) from /proc/<pid>/stat; None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    head, _, rest = text.rpartition(")")
+    fields = rest.split()
+    try:
+        return int(fields[1]), (int(fields[11]) + int(fields[12])) / _CLK_TCK, head.partition("(")[2]
+    except (IndexError, ValueError):
+        return None
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+class CpuMeter:
+    """CPU seconds used so far by this process and its descendants, by kind, from /proc.
+
+    Kinds: ``driver`` (this Python process: the engine, py4j calls, decoding
+    and applying results), ``jvm`` (descendant Java processes: in local mode
+    Spark's driver and executor in one JVM) and ``workers`` (every other
+    descendant: Spark's Python daemon and workers, TF included). On local[2]
+    all three share the machine's cores, so their sum per round against the
+    training's own CPU is where ``efficiency_vs_limit`` goes.
+
+    The descendants are found by a scan of /proc at the start and again at
+    most every ``rescan_s`` (a scan costs a few ms; a sample of known
+    processes a fraction of one). A process that ended keeps its last reading.
+    """
+
+    def __init__(self, rescan_s: float = 5.0):
+        self.rescan_s = rescan_s
+        self._pids: dict[int, str] = {}  # pid -> kind
+        self._last: dict[int, float] = {}
+        self._scanned = float("-inf")
+
+    def _scan(self) -> None:
+        me = os.getpid()
+        parent: dict[int, int] = {}
+        names: dict[int, str] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                st = _stat(int(entry))
+                if st is not None:
+                    parent[int(entry)], _, names[int(entry)] = st
+        for pid in parent:
+            p, hops = pid, 0
+            while p not in (me, 0, 1) and p in parent and hops < 32:
+                p, hops = parent[p], hops + 1
+            if p == me:
+                self._pids[pid] = "driver" if pid == me else ("jvm" if names[pid] == "java" else "workers")
+        self._scanned = time.monotonic()
+
+    def sample(self) -> dict[str, float]:
+        if time.monotonic() - self._scanned >= self.rescan_s:
+            self._scan()
+        out = {"driver": 0.0, "jvm": 0.0, "workers": 0.0}
+        for pid, kind in self._pids.items():
+            st = _stat(pid)
+            if st is not None:
+                self._last[pid] = st[1]
+            out[kind] += self._last.get(pid, 0.0)
+        return out
+
+
+def cpu_per_record(sink: TimedSink, first: dict, last: dict, records: int) -> dict[str, float]:
+    """CPU ms per record by kind between the arrivals of ``first`` and ``last``, and their ``total``."""
+    a, b = sink.cpu_of(first), sink.cpu_of(last)
+    out = {k: 1000 * (b[k] - a[k]) / records for k in a}
+    out["total"] = sum(out.values())
+    return out
+
+
+def cpu_account(cpu_ms: dict[str, float], images_per_record: float, wall_ms_per_record: float,
+                limit_images_per_s: float, cores: int) -> dict:
+    """Where the cores went, per record (round or job), against a compute limit of ``cores`` processes.
+
+    ``training_cpu_ms``: the CPU the limit's single-thread processes spend on
+    the same images (``images / (limit / cores)``). Since ``efficiency_vs_limit``
+    = images/s / limit, it factors exactly as ``compute_share`` (training CPU /
+    all CPU used) times ``cores_busy`` (all CPU used / (wall x cores)): the
+    first says what Spark, the driver and the tasks' framing cost, the second
+    what idles. With as many cores as limit processes (local[2] on 2 cores),
+    ``cores_busy`` <= 1 and so ``efficiency_vs_limit`` <= ``compute_share``.
+    """
+    training = 1000 * images_per_record / (limit_images_per_s / cores)
+    total = cpu_ms["total"]
+    return {"cpu_ms": cpu_ms, "training_cpu_ms": training,
+            "non_training_cpu_ms": total - training,
+            "compute_share": training / total if total else None,
+            "cores_busy": total / (wall_ms_per_record * cores) if wall_ms_per_record else None}
 
 
 def steady_rate(rows: list[tuple[float, dict]], skip_first: int, skip_last: int) -> dict:

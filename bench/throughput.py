@@ -32,6 +32,14 @@ functions are reused from one measurement to the next).
   first two jobs (speed not yet known) and the last two (drain). ``async_vs_sync`` =
   async / plain sync at H = 10.
 
+``cpu`` (under each measurement): CPU ms per round (async: per job) of this
+process (``driver``), the JVM (``jvm``: Spark's driver and executor in one
+process on local[2]) and Spark's Python workers (``workers``), from /proc over
+the same window; ``training_cpu_ms`` is what the limit's single-thread
+processes spend on the same images. ``efficiency_vs_limit`` = ``compute_share``
+(training CPU / all CPU) x ``cores_busy`` (all CPU / (wall x 2)), exactly: on
+2 cores the CPU that Spark and the driver use per round is training lost.
+
 ``--quick`` (under a minute here): fewer steps, every Spark measurement on a slice
 of the training set (shorter block loads), Spark's start-up (JVM, workers'
 TF import, block loads) overlapping this process's TF import and tracing
@@ -59,7 +67,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._common import (  # noqa: E402
     SOLO,
+    CpuMeter,
     TimedSink,
+    cpu_account,
+    cpu_per_record,
     emit,
     ensure_data,
     keras_fit_images_per_s,
@@ -132,12 +143,17 @@ def measure_sparkcnn(data: str, H: int, rounds: int, extra: list[str] = (), warm
     for t in range(warm_rounds):
         engine.run_round(t)
     recs = []
+    meter = CpuMeter(rescan_s=float("inf"))
+    cpu0 = meter.sample()
     t0 = time.perf_counter()
     for t in range(warm_rounds, warm_rounds + rounds):
         recs.append(engine.run_round(t))
     wall = time.perf_counter() - t0
+    cpu1 = meter.sample()
     engine.backend.close()  # unpersist the block placement RDDs
     samples = sum(r["samples"] for r in recs)
+    cpu_ms = {k: 1000 * (cpu1[k] - cpu0[k]) / len(recs) for k in cpu0}
+    cpu_ms["total"] = sum(cpu_ms.values())
     return {
         "sparkcnn_images_per_s": samples / wall,
         "round_overhead_ms": 1000 * median(r["round_overhead_s"] for r in recs),
@@ -147,13 +163,14 @@ def measure_sparkcnn(data: str, H: int, rounds: int, extra: list[str] = (), warm
         # one block's training time for H steps: sizes the async jobs below
         "block_compute_ms": 1000 * median(s for r in recs for s in r["task_compute_s"].values()),
         "rounds": len(recs),
+        "cpu_ms_per_round": cpu_ms, "images_per_round": samples / len(recs),
         **({"limit": limit} if limit else {}),
     }
 
 
 def measure_pipelined(data: str, H: int) -> dict:
     """``SyncEngine.run()`` with two rounds in flight over one epoch of ``data``."""
-    sink = TimedSink()
+    sink = TimedSink(CpuMeter())
     engine = _engine(data, f"bench-pipe-h{H}", [f"train.steps_per_round={H}", "train.epochs=1",
                                                  "engine.pipeline=true"], sink=sink)
     run_s = engine.run()["wall_s"]
@@ -172,12 +189,20 @@ def measure_pipelined(data: str, H: int) -> dict:
         # a round that found its predecessor's block state missing: with no failures, its task
         # waited out state_wait_s (a whole run_wall_s far above the rounds' walls says so)
         "state_resets": engine.counters["state_resets"], "run_wall_s": run_s,
+        **_window_cpu(sink, rows, rate),
     }
+
+
+def _window_cpu(sink: TimedSink, rows: list, rate: dict) -> dict:
+    """CPU by kind of process per record over the steady window, with its images and wall per record."""
+    n = rate["records"]
+    return {"cpu_ms_per_round": cpu_per_record(sink, rows[rate["first"]][1], rows[rate["last"]][1], n),
+            "images_per_round": rate["samples"] / n, "wall_ms_per_round": 1000 * rate["window_s"] / n}
 
 
 def measure_async(data: str, H: int, target_job_s: float) -> dict:
     """``AsyncEngine.run()`` over one epoch of ``data``, jobs sized to ``target_job_s``."""
-    sink = TimedSink()
+    sink = TimedSink(CpuMeter())
     engine = _engine(data, f"bench-async-h{H}", [f"train.steps_per_round={H}", "train.epochs=1",
                                                   "engine.mode=async", f"data.num_blocks={ASYNC_BLOCKS}",
                                                   f"scheduler.target_job_seconds={target_job_s:.4f}"], sink=sink)
@@ -198,6 +223,7 @@ def measure_async(data: str, H: int, target_job_s: float) -> dict:
         "idle_fraction": max(0.0, 1 - busy / (rate["window_s"] * engine.slots)),
         "mean_staleness": sum(r["staleness"] for r in steady) / len(steady),
         "state_resets": engine.counters["state_resets"], "run_wall_s": run_s,
+        **_window_cpu(sink, rows, rate),
     }
 
 
@@ -270,6 +296,8 @@ def main(argv=None) -> dict:
                    (p, "images_per_s"), (s, "images_per_s")]:
         m["ratio_vs_keras"] = m[key] / keras_ips
         m["efficiency_vs_limit"] = m[key] / limit_ips
+        wall_ms = m.pop("wall_ms_per_round", None) or m["round_wall_ms"]
+        m["cpu"] = cpu_account(m.pop("cpu_ms_per_round"), m.pop("images_per_round"), wall_ms, limit_ips, BLOCKS)
 
     targets = {"ratio_vs_keras@50": (">=", 0.9, out["by_steps_per_round"]["50"]["ratio_vs_keras"]),
                "efficiency_vs_limit@50": (">=", 0.85, out["by_steps_per_round"]["50"]["efficiency_vs_limit"]),

@@ -1,0 +1,68 @@
+"""The benchmarks' CPU accounting: real processes measured from /proc, and the efficiency identity."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench._common import CpuMeter, TimedSink, cpu_account, cpu_per_record
+
+# burns CPU, says so, then waits for its stdin to close (so it is still there to be read)
+BURN = ("import sys, time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
+        "print('burnt', flush=True)\nsys.stdin.read()\n")
+
+
+def test_a_child_process_burning_cpu_is_counted_as_worker_time_not_driver_time():
+    child = subprocess.Popen([sys.executable, "-c", BURN.format(s=0.6)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        meter = CpuMeter()
+        before = meter.sample()  # the first sample scans /proc and finds the child
+        assert child.stdout.readline().strip() == "burnt"
+        after = meter.sample()
+    finally:
+        child.communicate(timeout=30)
+    gone = meter.sample()  # the child has ended: its last reading is kept
+    spent = {k: after[k] - before[k] for k in before}
+    assert spent["workers"] >= 0.3, spent
+    assert spent["driver"] < 0.3, spent
+    assert spent["jvm"] == 0.0, spent
+    assert gone["workers"] == pytest.approx(after["workers"])
+
+
+def test_the_driver_own_cpu_is_counted_as_driver_time():
+    meter = CpuMeter()
+    before = meter.sample()
+    t = time.process_time()
+    while time.process_time() - t < 0.3:
+        pass
+    after = meter.sample()
+    assert after["driver"] - before["driver"] >= 0.2
+
+
+def test_cpu_per_record_uses_the_samples_taken_when_the_records_arrived():
+    sink = TimedSink(CpuMeter())
+    first = {"kind": "round", "samples": 64}
+    sink.write(first)
+    t = time.process_time()
+    while time.process_time() - t < 0.2:
+        pass
+    last = {"kind": "round", "samples": 64}
+    sink.write(last)
+    per = cpu_per_record(sink, first, last, records=2)
+    assert per["driver"] >= 80  # ms per record: >= 200 ms over 2 records, less the clock's tick
+    assert per["total"] == pytest.approx(per["driver"] + per["jvm"] + per["workers"])
+    assert [r for _, r in sink.rounds()] == [first, last]
+
+
+def test_efficiency_factors_into_compute_share_times_cores_busy():
+    limit = 2000.0  # images/s of 2 single-thread processes: 1000 images/s per core
+    images, wall_ms = 1280, 800.0
+    acc = cpu_account({"driver": 20.0, "jvm": 100.0, "workers": 1300.0, "total": 1420.0}, images, wall_ms,
+                      limit, cores=2)
+    assert acc["training_cpu_ms"] == pytest.approx(1280.0)
+    assert acc["non_training_cpu_ms"] == pytest.approx(140.0)
+    efficiency = (images / (wall_ms / 1000)) / limit
+    assert acc["compute_share"] * acc["cores_busy"] == pytest.approx(efficiency)
+    assert acc["cores_busy"] <= 1 and efficiency <= acc["compute_share"]
