@@ -149,7 +149,7 @@ class TimedSink:
         return self._cpu[id(record)]
 
 
-def _stat(pid: int) -> tuple[int, float, str] | None:
+def proc_stat(pid: int | str) -> tuple[int, float, str] | None:
     """(parent pid, user + system CPU seconds, command name) from /proc/<pid>/stat; None when gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
@@ -194,7 +194,7 @@ class CpuMeter:
         names: dict[int, str] = {}
         for entry in os.listdir("/proc"):
             if entry.isdigit():
-                st = _stat(int(entry))
+                st = proc_stat(int(entry))
                 if st is not None:
                     parent[int(entry)], _, names[int(entry)] = st
         for pid in parent:
@@ -210,7 +210,7 @@ class CpuMeter:
             self._scan()
         out = {"driver": 0.0, "jvm": 0.0, "workers": 0.0}
         for pid, kind in self._pids.items():
-            st = _stat(pid)
+            st = proc_stat(pid)
             if st is not None:
                 self._last[pid] = st[1]
             out[kind] += self._last.get(pid, 0.0)
@@ -281,11 +281,8 @@ def rss_mb(pid: int | str = "self") -> float | None:
 
 def parent_pid(pid: int) -> int | None:
     """Parent of ``pid`` from /proc/<pid>/stat; None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+    st = proc_stat(pid)
+    return st[0] if st else None
 
 
 def spark_backend(spark, run_id: str, pool: str | None = None):

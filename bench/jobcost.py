@@ -30,16 +30,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import emit, log, spark_backend  # noqa: E402
+from bench._common import emit, log, proc_stat, spark_backend  # noqa: E402
 
 DENSE_DELTA_BYTES = 225_034 * 4  # fmnist_cnn's parameters as float32
 
 
 def cpu_s(pid: int | str = "self") -> float:
-    """User + system CPU seconds of a process from /proc/<pid>/stat."""
-    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of a live process."""
+    return proc_stat(pid)[1]
 
 
 def measure(backend, blocks: list[int], payload: bytes, jobs: int, jvm_pid: int) -> dict:
