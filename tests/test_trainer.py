@@ -1,0 +1,70 @@
+"""The worker's Trainer: one flat float32 vector in and out of the Keras variables, BatchNorm included."""
+
+import numpy as np
+import pytest
+
+
+def tiny_bn(input_shape, num_classes):
+    """Conv + BatchNorm (non-trainable moving statistics) + dense: every kind of variable, small."""
+    import keras
+    from keras import layers
+
+    return keras.Sequential([keras.Input(shape=input_shape), layers.Conv2D(4, 3), layers.BatchNormalization(),
+                             layers.Flatten(), layers.Dense(num_classes)])
+
+
+@pytest.fixture(scope="module")
+def trainer():
+    from sparkcnn.worker import TaskSpec, Trainer
+
+    spec = TaskSpec(run_id="t", train_dir="", test_dir="", num_blocks=1, test_blocks=1,
+                    model_name="tests.test_trainer:tiny_bn", input_shape=(8, 8, 1), num_classes=3, seed=0,
+                    batch_size=4, momentum=0.9, weight_decay=0.0, layout=())
+    return Trainer(spec)
+
+
+def _per_variable(tr, values):
+    return [values[a:b] for a, b in zip(tr.offsets[:-1], tr.offsets[1:])]
+
+
+def test_weights_go_in_and_come_out_as_one_flat_vector_in_variable_order(trainer):
+    tr = trainer
+    x = np.random.default_rng(0).standard_normal(tr.offsets[-1]).astype(np.float32)
+    tr.set_flat(x)
+    for w, part in zip(tr.weights, _per_variable(tr, x)):
+        assert np.array_equal(np.asarray(w.numpy()).ravel(), part), w.path
+    out = tr.get_flat()
+    assert out.dtype == np.float32 and np.array_equal(out, x)
+    out[0] += 1  # the caller owns what it gets: writable, and not the variables' memory
+    assert np.array_equal(tr.get_flat(), x)
+
+
+def test_momentum_covers_trainable_variables_and_is_zero_at_batchnorm_statistics(trainer):
+    tr = trainer
+    non_trainable = np.ones(tr.offsets[-1], bool)
+    for i in tr.trainable_pos:
+        non_trainable[tr.offsets[i]:tr.offsets[i + 1]] = False
+    assert non_trainable.sum() == 8  # moving mean and variance of 4 channels
+    m = np.random.default_rng(1).standard_normal(tr.offsets[-1]).astype(np.float32)
+    tr.set_momentum(m)
+    for slot, i in zip(tr.momentums, tr.trainable_pos):
+        assert np.array_equal(np.asarray(slot.numpy()).ravel(), m[tr.offsets[i]:tr.offsets[i + 1]])
+    got = tr.get_momentum()
+    assert np.array_equal(got[~non_trainable], m[~non_trainable])
+    assert not got[non_trainable].any()
+    tr.set_momentum(None)
+    assert not tr.get_momentum().any()
+
+
+def test_a_training_step_moves_the_flat_weights_and_fills_the_momentum(trainer):
+    tr = trainer
+    rng = np.random.default_rng(2)
+    tr.set_flat(rng.standard_normal(tr.offsets[-1]).astype(np.float32) * 0.1)
+    tr.set_momentum(None)
+    before = tr.get_flat()
+    images = rng.integers(0, 255, (8, 8, 8, 1)).astype(np.uint8)
+    labels = rng.integers(0, 3, 8).astype(np.int32)
+    _, _, seen = tr.train(images, labels, [np.arange(4), np.arange(4, 8)], lr=0.1)
+    assert seen == 8
+    assert not np.array_equal(tr.get_flat(), before)
+    assert tr.get_momentum().any()
