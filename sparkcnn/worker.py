@@ -158,6 +158,7 @@ class Trainer:
         grad_step = tf.function(forward_backward, reduce_retracing=True)
 
         self.train_step, self.eval_step, self.grad_step = train_step, eval_step, grad_step
+        self._io = None  # compiled flat-vector copies, see _flat_io
 
     def _index_of(self, var) -> int:
         for i, w in enumerate(self.weights):
@@ -171,7 +172,7 @@ class Trainer:
         One TF call per direction instead of a Keras ``assign``/``numpy`` per
         variable: ~1 ms a round instead of ~10 for weights and momentum.
         """
-        if self.__dict__.get("_io") is None:
+        if self._io is None:
             tf = self.tf
             sizes, shapes = self.sizes, [tuple(w.shape) for w in self.weights]
             trainable = set(self.trainable_pos)
