@@ -217,12 +217,16 @@ class CpuMeter:
         return out
 
 
-def cpu_per_record(sink: TimedSink, first: dict, last: dict, records: int) -> dict[str, float]:
-    """CPU ms per record by kind between the arrivals of ``first`` and ``last``, and their ``total``."""
-    a, b = sink.cpu_of(first), sink.cpu_of(last)
-    out = {k: 1000 * (b[k] - a[k]) / records for k in a}
+def cpu_ms_per(records: int, before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU ms per record by kind between two :meth:`CpuMeter.sample` readings, and their ``total``."""
+    out = {k: 1000 * (after[k] - before[k]) / records for k in before}
     out["total"] = sum(out.values())
     return out
+
+
+def cpu_per_record(sink: TimedSink, first: dict, last: dict, records: int) -> dict[str, float]:
+    """CPU ms per record by kind between the arrivals of ``first`` and ``last``, and their ``total``."""
+    return cpu_ms_per(records, sink.cpu_of(first), sink.cpu_of(last))
 
 
 def cpu_account(cpu_ms: dict[str, float], images_per_record: float, wall_ms_per_record: float,

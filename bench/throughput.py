@@ -70,6 +70,7 @@ from bench._common import (  # noqa: E402
     CpuMeter,
     TimedSink,
     cpu_account,
+    cpu_ms_per,
     cpu_per_record,
     emit,
     ensure_data,
@@ -152,8 +153,6 @@ def measure_sparkcnn(data: str, H: int, rounds: int, extra: list[str] = (), warm
     cpu1 = meter.sample()
     engine.backend.close()  # unpersist the block placement RDDs
     samples = sum(r["samples"] for r in recs)
-    cpu_ms = {k: 1000 * (cpu1[k] - cpu0[k]) / len(recs) for k in cpu0}
-    cpu_ms["total"] = sum(cpu_ms.values())
     return {
         "sparkcnn_images_per_s": samples / wall,
         "round_overhead_ms": 1000 * median(r["round_overhead_s"] for r in recs),
@@ -163,7 +162,7 @@ def measure_sparkcnn(data: str, H: int, rounds: int, extra: list[str] = (), warm
         # one block's training time for H steps: sizes the async jobs below
         "block_compute_ms": 1000 * median(s for r in recs for s in r["task_compute_s"].values()),
         "rounds": len(recs),
-        "cpu_ms_per_round": cpu_ms, "images_per_round": samples / len(recs),
+        "cpu_ms_per_round": cpu_ms_per(len(recs), cpu0, cpu1), "images_per_round": samples / len(recs),
         **({"limit": limit} if limit else {}),
     }
 

@@ -72,7 +72,6 @@ class RoundOrder:
     steps: dict              # block -> local steps H for this round
     step_offset: dict        # block -> cursor: minibatches this block has done since epoch 0
     lr: float
-    weights: bytes           # dense float32 W inline (tests, tiny models); b"" when broadcast or sparse
     base_version: int
     expect_state: dict = field(default_factory=dict)  # block -> round tag of its last applied state
     density: float = 1.0     # uplink density for this round (after warm-up)
@@ -86,6 +85,7 @@ class RoundOrder:
     downlinks: tuple = ()
     view: object = None
     view_version: int = 0
+    weights: bytes = b""     # dense float32 W inline (an order built by hand); the engines broadcast it
     # dense downlink: W as a broadcast (bytes), read by each Python worker from the executor's
     # copy; inline in the job's closure it would cross py4j as base64 text and be re-serialised
     # into every task (measured: ~3x the driver JVM's CPU per round at 225 k parameters)
@@ -158,7 +158,39 @@ class Trainer:
         grad_step = tf.function(forward_backward, reduce_retracing=True)
 
         self.train_step, self.eval_step, self.grad_step = train_step, eval_step, grad_step
-        self._io = None  # compiled flat-vector copies, see _flat_io
+
+        # Copies between the variables and one flat float32 vector, one TF call per direction
+        # (traced on first use) instead of a Keras assign/numpy per variable: ~3 ms a round
+        # instead of ~10 (fmnist_cnn) for weights and momentum.
+        flat_spec = [tf.TensorSpec([int(offsets[-1])], tf.float32)]
+        shapes = [tuple(w.shape) for w in self.weights]
+        momentum_of = dict(zip(self.trainable_pos, self.momentums))
+
+        def parts(flat):
+            return [tf.reshape(p, s) for p, s in zip(tf.split(flat, self.sizes), shapes)]
+
+        @tf.function(input_signature=flat_spec)
+        def set_weights(flat):
+            for w, p in zip(self.weights, parts(flat)):
+                w.assign(tf.cast(p, w.dtype))
+
+        @tf.function(input_signature=flat_spec)
+        def set_momentum(flat):
+            for i, p in enumerate(parts(flat)):
+                if i in momentum_of:
+                    momentum_of[i].assign(tf.cast(p, momentum_of[i].dtype))
+
+        @tf.function(input_signature=[])
+        def get_weights():
+            return tf.concat([tf.reshape(tf.cast(w, tf.float32), [-1]) for w in self.weights], 0)
+
+        @tf.function(input_signature=[])
+        def get_momentum():
+            return tf.concat([tf.reshape(tf.cast(momentum_of[i], tf.float32), [-1]) if i in momentum_of
+                              else tf.zeros([n], tf.float32) for i, n in enumerate(self.sizes)], 0)
+
+        self._set_weights, self._set_momentum = set_weights, set_momentum
+        self._get_weights, self._get_momentum = get_weights, get_momentum
 
     def _index_of(self, var) -> int:
         for i, w in enumerate(self.weights):
@@ -166,58 +198,20 @@ class Trainer:
                 return i
         raise KeyError(var.path)
 
-    def _flat_io(self):
-        """Compiled copies between the variables and one flat float32 vector (built on first use).
-
-        One TF call per direction instead of a Keras ``assign``/``numpy`` per
-        variable: ~3 ms a round instead of ~10 (fmnist_cnn) for weights and momentum.
-        """
-        if self._io is None:
-            tf = self.tf
-            sizes, shapes = self.sizes, [tuple(w.shape) for w in self.weights]
-            trainable = set(self.trainable_pos)
-            momentum_of = dict(zip(self.trainable_pos, self.momentums))
-
-            def parts(flat):
-                return [tf.reshape(p, s) for p, s in zip(tf.split(flat, sizes), shapes)]
-
-            @tf.function(input_signature=[tf.TensorSpec([sum(sizes)], tf.float32)])
-            def set_weights(flat):
-                for w, p in zip(self.weights, parts(flat)):
-                    w.assign(tf.cast(p, w.dtype))
-
-            @tf.function(input_signature=[tf.TensorSpec([sum(sizes)], tf.float32)])
-            def set_momentum(flat):
-                for i, p in enumerate(parts(flat)):
-                    if i in trainable:
-                        momentum_of[i].assign(tf.cast(p, momentum_of[i].dtype))
-
-            @tf.function(input_signature=[])
-            def get_weights():
-                return tf.concat([tf.reshape(tf.cast(w, tf.float32), [-1]) for w in self.weights], 0)
-
-            @tf.function(input_signature=[])
-            def get_momentum():
-                return tf.concat([tf.reshape(tf.cast(momentum_of[i], tf.float32), [-1]) if i in trainable
-                                  else tf.zeros([n], tf.float32) for i, n in enumerate(sizes)], 0)
-
-            self._io = (set_weights, set_momentum, get_weights, get_momentum)
-        return self._io
-
     def get_flat(self) -> np.ndarray:
-        return self._flat_io()[2]().numpy()
+        return self._get_weights().numpy()
 
     def set_flat(self, flat: np.ndarray) -> None:
-        self._flat_io()[0](np.asarray(flat, np.float32))
+        self._set_weights(np.asarray(flat, np.float32))
 
     def get_momentum(self) -> np.ndarray:
         """Momentum as a flat vector over all weights (zeros at non-trainable entries)."""
-        return self._flat_io()[3]().numpy()
+        return self._get_momentum().numpy()
 
     def set_momentum(self, flat: np.ndarray | None) -> None:
         if flat is None:
             flat = np.zeros(self.offsets[-1], np.float32)
-        self._flat_io()[1](np.asarray(flat, np.float32))
+        self._set_momentum(np.asarray(flat, np.float32))
 
     def train(self, images: np.ndarray, labels: np.ndarray, batches: list[np.ndarray], lr: float):
         """Run one SGD step per batch; returns (summed loss·samples, correct, samples)."""

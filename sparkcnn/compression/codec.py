@@ -414,12 +414,16 @@ def _check_values(f: _Frame, sparse_indices: np.ndarray) -> None:
     raise CodecError(f"delta tensor {t}: non-finite value {values[at]} at index {where}")
 
 
-def decode_parts(data: bytes, layout: Layout) -> DecodedParts:
-    """Parse and validate ``data`` against ``layout``; CodecError on any fault."""
-    f = _parse(data, layout)
-    idx = _sparse_indices(f, None)
+def _decode_frame(f: _Frame, index_out: np.ndarray | None = None) -> DecodedParts:
+    """Decode a parsed frame (its sparse indices into ``index_out`` when given); CodecError on any fault."""
+    idx = _sparse_indices(f, index_out)
     _check_values(f, idx)
     return DecodedParts(f.dense, f.values[:f.n_dense], idx, f.values[f.n_dense:], f.counts)
+
+
+def decode_parts(data: bytes, layout: Layout) -> DecodedParts:
+    """Parse and validate ``data`` against ``layout``; CodecError on any fault."""
+    return _decode_frame(_parse(data, layout))
 
 
 @lru_cache(maxsize=64)

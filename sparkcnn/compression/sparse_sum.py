@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import CodecError
 from . import native
-from .codec import DecodedParts, _check_values, _parse, _sparse_indices, decode_parts, dense_indices, wire_to_float32
+from .codec import DecodedParts, _decode_frame, _parse, decode_parts, dense_indices, wire_to_float32
 from .delta import Layout, SparseDelta
 
 # decode_and_sum's threads: numpy drops the GIL inside most array loops
@@ -215,10 +215,8 @@ def _decode_native(payloads, ws, layout, pool, threads: int):
     vals = np.empty(idx.size, np.float32)
 
     def decode_one(k: int) -> _Decoded:
-        f, a, b = frames[k], starts[k], starts[k + 1]
-        run = _sparse_indices(f, idx[a:b])
-        _check_values(f, run)
-        parts = DecodedParts(f.dense, f.values[:f.n_dense], run, f.values[f.n_dense:], f.counts)
+        a, b = starts[k], starts[k + 1]
+        parts = _decode_frame(frames[k], idx[a:b])
         return _Decoded(parts, wire_to_float32(parts.sparse_values, ws[k], out=vals[a:b]), [])
 
     decoded = _decode_all(len(frames), decode_one, pool, threads, failure)

@@ -136,7 +136,7 @@ class AsyncEngine(SyncEngine):
                 rejected = 1
                 self.counters["rejected_deltas"] += 1
         nnz_down = self._send_downlink(self.epoch_float) if self.sparse_down else self.W.size
-        down_inline = sum(len(d[4]) for d in order.downlinks) if self.sparse_down else self.W.nbytes
+        down_inline = self._downlink_bytes(order)
         self.policy.applied(block, r["base_version"])
         self.monitor.record(r)
         self.last_job[block] = r["round"]

@@ -186,9 +186,13 @@ class SyncEngine:
         """Sparse downlink: the last downlinks inline, the dense view as a lazily read broadcast."""
         if not self.sparse_down:
             # dense: W itself, broadcast once per version
-            return {"weights": b"", "weights_bcast": self._broadcast_at(self.version, self.W)}
-        return {"weights": b"", "downlinks": tuple(self.downlinks),
+            return {"weights_bcast": self._broadcast_at(self.version, self.W)}
+        return {"downlinks": tuple(self.downlinks),
                 "view": self._broadcast_at(self.ps.view_version, self.ps.U), "view_version": self.ps.view_version}
+
+    def _downlink_bytes(self, order: RoundOrder) -> int:
+        """Downlink bytes one task of ``order`` receives (a replica resync's view bytes apart)."""
+        return sum(len(d[4]) for d in order.downlinks) if self.sparse_down else self.W.nbytes
 
     def _broadcast_at(self, version: int, array: np.ndarray):
         """A broadcast of ``array``'s bytes at ``version``, made once per version."""
@@ -343,7 +347,7 @@ class SyncEngine:
                 self.counters["rejected_deltas"] += len(good)
         nnz_down = (self._send_downlink(order.epoch + order.round_in_epoch / self.rounds_per_epoch)
                     if self.sparse_down else self.W.size)
-        down_inline = (sum(len(d[4]) for d in order.downlinks) if self.sparse_down else self.W.nbytes)
+        down_inline = self._downlink_bytes(order)
         for r in fresh:
             self.counters["state_resets"] += int(r["state_reset"])
             self.counters["stale_states"] += int(r.get("state_stale", False))
