@@ -1,5 +1,7 @@
 """The benchmarks' CPU accounting: real processes measured from /proc, and the efficiency identity."""
 
+import json
+import os
 import subprocess
 import sys
 import time
@@ -12,18 +14,32 @@ from bench._common import CpuMeter, TimedSink, cpu_account, cpu_per_record
 BURN = ("import sys, time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
         "print('burnt', flush=True)\nsys.stdin.read()\n")
 
+# Run in a fresh interpreter whose only descendant is the burning child: this test
+# process may hold a Spark session (a JVM and Python workers of its own, busy or not).
+MEASURE = """
+import json, subprocess, sys
+from bench._common import CpuMeter
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+try:
+    meter = CpuMeter()
+    before = meter.sample()  # the first sample scans /proc and finds the child
+    burnt = child.stdout.readline().strip()
+    after = meter.sample()
+finally:
+    child.communicate(timeout=30)
+gone = meter.sample()  # the child has ended: its last reading is kept
+print(json.dumps({"burnt": burnt, "before": before, "after": after, "gone": gone}))
+"""
+
 
 def test_a_child_process_burning_cpu_is_counted_as_worker_time_not_driver_time():
-    child = subprocess.Popen([sys.executable, "-c", BURN.format(s=0.6)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
-    try:
-        meter = CpuMeter()
-        before = meter.sample()  # the first sample scans /proc and finds the child
-        assert child.stdout.readline().strip() == "burnt"
-        after = meter.sample()
-    finally:
-        child.communicate(timeout=30)
-    gone = meter.sample()  # the child has ended: its last reading is kept
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    res = subprocess.run([sys.executable, "-c", MEASURE, BURN.format(s=0.6)], cwd=root, capture_output=True,
+                         text=True, timeout=60, check=True)
+    m = json.loads(res.stdout)
+    assert m["burnt"] == "burnt"
+    before, after, gone = m["before"], m["after"], m["gone"]
     spent = {k: after[k] - before[k] for k in before}
     assert spent["workers"] >= 0.3, spent
     assert spent["driver"] < 0.3, spent
