@@ -1,0 +1,148 @@
+"""The only vocabulary between the driver and the executors.
+
+Every message is a frozen dataclass of plain values; nothing crosses as a dict
+or a positional tuple, and each field has one meaning. The driver builds a
+:class:`TaskSpec` once per run and a :class:`RoundOrder` per exchange; a task
+answers each order with one :class:`RoundResult` per block. Spark hands a task
+its context (attempt, cores, GPUs, local directory) and the engine's task
+function passes it on as a :class:`TaskContextInfo`, so the worker never
+imports pyspark.
+
+Terms: an *exchange* is one order and its results (sync: one round of every
+block; async: one job of one block); ``seq`` numbers the exchanges of a run,
+and ``(seq, block)`` is the exactly-once key of a result.
+
+Imports the standard library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def steps_per_epoch(rows: int, batch_size: int) -> int:
+    """Full minibatches in one pass over a block of ``rows`` (the last partial one is dropped)."""
+    return rows // batch_size
+
+
+@dataclass(frozen=True)
+class TaskContextInfo:
+    """What Spark tells a task about itself, copied out of ``TaskContext`` by the engine."""
+
+    attempt: int = 0           # Spark's attempt number of this task (0: first try)
+    cores: int = 1             # CPU cores Spark reserved for the task (spark.task.cpus)
+    gpus: tuple = ()           # GPU addresses assigned by spark.task.resource.gpu.amount
+    local_dir: str = ""        # the executor's local directory for block data and state ("" = a temp dir)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Per-run constants shipped to executors (plain values only)."""
+
+    run_id: str
+    train_dir: str
+    test_dir: str
+    num_blocks: int
+    test_blocks: int
+    model_name: str
+    input_shape: tuple
+    num_classes: int
+    seed: int
+    batch_size: int
+    momentum: float
+    weight_decay: float
+    layout: tuple            # tensor sizes of the flat parameter vector
+    value_dtype: str = "float32"        # wire dtype of uplink values
+    method: str = "none"                # compression.method: none | threshold | topk
+    dense_below: int = 16384            # tensors smaller than this travel dense
+    momentum_mode: str = "correction"   # compression.momentum: correction | sparsification_aware
+    per_step: bool = False              # H = 1 with compression: the per-step (gradient) form
+    sparse_downlink: bool = False       # compression.density_down > 0: replicas follow DownlinkMsgs
+    # fault injection (chaos.*): tests and drills only
+    chaos_fail_p: float = 0.0
+    chaos_kill_p: float = 0.0
+    chaos_slow: float = 1.0
+    chaos_nan_seq: int = -1
+    deterministic: bool = False
+    local_root: str = ""     # overrides TaskContextInfo.local_dir when set (tests)
+
+
+@dataclass(frozen=True)
+class DownlinkMsg:
+    """One downlink ``D`` of the parameter server, encoded: moves a replica of ``U``
+    from ``base_version`` to ``version``."""
+
+    version: int             # server version after D (the replica's version once applied)
+    base_version: int        # version a replica must be at to apply D
+    checksum_after: str      # checksum of U after D (hex): the replica verifies it
+    assign: bool             # True: U[idx] = values (dense downlink); False: U[idx] += values
+    payload: bytes           # codec bytes of D
+
+
+class InlineWeights:
+    """Weights carried in the order itself (tests and hand-built orders); the engines
+    use a Spark broadcast, which has the same ``.value``."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bytes):
+        self.value = value   # float32 bytes
+
+
+@dataclass(frozen=True)
+class RoundOrder:
+    """What one exchange asks of its blocks."""
+
+    seq: int                 # exchange number in the run: sync round t, async job j
+    steps: dict              # block -> local steps H in this exchange
+    step_offset: dict        # block -> cursor: minibatches the block has done since the run began
+    lr: float                # learning rate of the local steps (after warm-up, schedule and guard)
+    density: float           # uplink density (after warm-up and guard)
+    base_version: int        # server version the weights below are at (staleness is measured from it)
+    # float32 bytes behind ``.value`` (a broadcast, or InlineWeights): W when the downlink is
+    # dense, else the view U, which a replica reads only when it is missing or behind
+    weights: object = None
+    weights_version: int = 0                # version of those bytes (sparse: the view's version)
+    downlinks: tuple = ()                   # sparse downlink: the latest DownlinkMsgs, oldest first
+    expect_state: dict = field(default_factory=dict)  # block -> seq of the state it continues from
+    state_wait_s: float = 0.0               # pipelined: wait this long for the previous exchange's state
+    steps_by_executor: dict = field(default_factory=dict)  # balanced sync: executor -> H (overrides steps)
+    return_state: bool = False              # checkpoint exchange: return the block state with the result
+    initial_state: dict = field(default_factory=dict)  # block -> state arrays restored from a checkpoint
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """One block's answer to an order."""
+
+    block: int
+    seq: int                 # the order's seq
+    attempt: int             # Spark's attempt number of the task that produced it
+    base_version: int        # the order's base_version (the version the delta was computed from)
+    payload: bytes           # codec bytes of the sent delta S
+    samples: int             # images trained on
+    steps: int               # local steps taken
+    loss_sum: float          # training loss summed over samples
+    correct: int             # correct training predictions
+    nnz: int                 # entries in the payload
+    prep_s: float            # seconds: block, state and weights ready
+    compute_s: float         # seconds: TF steps
+    encode_s: float          # seconds: sparsify and encode
+    task_s: float            # seconds: the whole task
+    state_reset: bool        # the block's state was gone: restarted from zero (counted)
+    state_stale: bool        # pipelined: continued from the state one exchange older (counted)
+    replica_resync: bool     # the replica of U was reloaded from the dense view (counted)
+    view_bytes: int          # bytes of dense weights this task read (0 when it followed downlinks)
+    pid: int                 # the Python worker's process id
+    executor: str            # "host:local dir" of the executor that ran the task
+    state: dict | None = None  # the block's state arrays, when the order asked for them
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """One test block evaluated at the given weights."""
+
+    block: int
+    samples: int
+    loss_sum: float
+    correct: int
