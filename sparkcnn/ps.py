@@ -42,6 +42,7 @@ from collections import deque
 
 import numpy as np
 
+from sparkcnn.compression.codec import FLOAT16_MAX, VALUE_DTYPES
 from sparkcnn.compression.delta import SparseDelta, layout_offsets
 from sparkcnn.compression.sparsify import Sparsifier, target_count
 from sparkcnn.errors import BadInput
@@ -62,8 +63,6 @@ __all__ = ["Downlink", "ParameterServer", "Snapshot"]
 
 log = logging.getLogger(__name__)
 
-VALUE_DTYPES = ("float32", "float16")
-_F16_MAX = float(np.finfo(np.float16).max)
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
@@ -232,7 +231,7 @@ class ParameterServer:
             else:
                 idx, values = self._select(self.density_down if density is None else float(density))
                 if self.value_dtype == "float16":
-                    values = np.clip(values, -_F16_MAX, _F16_MAX).astype(np.float16).astype(np.float32)
+                    values = np.clip(values, -FLOAT16_MAX, FLOAT16_MAX).astype(np.float16).astype(np.float32)
                     keep = values != 0  # underflowed to 0: would cost bytes and move nothing
                     idx, values = idx[keep], values[keep]
                 delta = SparseDelta(self._W.size, idx, values)

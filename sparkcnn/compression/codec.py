@@ -43,7 +43,8 @@ VERSION = 1
 _HEADER = struct.Struct("<4sBBHII")
 _DTYPES = {1: np.dtype("<f2"), 2: np.dtype("<f4")}
 _DTYPE_CODES = {"float16": 1, "float32": 2}
-FLOAT16_MAX = float(np.finfo(np.float16).max)
+VALUE_DTYPES = tuple(_DTYPE_CODES)  # wire dtypes of the values, by name
+FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504: the largest finite float16 value
 MAX_ENTRIES = 2**31 - 1  # per model; keeps every cumulative sum far from int64 overflow
 
 

@@ -16,11 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import BadInput
+from .codec import FLOAT16_MAX, VALUE_DTYPES
 from .delta import Layout, SparseDelta, layout_offsets
 from .sparsify import Sparsifier
-
-VALUE_DTYPES = ("float16", "float32")
-FLOAT16_MAX = np.float32(np.finfo(np.float16).max)  # 65504
 
 
 def quantise(a: np.ndarray, value_dtype: str) -> np.ndarray:
