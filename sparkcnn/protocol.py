@@ -109,6 +109,7 @@ class RoundOrder:
     steps_by_executor: dict = field(default_factory=dict)  # balanced sync: executor -> H (overrides steps)
     return_state: bool = False              # checkpoint exchange: return the block state with the result
     initial_state: dict = field(default_factory=dict)  # block -> state arrays restored from a checkpoint
+    resync: bool = False                    # the block's last result was dropped as too stale: reload the view
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from sparkcnn.blockstore import block_range
 from sparkcnn.data.parquet_io import read_meta
 from sparkcnn.errors import BadInput
 from sparkcnn.metrics import JsonlSink, atomic_write_text
-from sparkcnn.worker import TaskSpec
+from sparkcnn.protocol import TaskSpec
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,9 @@ def build_spec(cfg, run_id: str, train_dir: str, test_dir: str, train_meta, mode
         method=cfg.compression.method, dense_below=cfg.compression.dense_below,
         momentum_mode=cfg.compression.momentum,
         per_step=cfg.compression.method != "none" and cfg.train.steps_per_round == 1,
+        sparse_downlink=cfg.compression.density_down > 0,
         chaos_fail_p=cfg.chaos.fail_task_probability, chaos_kill_p=cfg.chaos.kill_worker_probability,
-        chaos_slow=cfg.chaos.slow_executor, chaos_nan_round=cfg.chaos.nan_round,
+        chaos_slow=cfg.chaos.slow_executor, chaos_nan_seq=cfg.chaos.nan_round,
         deterministic=cfg.run.deterministic)
 
 
@@ -86,21 +87,13 @@ def make_backend(cfg, run_id: str):
 
 def warm_up(backend, spec: TaskSpec) -> float:
     """Load every block into the workers and build their models (TF import, tracing) once."""
-    from sparkcnn import blockstore
-    from sparkcnn.worker import get_trainer, local_root, task_cores
-
-    def load(split, split_dir, n):
-        def fn(block, attempt):
-            blockstore.get_block(local_root(spec), spec.run_id, split_dir, split, n, block)
-            get_trainer(spec, task_cores())
-            return block
-        return fn
+    from sparkcnn.engine.tasks import load_task
 
     t0 = time.perf_counter()
     # each block is loaded where it lives: its home executor (see SparkBackend._markers)
-    backend.map_blocks(load("train", spec.train_dir, spec.num_blocks), list(range(spec.num_blocks)),
+    backend.map_blocks(load_task(spec, "train"), list(range(spec.num_blocks)),
                        f"sparkcnn {spec.run_id} load blocks", universe=spec.num_blocks)
-    backend.map_blocks(load("test", spec.test_dir, spec.test_blocks), list(range(spec.test_blocks)),
+    backend.map_blocks(load_task(spec, "test"), list(range(spec.test_blocks)),
                        f"sparkcnn {spec.run_id} load test blocks", universe=spec.test_blocks)
     return time.perf_counter() - t0
 
@@ -131,14 +124,11 @@ def build_engine(cfg, backend, run_id: str, sink=None, progress=None, run_dir: s
     return engine, model
 
 
-def _truncate_metrics(path: str, next_round: int, rounds_per_epoch: int) -> tuple[list, list]:
-    """Keep the records of rounds before ``next_round`` (a resumed run rewrites the rest)."""
+def _truncate_metrics(path: str, records: int) -> tuple[list, list]:
+    """Keep the first ``records`` records (those a checkpoint covers); a resumed run rewrites the rest."""
     from sparkcnn.metrics import read_jsonl
 
-    records = read_jsonl(path) if os.path.isfile(path) else []
-    done_epochs = next_round // rounds_per_epoch
-    keep = [r for r in records if (r.get("kind") == "round" and r["round"] < next_round)
-            or (r.get("kind") == "epoch" and r["epoch"] < done_epochs)]
+    keep = (read_jsonl(path) if os.path.isfile(path) else [])[:records]
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
     return [r for r in keep if r["kind"] == "round"], [r for r in keep if r["kind"] == "epoch"]
 
@@ -196,16 +186,17 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
         ckpt = load_checkpoint(run_dir)  # verified: a damaged checkpoint is refused, naming the file
     elif resume:  # stopped before its first checkpoint: the same run id starts over
         log.warning("resume %s: no checkpoint yet; starting again from round 0", run_id)
-        _truncate_metrics(metrics_path, 0, 1)
+        _truncate_metrics(metrics_path, 0)
     engine, model = build_engine(cfg, backend, run_id, progress=progress, run_dir=run_dir)
     start = 0
     if ckpt is not None:
         start = engine.restore(ckpt)
-        engine.history, engine.epoch_history = _truncate_metrics(metrics_path, start, engine.rounds_per_epoch)
+        engine.driver.history, engine.driver.epoch_history = _truncate_metrics(
+            metrics_path, int(ckpt.state["records"]))
         log.info("resuming %s at round %s", run_id, start)
     else:
         atomic_write_text(os.path.join(run_dir, "config.yaml"), config_mod.dump(cfg))
-    sink = engine.sink = JsonlSink(metrics_path)
+    sink = engine.driver.sink = JsonlSink(metrics_path)
     try:
         warm_s = warm_up(backend, engine.spec)
         summary = engine.run(start_round=start)
@@ -216,7 +207,7 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
     model.save(os.path.join(run_dir, "model.keras"))
     summary.update(run_id=run_id, run_dir=run_dir, warmup_s=warm_s, params=int(engine.W.size),
                    model=cfg.model.name, num_blocks=cfg.data.num_blocks, mode=cfg.engine.mode,
-                   steps_per_round=cfg.train.steps_per_round)
+                   steps_per_round=cfg.train.steps_per_round, **backend.session_info())
     atomic_write_text(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=2))
     try:
         from sparkcnn.report import write_report

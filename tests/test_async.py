@@ -107,7 +107,7 @@ def test_lost_executor_shrinks_jobs_in_flight(tiny_cfg):
     assert any(n == 2 for lost, n in seen if not lost)  # two at once while both executors lived
     assert [n for lost, n in seen if lost] and all(n == 1 for lost, n in seen if lost)
     assert summary["epochs"] == cfg.train.epochs and engine.samples_done >= engine.total_samples
-    assert sorted(r["round"] for r in engine.history) == list(range(engine.jobs))  # each job applied once
+    assert sorted(r["round"] for r in engine.history) == list(range(engine.next_seq))  # each job applied once
     assert {r["block"] for r in engine.history} == set(range(cfg.data.num_blocks))
     assert all((r["executors"], r["slots"]) == (1, 1) for r in engine.history[2:])
     assert (engine.history[0]["executors"], engine.history[0]["slots"]) == (2, 2)
@@ -117,9 +117,9 @@ def test_duplicate_results_are_dropped_and_counted(tiny_cfg):
     """A speculative or retried duplicate of a (round, block) result is applied once."""
 
     class Duplicating(LocalBackend):
-        def aggregate_blocks(self, fn, blocks, zero, seq, comb, description="", depth=2, universe=None):
-            acc = super().aggregate_blocks(fn, blocks, zero, seq, comb, description, depth, universe)
-            return acc + [dict(acc[0])]
+        def gather_blocks(self, fn, blocks, description="", depth=2, universe=None):
+            acc = super().gather_blocks(fn, blocks, description, depth, universe)
+            return acc + [acc[0]]
 
     backend = Duplicating("t-dup")
     engine, _ = build_engine(tiny_cfg, backend, backend.run_id)
@@ -184,5 +184,34 @@ def test_queue_depth_keeps_one_job_waiting_beyond_the_slots(tiny_cfg):
     engine.pool_factory = lambda n: pools.append(PeakPool(n)) or pools[-1]
     engine.run()
     assert pools[0].peak == 3
-    assert sorted(r["round"] for r in engine.history) == list(range(engine.jobs))
+    assert sorted(r["round"] for r in engine.history) == list(range(engine.next_seq))
     assert all((r["slots"], r["inflight_limit"]) == (2, 3) for r in engine.history)
+
+
+def test_result_beyond_the_staleness_bound_is_dropped_counted_and_its_block_resyncs(tiny_cfg):
+    """ps.max_staleness = 1: a block-0 result computed at version 0 arriving at version 2 is
+    dropped (not applied, counted); block 0 then redoes the same steps from a reloaded view."""
+    cfg = _async_cfg(tiny_cfg, ps__max_staleness=1, compression__method="threshold",
+                     compression__density=0.05, compression__density_down=0.05)
+    backend = LocalBackend("t-stale")
+    engine, _ = build_engine(cfg, backend, backend.run_id)
+    stale_order = engine.order_for_block(0, 2)
+    assert engine.on_result(stale_order, 0, *engine._job(stale_order, 0)) is not None  # tau 0: applied
+    stale_order = engine.order_for_block(0, 2)          # computed from version 1
+    stale_result = engine._job(stale_order, 0)
+    for _ in range(2):                                   # block 1 moves the server to version 3
+        order = engine.order_for_block(1, 2)
+        assert engine.on_result(order, 1, *engine._job(order, 1)) is not None
+    version, done, W = engine.version, engine.samples_done, engine.W.copy()
+    assert version - stale_order.base_version == 2
+    assert engine.on_result(stale_order, 0, *stale_result) is None
+    assert engine.counters["stale_dropped"] == 1
+    assert engine.version == version and engine.samples_done == done
+    np.testing.assert_array_equal(engine.W, W)
+    again = engine.order_for_block(0, 2)
+    assert again.resync and again.step_offset == stale_order.step_offset  # the same steps again
+    assert again.expect_state == stale_order.expect_state  # from the state before the dropped job
+    (result,), _, _ = engine._job(again, 0)
+    assert result.replica_resync and result.view_bytes == engine.W.nbytes
+    assert engine.on_result(again, 0, [result], 0.0, 0.0) is not None
+    assert engine.counters["state_resets"] == 0

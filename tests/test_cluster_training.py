@@ -157,7 +157,7 @@ def _chaos_set(rounds: int, stream: int, p: float, blocks: int = 2) -> set[tuple
     worker's own reproducible draw, which reads nothing of the spec but its seed."""
     from types import SimpleNamespace
 
-    from sparkcnn.worker import _chaos_draw
+    from sparkcnn.worker.round import _chaos_draw
 
     spec = SimpleNamespace(seed=SEED)
     return {(t, k) for t in range(rounds) for k in range(blocks) if _chaos_draw(spec, t, k, stream) < p}
@@ -323,9 +323,9 @@ def test_async_sparse_downlink_keeps_a_view_broadcast_one_job_ahead(tiny_cfg):
     engine = _async_engine(tiny_cfg, _DestroyTrackingBackend("t-view-bcast"), compression__density_down=0.05)
     slow = engine.order_for_block(0, 1)  # block 0's job is still queued or running
     fast = engine.order_for_block(1, 1)
-    engine._apply_async(fast, 1, *engine._job_one(fast, 1))  # block 1 finishes first: U moves on
+    engine.on_result(fast, 1, *engine._job(fast, 1))  # block 1 finishes first: U moves on
     engine.order_for_block(1, 1)  # block 1's next job gets the new view
-    assert slow.view is not None and not slow.view.destroyed  # block 0's job may yet read it
+    assert slow.weights is not None and not slow.weights.destroyed  # block 0's job may yet read it
 
 
 def test_async_sparse_downlink_keeps_a_view_broadcast_while_its_job_may_run(tiny_cfg):
@@ -333,18 +333,18 @@ def test_async_sparse_downlink_keeps_a_view_broadcast_while_its_job_may_run(tiny
     slow = engine.order_for_block(0, 1)  # a slow executor's job, in flight throughout
     for _ in range(engine.cfg.ps.max_staleness):  # block 1 runs ahead as far as the policy allows
         fast = engine.order_for_block(1, 1)
-        engine._apply_async(fast, 1, *engine._job_one(fast, 1))
+        engine.on_result(fast, 1, *engine._job(fast, 1))
     assert engine.version - slow.base_version == engine.cfg.ps.max_staleness
     assert all(d.kind.name == "SUBMIT" for d in engine.policy.decide(engine.version, 1, [1], {0: 0}))
     engine.order_for_block(1, 1)
-    assert not slow.view.destroyed
+    assert not slow.weights.destroyed
 
 
 def test_async_guard_accepts_a_long_job_after_short_ones(tiny_cfg):
     engine = _async_engine(tiny_cfg, LocalBackend("t-guard-steps"))
     for block, steps in [(0, 1), (1, 1)] * 3 + [(0, 12)]:  # guard warm-up: 5 norms
         order = engine.order_for_block(block, steps)
-        rec = engine._apply_async(order, block, *engine._job_one(order, block))
+        rec = engine.on_result(order, block, *engine._job(order, block))
         assert rec["steps"] == steps
     assert engine.counters["rejected_deltas"] == 0
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from sparkcnn import worker
+from sparkcnn.worker import round as worker
 from sparkcnn.engine.backend import LocalBackend, SparkBackend
 from sparkcnn.train import build_engine
 
@@ -42,9 +42,10 @@ def _assert_replica_matches_server(engine, run_id):
     live = worker._REPLICAS[run_id]
     rep = Replica()
     rep.load_snapshot(live.version, live.U)  # a copy: the live replica stays where the worker left it
-    dls = [Downlink(v, codec.decode(b, engine.spec.layout), cs, bv, a) for v, bv, cs, a, b in engine.downlinks]
+    dls = [Downlink(m.version, codec.decode(m.payload, engine.spec.layout), m.checksum_after, m.base_version, m.assign)
+           for m in engine.driver.downlinks]
     rep.apply(dls)
-    np.testing.assert_array_equal(rep.U, engine.ps.U)
+    np.testing.assert_array_equal(rep.U, engine.driver.ps.U)
 
 
 @pytest.mark.spark

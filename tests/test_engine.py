@@ -36,11 +36,11 @@ def test_sync_training_loss_falls_and_run_dir_complete(spark, tiny_cfg):
 
 
 class RecordingBackend(SparkBackend):
-    """Spark backend that keeps the raw task results of the last aggregate job."""
+    """Spark backend that keeps the raw task results of the last gather job."""
 
-    def aggregate_blocks(self, fn, blocks, zero, seq, comb, description="", depth=2, universe=None):
-        out = super().aggregate_blocks(fn, blocks, zero, seq, comb, description, depth, universe)
-        self.last = [dict(r) for r in out]
+    def gather_blocks(self, fn, blocks, description="", depth=2, universe=None):
+        out = super().gather_blocks(fn, blocks, description, depth, universe)
+        self.last = list(out)
         return out
 
 
@@ -58,12 +58,12 @@ def test_aggregated_delta_equals_numpy_reference(spark, tiny_cfg):
     before = engine.W.copy()
     engine.run_round(0)
     results = backend.last
-    assert sorted(r["block"] for r in results) == [0, 1, 2]
-    total = sum(r["samples"] for r in results)
+    assert sorted(r.block for r in results) == [0, 1, 2]
+    total = sum(r.samples for r in results)
     reference = np.zeros_like(before, dtype=np.float64)
     for r in results:
-        dense = codec.decode(r["payload"], spec.layout).to_dense().astype(np.float64)
-        reference += (r["samples"] / total) * dense
+        dense = codec.decode(r.payload, spec.layout).to_dense().astype(np.float64)
+        reference += (r.samples / total) * dense
     np.testing.assert_allclose(before - engine.W, reference, rtol=1e-5, atol=1e-7)
     assert np.abs(reference).max() > 0
 
@@ -73,7 +73,7 @@ def test_one_block_on_spark_equals_plain_keras(spark, tiny_cfg):
 
     from sparkcnn.data.parquet_io import read_split_numpy
     from sparkcnn.models import build_model
-    from sparkcnn.worker import batch_indices
+    from sparkcnn.worker.trainer import batch_indices
 
     H = 6
     cfg = tiny_cfg.replace(data__num_blocks=1, train__steps_per_round=H)
@@ -163,57 +163,13 @@ def test_dense_weights_travel_as_one_broadcast_per_version_and_old_ones_are_dest
     backend = _CountingBackend(LocalBackend("t-bcast"))
     engine, _ = build_engine(cfg, backend, backend.run_id)
     order = engine.order_for(0)
-    assert order.weights == b""
-    assert np.array_equal(np.frombuffer(order.weights_bcast.value, np.float32), engine.W)
-    assert engine.order_for(0).weights_bcast is order.weights_bcast  # same version: no new broadcast
+    assert order.weights in backend.made  # a broadcast, not bytes inline in the job's closure
+    assert np.array_equal(np.frombuffer(order.weights.value, np.float32), engine.W)
+    assert engine.order_for(0).weights is order.weights  # same version: no new broadcast
     rounds = [engine.run_round(t) for t in range(6)]
     assert all(r["bytes_down"] == engine.W.nbytes * r["blocks"] for r in rounds)
     live = [b for b in backend.made if b not in backend.destroyed]
     assert len(backend.made) == 6  # versions 0..5, one broadcast each
-    assert engine._keep_bcasts == (3 if pipeline else 2)  # rounds in flight + a spare
-    assert len(live) == engine._keep_bcasts + 1  # and the current one
+    assert engine.driver.keep_broadcasts == (3 if pipeline else 2)  # rounds in flight + a spare
+    assert len(live) == engine.driver.keep_broadcasts + 1  # and the current one
     assert backend.destroyed == backend.made[:len(backend.destroyed)]  # oldest first
-
-
-def test_local_driver_jvm_gets_c1_unless_the_user_chose(spark, monkeypatch):
-    from sparkcnn.engine import backend as B
-
-    opts = spark.sparkContext.getConf().get("spark.driver.extraJavaOptions", "")
-    if "SPARKCNN_DRIVER_JAVA_OPTS" not in os.environ and "driver-java-options" not in os.environ.get(
-            "PYSPARK_SUBMIT_ARGS", ""):
-        assert B.LOCAL_DRIVER_JAVA_OPTS in opts
-
-    seen = {}
-
-    class Builder:
-        def __getattr__(self, name):
-            return lambda *a, **k: self
-
-        def config(self, key, value):
-            seen[key] = value
-            return self
-
-        def getOrCreate(self):
-            raise RuntimeError("stop here")
-
-    class Session:
-        builder = Builder()
-
-        @staticmethod
-        def getActiveSession():
-            return None
-
-    monkeypatch.setattr("pyspark.sql.SparkSession", Session)
-    for env, conf, expected in (({}, None, B.LOCAL_DRIVER_JAVA_OPTS),
-                                ({"SPARKCNN_DRIVER_JAVA_OPTS": "-Xss4m"}, None, "-Xss4m"),
-                                ({"SPARKCNN_DRIVER_JAVA_OPTS": ""}, None, None),
-                                ({"PYSPARK_SUBMIT_ARGS": "--driver-java-options -Xss8m pyspark-shell"}, None, None),
-                                ({}, {"spark.driver.extraJavaOptions": "-Xss2m"}, "-Xss2m")):
-        seen.clear()
-        for k in ("SPARKCNN_DRIVER_JAVA_OPTS", "PYSPARK_SUBMIT_ARGS"):
-            monkeypatch.delenv(k, raising=False)
-        for k, v in env.items():
-            monkeypatch.setenv(k, v)
-        with pytest.raises(RuntimeError, match="stop here"):
-            B.get_or_create_spark("local[2]", conf=conf)
-        assert seen.get("spark.driver.extraJavaOptions") == expected, (env, conf)

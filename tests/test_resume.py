@@ -148,3 +148,37 @@ def test_resume_before_any_checkpoint_starts_the_run_over(tiny_cfg):
         records = [json.loads(line) for line in fh]
     assert [r["round"] for r in records if r["kind"] == "round"] == list(range(summary["rounds"]))
     assert summary["test_accuracy"] > 0.3
+
+
+def test_async_resume_after_sigkill_trains_every_step_once(tiny_data, tmp_path):
+    """Async: the driver is SIGKILLed at a seeded random job after the first checkpoint (end of
+    epoch 0); --resume completes the run, every (block, epoch, step) is recorded once and the
+    samples trained add up to epochs x training rows (24-image batches divide each block)."""
+    epochs, rows = 3, 1200
+    common = ["train", "--no-progress", "--set", f"data.path={tiny_data}", "--set", "engine.master=inprocess",
+              "--set", "engine.mode=async", "--set", f"train.epochs={epochs}", "--set", "train.batch_size=24",
+              "--set", "scheduler.target_job_seconds=0.2", "--set", "compression.method=threshold",
+              "--set", "compression.density=0.05", "--set", "compression.density_down=0.05"]
+    probe = json.loads(_cli([*common, "--set", f"run.out_dir={tmp_path / 'probe'}"]).stdout)
+    with open(os.path.join(probe["run_dir"], "metrics.jsonl")) as fh:
+        records = [json.loads(line) for line in fh]
+    first_epoch = next(i for i, r in enumerate(records) if r["kind"] == "epoch")
+    later = [r["round"] for r in records[first_epoch + 2:] if r["kind"] == "round"][:-1]
+    seed = int(os.environ.get("SPARKCNN_TEST_SEED", random.Random().randrange(1 << 16)))
+    kill_job = random.Random(seed).choice(later)
+    killed = _cli([*common, "--set", f"run.out_dir={tmp_path / 'killed'}",
+                   "--set", f"chaos.kill_driver_round={kill_job}"], check=False)
+    assert killed.returncode == -9, (seed, kill_job, killed.stderr[-2000:])
+    (run_dir,) = glob.glob(str(tmp_path / "killed" / "*"))
+    assert os.path.isdir(os.path.join(run_dir, "checkpoints")), f"seed {seed}: killed before a checkpoint"
+    resumed = json.loads(_cli(["train", "--no-progress", "--resume", run_dir,
+                               "--set", "chaos.kill_driver_round=-1"]).stdout)
+    assert resumed["run_dir"] == run_dir and os.path.exists(os.path.join(run_dir, "model.keras"))
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        records = [json.loads(line) for line in fh]
+    jobs = [r for r in records if r["kind"] == "round"]
+    keys = [(r["block"], r["block_epoch"], r["block_step"]) for r in jobs]
+    assert len(keys) == len(set(keys)), f"seed {seed}: a step recorded twice"
+    assert sum(r["samples"] for r in jobs) == epochs * rows, f"seed {seed}"
+    assert [r["epoch"] for r in records if r["kind"] == "epoch"] == list(range(epochs))
+    assert len({r["round"] for r in jobs}) == len(jobs)

@@ -15,7 +15,8 @@ def tiny_bn(input_shape, num_classes):
 
 @pytest.fixture(scope="module")
 def trainer():
-    from sparkcnn.worker import TaskSpec, Trainer
+    from sparkcnn.protocol import TaskSpec
+    from sparkcnn.worker.trainer import Trainer
 
     spec = TaskSpec(run_id="t", train_dir="", test_dir="", num_blocks=1, test_blocks=1,
                     model_name="tests.test_trainer:tiny_bn", input_shape=(8, 8, 1), num_classes=3, seed=0,

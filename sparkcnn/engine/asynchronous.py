@@ -7,15 +7,17 @@ next block (stalest first, then locality), sizes its job to about
 ``ps.max_staleness``. The :class:`~sparkcnn.engine.monitor.LoadMonitor` tells
 it the live task slots (fewer when an executor is lost, more when one joins;
 ``engine.threads`` fixes them), each executor's load and each block's speed.
-Each result is applied as it arrives::
+Each result goes through the :class:`~sparkcnn.engine.driver.RoundDriver` as
+it arrives::
 
     tau = version_now - base_version
-    W  -= lambda(tau) * S_k / N          # lambda = 1/tau (inverse) or 1 (none)
+    tau > ps.max_staleness:  dropped (stale_dropped), the block reloads the view next time
+    else:                    W -= lambda(tau) * S_k / N      # lambda = 1/tau (inverse) or 1 (none)
 
 Blocks keep their own cursor through their data (a fast block simply starts
 its next pass sooner); the global epoch is the number of samples processed
 over the training set size, which drives the learning rate, the density
-warm-up, evaluation and the end of training.
+warm-up, evaluation, checkpoints (at epoch ends) and the end of training.
 """
 
 from __future__ import annotations
@@ -24,31 +26,34 @@ import logging
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-import numpy as np
-
+from sparkcnn.engine.driver import RoundDriver, timed
 from sparkcnn.engine.monitor import LoadMonitor
-from sparkcnn.engine.sync import SyncEngine
-from sparkcnn.errors import CodecError
+from sparkcnn.engine.tasks import round_task, state_task
+from sparkcnn.protocol import RoundOrder, steps_per_epoch
 from sparkcnn.scheduler import AsyncPolicy, DecisionKind, task_slots
 from sparkcnn.staleness import staleness_scale
-from sparkcnn.worker import RoundOrder, run_block_round
 
 log = logging.getLogger(__name__)
 
 
-class AsyncEngine(SyncEngine):
-    """Asynchronous rounds over the same parameter server, worker and records as sync mode."""
+class AsyncEngine:
+    """Asynchronous jobs over the same driver, worker and records as sync mode."""
 
-    def __init__(self, *args, pool_factory=None, monitor=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        cfg = self.cfg
-        self.num_blocks = len(self.block_rows)
+    def __init__(self, cfg, backend, spec, block_rows: dict[int, int], weights, sink=None, progress=None,
+                 run_dir: str | None = None, pool_factory=None, monitor=None):
+        self.cfg, self.backend, self.spec, self.block_rows = cfg, backend, spec, block_rows
+        self.num_blocks = len(block_rows)
+        self.block_steps = {k: steps_per_epoch(n, cfg.train.batch_size) for k, n in block_rows.items()}
         # samples in one pass over every block (full minibatches only)
         self.n_train = sum(self.block_steps.values()) * cfg.train.batch_size
         self.total_samples = cfg.train.epochs * self.n_train
+        # replicas and orders may trail by up to max_staleness versions and the jobs in flight
+        self.driver = RoundDriver(cfg, backend, spec, weights,
+                                  keep_broadcasts=cfg.ps.max_staleness + 2 * max(2, self.num_blocks) + 2,
+                                  sink=sink, progress=progress, run_dir=run_dir)
         # the pool can run a job per block; live slots (_refresh_slots) limit the jobs in flight
         self.max_slots = cfg.engine.threads or self.num_blocks
-        self.monitor = monitor or LoadMonitor(self.backend)
+        self.monitor = monitor or LoadMonitor(backend)
         self.load = None  # latest LoadSample
         self.slots = self.inflight_limit = self.max_slots
         self._refresh_slots()
@@ -59,40 +64,53 @@ class AsyncEngine(SyncEngine):
                                   max_steps=max(self.block_steps.values()))
         # an injectable pool: tests run the same scenario with a synchronous executor
         self.pool_factory = pool_factory or (lambda n: ThreadPoolExecutor(n, thread_name_prefix="sparkcnn-job"))
-        self.block_epoch = {k: 0 for k in self.block_rows}
-        self.block_step = {k: 0 for k in self.block_rows}
-        self.last_job = {k: -1 for k in self.block_rows}
+        self.block_epoch = {k: 0 for k in block_rows}   # passes each block has completed
+        self.block_step = {k: 0 for k in block_rows}    # minibatches into its current pass
+        self.last_job = {k: -1 for k in block_rows}     # seq of the job whose state the block continues
+        self.resync: set[int] = set()                   # blocks that reload the view before their next job
+        self.initial_states: dict = {}                  # block -> state from a checkpoint
         self.samples_done = 0
-        self.jobs = 0
-        self.total_rounds = 0  # unknown in advance; progress shows samples instead
+        self.next_seq = 0
+        self.next_eval = 1                              # the next epoch end to evaluate and checkpoint
         self.staleness_hist: dict[int, int] = {}
+
+    @property
+    def W(self):
+        return self.driver.W
+
+    @property
+    def version(self) -> int:
+        return self.driver.version
+
+    @property
+    def counters(self) -> dict:
+        return self.driver.counters
+
+    @property
+    def history(self) -> list:
+        return self.driver.history
 
     @property
     def epoch_float(self) -> float:
         return self.samples_done / self.n_train
 
+    # -- orders -----------------------------------------------------------------------------
     def order_for_block(self, block: int, steps: int) -> RoundOrder:
         steps = max(1, min(steps, self.block_steps[block] - self.block_step[block]))
         # orders are made while samples remain, so the epoch is below train.epochs
-        lr, density = self._schedule(min(self.epoch_float, self.cfg.train.epochs))
-        job = self.jobs
-        self.jobs += 1
-        order = RoundOrder(round=job, epoch=self.block_epoch[block], round_in_epoch=self.block_step[block],
-                           steps={block: steps}, step_offset={block: self.block_step[block]}, lr=lr,
-                           base_version=self.version, expect_state={block: self.last_job[block]},
-                           density=density, **self._downlink_fields())
-        return order
+        lr, density = self.driver.schedule(min(self.epoch_float, self.cfg.train.epochs))
+        seq, self.next_seq = self.next_seq, self.next_seq + 1
+        initial = {block: self.initial_states.pop(block)} if block in self.initial_states else {}
+        offset = self.block_epoch[block] * self.block_steps[block] + self.block_step[block]
+        return RoundOrder(seq=seq, steps={block: steps}, step_offset={block: offset}, lr=lr, density=density,
+                          base_version=self.version, expect_state={block: self.last_job[block]},
+                          initial_state=initial, resync=block in self.resync, **self.driver.order_weights())
 
-    def _job_one(self, order: RoundOrder, block: int):
-        spec = self.spec
-
-        def fn(b, attempt):
-            return run_block_round(spec, order, b, attempt)
-
-        t0 = time.perf_counter()
-        desc = f"sparkcnn {spec.run_id} epoch {order.epoch + 1} block {block} job {order.round + 1}"
-        res = self.backend.map_blocks(fn, [block], desc, universe=self.num_blocks)
-        return res, t0, time.perf_counter()
+    def _job(self, order: RoundOrder, block: int):
+        desc = (f"sparkcnn {self.spec.run_id} epoch {self.block_epoch[block] + 1} block {block} "
+                f"job {order.seq + 1}")
+        return timed(self.backend.map_blocks, round_task(self.spec, order), [block], desc,
+                     universe=self.num_blocks)
 
     def _refresh_slots(self) -> int:
         """Jobs allowed in flight now: the live task slots (``scheduler.task_slots`` of the
@@ -102,79 +120,57 @@ class AsyncEngine(SyncEngine):
         self.slots = task_slots(ex, self.num_blocks, threads)
         self.inflight_limit = task_slots(ex, self.num_blocks, threads, self.cfg.scheduler.queue_depth)
         # replicas may trail by up to the jobs in flight: keep that many downlinks inline
-        self.inline_downlinks = self.inflight_limit + 2
+        self.driver.inline_downlinks = self.inflight_limit + 2
         return self.inflight_limit
 
-    def _apply_async(self, order: RoundOrder, block: int, results, t0: float, t1: float) -> dict | None:
-        fresh = []
-        for r in results:
-            key = (r["round"], r["block"])
-            if key in self.applied:
-                self.counters["duplicates_dropped"] += 1
-                continue
-            self.applied.add(key)
-            fresh.append(r)
+    # -- results ------------------------------------------------------------------------------
+    def on_result(self, order: RoundOrder, block: int, results, t0: float, t1: float) -> dict | None:
+        """Apply one job's result as it arrives; its record, or None (duplicate or dropped)."""
+        d = self.driver
+        fresh = d.take_fresh(results)
         if not fresh:
             return None
         r = fresh[0]
-        tau = self.version - r["base_version"]
+        tau = d.staleness(r)
         self.staleness_hist[tau] = self.staleness_hist.get(tau, 0) + 1
-        scale = staleness_scale(tau, self.cfg.ps.staleness) * r["lr_scale"] / self.num_blocks
-        rejected = 0
-        if r["samples"] > 0:
-            from sparkcnn.compression import codec
-
-            try:
-                d = codec.decode(r["payload"], self.spec.layout)
-                why = self.guard.check_delta(d.values, r["steps"])
-                if why:
-                    raise CodecError(why)
-                if not self.ps.apply(d, scale=scale):
-                    raise CodecError("delta is not finite")
-            except CodecError as e:
-                log.error("job %s block %s: delta rejected: %s", r["round"], block, e)
-                rejected = 1
-                self.counters["rejected_deltas"] += 1
-        nnz_down = self._send_downlink(self.epoch_float) if self.sparse_down else self.W.size
-        down_inline = self._downlink_bytes(order)
-        self.policy.applied(block, r["base_version"])
+        self.policy.applied(block, r.base_version)
         self.monitor.record(r)
-        self.last_job[block] = r["round"]
-        self.counters["state_resets"] += int(r["state_reset"])
-        self.counters["replica_resyncs"] += int(r["replica_resync"])
-        self.samples_done += r["samples"]
-        self.block_step[block] += r["steps"]
+        if d.too_stale(r):
+            # not applied: the block redoes these steps from its previous state and a fresh view
+            self.resync.add(block)
+            return None
+        self.resync.discard(block)
+        scale = staleness_scale(tau, self.cfg.ps.staleness) / self.num_blocks
+        out = d.apply([r] if r.samples > 0 else [], order.lr, factor=scale)
+        nnz_down = d.send_downlink(self.epoch_float)
+        d.count_flags([r])
+        rec = {"kind": "round", "round": r.seq, "block": block, "block_epoch": self.block_epoch[block],
+               "block_step": self.block_step[block], "staleness": tau, "scale": scale, "steps": r.steps,
+               **d.exchange_record(order, [r], out, nnz_down)}
+        self.last_job[block] = r.seq
+        self.samples_done += r.samples
+        self.block_step[block] += r.steps
         if self.block_step[block] >= self.block_steps[block]:
             self.block_epoch[block] += 1
             self.block_step[block] = 0
-        loss = r["loss_sum"] / max(1, r["samples"])
-        self._check_loss(r["round"], loss)
+        d.check_loss(f"job {r.seq}", rec["loss"])
         t2 = time.perf_counter()
-        n = self.W.size
-        return {
-            "kind": "round", "round": r["round"], "epoch": int(self.epoch_float - 1e-9) if self.samples_done else 0,
-            "block": block, "staleness": tau, "scale": scale, "lr": order.lr, "version": self.version,
-            "loss": loss, "accuracy": r["correct"] / max(1, r["samples"]), "samples": r["samples"],
-            "steps": r["steps"], "blocks": 1, "bytes_up": len(r["payload"]), "density": order.density,
-            "nnz_up": r["nnz"], "achieved_density": r["nnz"] / n,
-            "bytes_per_nonzero": len(r["payload"]) / max(1, r["nnz"]),
-            "bytes_down": down_inline + r["view_bytes"], "nnz_down": nnz_down,
-            "dense_bytes": 4 * n, "uplink_ratio": 4 * n / max(1, len(r["payload"])),
-            "downlink_ratio": 4 * n / max(1, down_inline + r["view_bytes"]),
-            "rejected": rejected, "state_resets": int(r["state_reset"]),
-            "replica_resyncs": int(r["replica_resync"]),
-            "compute_s": r["compute_s"], "task_s": r["task_s"], "job_s": t1 - t0, "apply_s": t2 - t1,
-            "wall_s": t2 - t0, "round_overhead_s": (t1 - t0) - r["task_s"],
-            "images_per_s": r["samples"] / (t2 - t0) if t2 > t0 else 0.0, "pid": r["pid"],
-            "executors": len(self.load.executors), "slots": self.slots, "inflight_limit": self.inflight_limit,
-        }
+        rec.update(epoch=int(self.epoch_float - 1e-9) if self.samples_done else 0,
+                   compute_s=r.compute_s, task_s=r.task_s, job_s=t1 - t0, apply_s=t2 - t1, wall_s=t2 - t0,
+                   round_overhead_s=(t1 - t0) - r.task_s,
+                   images_per_s=r.samples / (t2 - t0) if t2 > t0 else 0.0, pid=r.pid,
+                   executors=len(self.load.executors), slots=self.slots, inflight_limit=self.inflight_limit)
+        return rec
 
+    # -- the loop -----------------------------------------------------------------------------
     def run(self, start_round: int = 0, on_epoch=None) -> dict:
+        """Run jobs until ``train.epochs`` passes of samples are applied (a resumed run continues
+        from the restored counters; ``start_round`` is the checkpoint's position, for symmetry)."""
         t_start = time.perf_counter()
-        next_eval = 1
         inflight: dict = {}  # future -> (order, block)
         busy_s = slot_s = 0.0  # task seconds done; slot seconds offered (live slots x wall time)
         t_prev = t_start
+        d = self.driver
         with self.pool_factory(self.max_slots) as pool:
             try:
                 while True:
@@ -193,27 +189,33 @@ class AsyncEngine(SyncEngine):
                     t_prev = now
                     for fut in done:
                         order, block = inflight.pop(fut)
-                        rec = self._apply_async(order, block, *fut.result())
+                        rec = self.on_result(order, block, *fut.result())
                         if rec is None:
                             continue
                         busy_s += rec["task_s"]
                         rec["idle_fraction"] = max(0.0, 1 - busy_s / slot_s) if slot_s > 0 else 0.0
-                        self.history.append(rec)
-                        if self.sink:
-                            self.sink.write(rec)
-                        if self.progress:
-                            self.progress.round({**rec, "round": self.samples_done * 1000 // self.total_samples
-                                                 - 1, "epoch": min(int(self.epoch_float), self.cfg.train.epochs - 1)},
-                                                1000)
-                    while self.epoch_float >= next_eval - 1e-9 and next_eval <= self.cfg.train.epochs:
-                        self._epoch_end(next_eval - 1, t_start, on_epoch)
-                        next_eval += 1
+                        d.record(rec)
+                        if d.progress:
+                            d.progress.round({**rec, "round": self.samples_done * 1000 // self.total_samples - 1,
+                                              "epoch": min(int(self.epoch_float), self.cfg.train.epochs - 1)},
+                                             1000)
+                        self._epoch_ends(t_start, on_epoch)
+                        d.chaos_kill(rec["round"])
             except BaseException:
                 for fut in inflight:
                     fut.cancel()
                 self.backend.stop()
                 raise
-        return self.summary(time.perf_counter() - t_start)
+        return d.summary(time.perf_counter() - t_start)
+
+    def _epoch_ends(self, t_start: float, on_epoch) -> None:
+        """Evaluate and checkpoint at every epoch end the applied samples have crossed."""
+        while self.epoch_float >= self.next_eval - 1e-9 and self.next_eval <= self.cfg.train.epochs:
+            self.driver.write_epoch(self.next_eval - 1, time.perf_counter() - t_start, on_epoch,
+                                    staleness_histogram={str(k): v for k, v in sorted(self.staleness_hist.items())})
+            self.next_eval += 1
+            if self.driver.run_dir is not None:
+                self.save_checkpoint()
 
     def _submit(self, pool, inflight: dict) -> None:
         in_flight_blocks = {b: o.base_version for o, b in inflight.values()}
@@ -223,15 +225,46 @@ class AsyncEngine(SyncEngine):
             return
         remaining = self.total_samples - self.samples_done - sum(
             o.steps[b] * self.cfg.train.batch_size for o, b in inflight.values())
-        for d in self.policy.decide(self.version, free, idle, in_flight_blocks,
-                                    speeds=self.monitor.speeds(self.block_rows),
-                                    executors=list(self.load.executors)):
-            if d.kind is not DecisionKind.SUBMIT or remaining <= 0:
+        for dec in self.policy.decide(self.version, free, idle, in_flight_blocks,
+                                      speeds=self.monitor.speeds(self.block_rows),
+                                      executors=list(self.load.executors)):
+            if dec.kind is not DecisionKind.SUBMIT or remaining <= 0:
                 continue
-            order = self.order_for_block(d.block, d.steps)
-            remaining -= order.steps[d.block] * self.cfg.train.batch_size
-            inflight[pool.submit(self._job_one, order, d.block)] = (order, d.block)
+            order = self.order_for_block(dec.block, dec.steps)
+            remaining -= order.steps[dec.block] * self.cfg.train.batch_size
+            inflight[pool.submit(self._job, order, dec.block)] = (order, dec.block)
 
-    def _epoch_end(self, epoch: int, t_start: float, on_epoch) -> None:
-        self._write_epoch(epoch, t_start, on_epoch,
-                          staleness_histogram={str(k): v for k, v in sorted(self.staleness_hist.items())})
+    # -- checkpoints --------------------------------------------------------------------------
+    def save_checkpoint(self) -> str:
+        """The driver's state, the block cursors, and each block's state as of its last applied job.
+
+        Jobs in flight are not waited for: their results, applied after the checkpoint, are
+        computed again after a resume (the cursors saved here do not include them). Each block's
+        state is read where it lives by one small job (the executor keeps its last two).
+        """
+        tags = {k: v for k, v in self.last_job.items() if v >= 0}
+        blocks = {}
+        if tags:
+            desc = f"sparkcnn {self.spec.run_id} checkpoint block states"
+            for block, state in self.backend.map_blocks(state_task(self.spec, tags), sorted(tags), desc,
+                                                        universe=self.num_blocks):
+                if state is not None:
+                    blocks[block] = state
+        st = {"next_seq": self.next_seq, "samples_done": self.samples_done, "next_eval": self.next_eval,
+              "block_epoch": {str(k): v for k, v in self.block_epoch.items()},
+              "block_step": {str(k): v for k, v in self.block_step.items()},
+              "last_job": {str(k): v for k, v in self.last_job.items()},
+              "staleness_hist": {str(k): v for k, v in self.staleness_hist.items()}}
+        return self.driver.save_checkpoint(self.next_seq, st, blocks)
+
+    def restore(self, ckpt) -> int:
+        """Continue from a loaded checkpoint; returns its position (the next job's seq)."""
+        st = self.driver.restore(ckpt)
+        self.next_seq, self.samples_done = int(st["next_seq"]), int(st["samples_done"])
+        self.next_eval = int(st["next_eval"])
+        self.block_epoch = {int(k): int(v) for k, v in st["block_epoch"].items()}
+        self.block_step = {int(k): int(v) for k, v in st["block_step"].items()}
+        self.last_job = {int(k): int(v) for k, v in st["last_job"].items()}
+        self.staleness_hist = {int(k): int(v) for k, v in st["staleness_hist"].items()}
+        self.initial_states = {int(k): v for k, v in ckpt.blocks.items()}
+        return self.next_seq

@@ -1,0 +1,326 @@
+"""RoundDriver: the Spark-free half of a run, shared by every engine.
+
+It holds the parameter server (``W``, ``U``, the version), the schedule (lr
+and both density warm-ups, with the guard's factors), the downlink and its
+broadcasts (through the injected :class:`~sparkcnn.engine.backend.Backend`),
+the path every result takes to ``W``::
+
+    dedup (seq, block)  ->  staleness rule  ->  decode + guard  ->  W -= Σ_k w_k S_k
+                                                 (engine/apply.py, one call per exchange)
+
+checkpoints and restore, records and evaluation. The engines decide only
+*when* exchanges happen: :class:`~sparkcnn.engine.sync.SyncEngine` (a round of
+every block per Spark job) and :class:`~sparkcnn.engine.asynchronous.AsyncEngine`
+(one block per job, applied on arrival).
+
+Staleness rule (async): a result computed from version ``b`` reaches the
+server at version ``v``; ``τ = v − b``. If ``τ > ps.max_staleness`` it is
+dropped, not applied, counted as ``stale_dropped``, and its block reloads the
+dense view before its next job; otherwise ``W −= λ(τ)·S/N``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+
+import numpy as np
+
+from sparkcnn.compression import codec
+from sparkcnn.compression.feedback import server_scale
+from sparkcnn.compression.sparsify import Sparsifier
+from sparkcnn.compression.warmup import density_at, lr_at
+from sparkcnn.engine.apply import Applied, apply_deltas
+from sparkcnn.engine.tasks import eval_task
+from sparkcnn.errors import Diverged
+from sparkcnn.guard import DivergenceGuard
+from sparkcnn.protocol import DownlinkMsg, RoundOrder, RoundResult
+from sparkcnn.ps import ParameterServer
+from sparkcnn.staleness import held_back
+
+log = logging.getLogger(__name__)
+
+COUNTERS = ("state_resets", "duplicates_dropped", "rejected_deltas", "replica_resyncs", "stale_states",
+            "loss_spikes", "stale_dropped")
+
+
+class RoundDriver:
+    """Server state and the apply path of one run (see the module docstring)."""
+
+    def __init__(self, cfg, backend, spec, weights: np.ndarray, *, keep_broadcasts: int,
+                 sink=None, progress=None, run_dir: str | None = None):
+        self.cfg, self.backend, self.spec = cfg, backend, spec
+        c = cfg.compression
+        self.sparse_down = spec.sparse_downlink
+        self.ps = ParameterServer(
+            np.array(weights, np.float32, copy=True), spec.layout,
+            density_down=c.density_down if self.sparse_down else None,
+            sparsifier=Sparsifier("topk" if c.method == "topk" else "threshold", c.dense_below),
+            value_dtype=spec.value_dtype)
+        self.guard = DivergenceGuard(cfg.guard.max_norm_factor, cfg.guard.loss_spike_factor)
+        self.lr_factor = 1.0        # halved by the guard on a loss spike
+        self.density_factor = 1.0   # raised by the guard on a loss spike
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.applied: set[tuple[int, int]] = set()   # (seq, block) of results taken, exactly once
+        self.history: list[dict] = []                 # exchange records
+        self.epoch_history: list[dict] = []
+        self.executors: set[str] = set()              # executors that ran training tasks
+        self.sink, self.progress, self.run_dir = sink, progress, run_dir
+        self.checkpointed_at: int | None = None       # the position of the latest checkpoint written
+        # downlink: the latest DownlinkMsgs ship inline; dense bytes (W, or the view U) as
+        # one broadcast per version. Older broadcasts stay alive while orders in flight may
+        # read them: ``keep_broadcasts`` of them, then the oldest is destroyed.
+        self.downlinks: list[DownlinkMsg] = []
+        self.inline_downlinks = 1
+        self.keep_broadcasts = keep_broadcasts
+        self._bcast = None
+        self._bcast_version = -1
+        self._old_bcasts: list = []
+
+    @property
+    def W(self) -> np.ndarray:
+        return self.ps.W
+
+    @property
+    def version(self) -> int:
+        return self.ps.version
+
+    # -- schedule ---------------------------------------------------------------------------
+    def _warmed_density(self, epoch: float, target: float) -> float:
+        """``target`` after the exponential density warm-up (``compression.initial_density``,
+        ``warmup_epochs``), the same for the uplink and the downlink."""
+        c = self.cfg.compression
+        return density_at(epoch, initial=max(c.initial_density, target), target=target,
+                          warmup_epochs=c.warmup_epochs)
+
+    def schedule(self, epoch: float) -> tuple[float, float]:
+        """(learning rate, uplink density) at a fractional ``epoch``, warm-ups and guard included."""
+        t, c = self.cfg.train, self.cfg.compression
+        lr = lr_at(epoch, base_lr=t.lr, warmup_epochs=t.lr_warmup_epochs, total_epochs=t.epochs,
+                   schedule=t.lr_schedule) * self.lr_factor
+        density = (1.0 if c.method == "none"
+                   else min(1.0, self.density_factor * self._warmed_density(epoch, c.density)))
+        return lr, density
+
+    def downlink_density(self, epoch: float) -> float:
+        """``compression.density_down`` after the density warm-up: early updates are large and
+        dense, and a view that lags them slows training most."""
+        return min(1.0, self._warmed_density(epoch, self.cfg.compression.density_down))
+
+    # -- downlink ---------------------------------------------------------------------------
+    def order_weights(self) -> dict:
+        """The weights fields of the next order: W (dense) or the view U and the latest downlinks."""
+        if not self.sparse_down:
+            return {"weights": self._broadcast_at(self.version, self.W), "weights_version": self.version}
+        v = self.ps.view_version
+        return {"weights": self._broadcast_at(v, self.ps.U), "weights_version": v,
+                "downlinks": tuple(self.downlinks)}
+
+    def _broadcast_at(self, version: int, array: np.ndarray):
+        """A broadcast of ``array``'s bytes at ``version``, made once per version."""
+        if self._bcast is None or self._bcast_version != version:
+            if self._bcast is not None:
+                self._old_bcasts.append(self._bcast)
+                while len(self._old_bcasts) > self.keep_broadcasts:
+                    self.backend.unpersist(self._old_bcasts.pop(0))
+            self._bcast = self.backend.broadcast(array.tobytes())
+            self._bcast_version = version
+        return self._bcast
+
+    def send_downlink(self, epoch: float) -> int:
+        """After an update: D = sparsify(W − U), U += D; keep the latest for the next orders.
+        Returns the entries of D (P for the dense downlink, which ships W itself)."""
+        if not self.sparse_down:
+            return int(self.W.size)
+        dl = self.ps.downlink(self.downlink_density(epoch))
+        if dl is None:
+            return 0
+        enc = codec.encode(dl.delta, self.spec.layout,
+                           value_dtype="float32" if dl.assign else self.spec.value_dtype)
+        msg = DownlinkMsg(version=dl.version, base_version=dl.base_version, checksum_after=dl.checksum_after,
+                          assign=dl.assign, payload=enc)
+        self.downlinks = (self.downlinks + [msg])[-self.inline_downlinks:]
+        return int(dl.delta.nnz)
+
+    # -- results ----------------------------------------------------------------------------
+    def take_fresh(self, results: list[RoundResult], seq: int | None = None) -> list[RoundResult]:
+        """Results not taken before (exactly once per (seq, block)); duplicates are counted.
+        With ``seq``, a result of another exchange counts as a duplicate too."""
+        fresh = []
+        for r in results:
+            key = (r.seq, r.block)
+            if key in self.applied or (seq is not None and r.seq != seq):
+                self.counters["duplicates_dropped"] += 1
+                continue
+            self.applied.add(key)
+            fresh.append(r)
+            self.executors.add(r.executor)
+        return fresh
+
+    def staleness(self, result: RoundResult) -> int:
+        return self.version - result.base_version
+
+    def too_stale(self, result: RoundResult) -> bool:
+        """The staleness rule: τ > ps.max_staleness drops the result (counted)."""
+        tau = self.staleness(result)
+        if held_back(tau, self.cfg.ps.max_staleness):
+            self.counters["stale_dropped"] += 1
+            log.warning("exchange %s block %s: staleness %s > ps.max_staleness %s; dropped",
+                        result.seq, result.block, tau, self.cfg.ps.max_staleness)
+            return True
+        return False
+
+    def apply(self, results: list[RoundResult], lr: float, factor: float = 1.0) -> Applied:
+        """``W −= Σ_k factor·s(lr)·(n_k / Σ n)·S_k`` over the results that decode and pass the guard
+        (``s(lr)``: the momentum policy's server scale). Each rejected one is logged and counted."""
+        scale = factor * server_scale(self.spec.method, self.spec.momentum_mode, self.spec.per_step, lr)
+        out = apply_deltas(self.ps, [r.payload for r in results], [r.samples for r in results],
+                           [scale] * len(results), guard=self.guard, steps=[r.steps for r in results])
+        for k, why in sorted(out.rejected.items()):
+            log.error("exchange %s block %s: delta rejected: %s", results[k].seq, results[k].block, why)
+        self.counters["rejected_deltas"] += len(out.rejected)
+        return out
+
+    def count_flags(self, results: list[RoundResult]) -> None:
+        for r in results:
+            self.counters["state_resets"] += int(r.state_reset)
+            self.counters["stale_states"] += int(r.state_stale)
+            self.counters["replica_resyncs"] += int(r.replica_resync)
+
+    def check_loss(self, tag: str, loss: float) -> None:
+        """Loss spike: act as ``guard.action`` says (halve the lr, raise the density, or stop)."""
+        if not self.guard.check_loss(loss):
+            return
+        action = self.cfg.guard.action
+        log.warning("%s: loss %.4g is a spike; action %s", tag, loss, action)
+        self.counters["loss_spikes"] += 1
+        if action == "stop" or not math.isfinite(loss):
+            raise Diverged(f"{tag}: training loss {loss:.4g} diverged (guard.action={action})")
+        if action == "halve_lr":
+            self.lr_factor *= 0.5
+        else:
+            self.density_factor = min(1.0 / max(self.cfg.compression.density, 1e-12), self.density_factor * 4)
+
+    def exchange_record(self, order: RoundOrder, results: list[RoundResult], out: Applied | None,
+                        nnz_down: int) -> dict:
+        """The record fields every engine writes for an exchange: loss, accuracy, traffic, timings."""
+        n = int(self.W.size)
+        samples = sum(r.samples for r in results)
+        up = sum(len(r.payload) for r in results)
+        nnz_up = sum(r.nnz for r in results)
+        inline = sum(len(d.payload) for d in order.downlinks)
+        down = inline * len(results) + sum(r.view_bytes for r in results)
+        dense = 4 * n * len(results)
+        return {
+            "lr": order.lr, "version": self.version, "samples": samples, "blocks": len(results),
+            "loss": sum(r.loss_sum for r in results) / max(1, samples),
+            "accuracy": sum(r.correct for r in results) / max(1, samples),
+            "density": order.density, "bytes_up": up, "nnz_up": nnz_up,
+            "achieved_density": nnz_up / max(1, n * len(results)), "bytes_per_nonzero": up / max(1, nnz_up),
+            # measured: inline downlink bytes per task + the dense bytes each task read
+            "bytes_down": down, "nnz_down": nnz_down, "dense_bytes": dense,
+            "uplink_ratio": dense / max(1, up), "downlink_ratio": dense / max(1, down),
+            "rejected": len(out.rejected) if out else 0,
+            "state_resets": sum(int(r.state_reset) for r in results),
+            "replica_resyncs": sum(int(r.replica_resync) for r in results),
+        }
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def save_checkpoint(self, position: int, engine_state: dict, blocks: dict) -> str:
+        """W, U, counters, guard, the engine's own state and per-block states, as checkpoint
+        ``r<position>``; ``records`` = metrics lines that the checkpoint covers."""
+        from sparkcnn.checkpoint import save_checkpoint
+
+        ps = self.ps.state_dict()
+        state = {
+            "position": position,
+            "ps": {k: int(v) for k, v in ps.items() if not isinstance(v, np.ndarray)},
+            "counters": dict(self.counters), "lr_factor": self.lr_factor,
+            "density_factor": self.density_factor, "guard": self.guard.state_dict(),
+            "records": len(self.history) + len(self.epoch_history),
+            "engine": engine_state, "config": self.cfg.to_dict(),
+        }
+        path = save_checkpoint(self.run_dir, f"r{position:07d}",
+                               arrays={k: v for k, v in ps.items() if isinstance(v, np.ndarray)},
+                               state=state, blocks=blocks)
+        self.checkpointed_at = position
+        return path
+
+    def restore(self, ckpt) -> dict:
+        """Server, counters and guard from a loaded checkpoint; returns the engine's own state."""
+        st = ckpt.state
+        self.ps.load_state_dict({**ckpt.arrays, **st["ps"]})
+        self.counters.update(st["counters"])
+        self.lr_factor, self.density_factor = st["lr_factor"], st["density_factor"]
+        self.guard.load_state_dict(st["guard"])
+        self.checkpointed_at = int(st["position"])
+        return st["engine"]
+
+    # -- records, evaluation, summary -------------------------------------------------------
+    def record(self, rec: dict) -> None:
+        self.history.append(rec)
+        if self.sink:
+            self.sink.write(rec)
+
+    def evaluate(self, epoch: int) -> dict:
+        spec = self.spec
+        desc = f"sparkcnn {spec.run_id} epoch {epoch + 1} evaluate"
+        res = self.backend.map_blocks(eval_task(spec, self.W.tobytes()), list(range(spec.test_blocks)), desc,
+                                      universe=spec.test_blocks)
+        n = sum(r.samples for r in res)
+        return {"test_loss": sum(r.loss_sum for r in res) / max(1, n),
+                "test_accuracy": sum(r.correct for r in res) / max(1, n), "test_samples": n}
+
+    def write_epoch(self, epoch: int, wall_s: float, on_epoch=None, **extra) -> dict:
+        """Evaluate on the test blocks and write the epoch record."""
+        ev = self.evaluate(epoch)
+        rounds = [h for h in self.history if h.get("epoch") == epoch]
+        erec = {"kind": "epoch", "epoch": epoch, **ev,
+                "train_loss": float(np.mean([h["loss"] for h in rounds])) if rounds else None,
+                "wall_s": wall_s,
+                "bytes_up": sum(h["bytes_up"] for h in rounds),
+                "bytes_down": sum(h["bytes_down"] for h in rounds),
+                **extra, **self.counters}
+        self.epoch_history.append(erec)
+        if self.sink:
+            self.sink.write(erec)
+        if self.progress:
+            self.progress.epoch(erec)
+        if on_epoch:
+            on_epoch(erec)
+        return erec
+
+    def chaos_kill(self, seq: int) -> None:
+        """Fault drill (``chaos.kill_driver_round``): SIGKILL this driver right after exchange ``seq``."""
+        if self.cfg.chaos.kill_driver_round == seq:
+            import signal
+
+            log.warning("chaos: SIGKILL of the driver after exchange %s", seq)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def summary(self, wall_s: float) -> dict:
+        h = self.history
+        last = self.epoch_history[-1] if self.epoch_history else {}
+        samples = sum(r["samples"] for r in h)
+        return {
+            "rounds": len(h), "epochs": len(self.epoch_history), "wall_s": wall_s,
+            "test_accuracy": last.get("test_accuracy"), "test_loss": last.get("test_loss"),
+            "accuracy_per_epoch": [e["test_accuracy"] for e in self.epoch_history],
+            "images_per_s": samples / wall_s if wall_s > 0 else 0.0,
+            "bytes_up": sum(r["bytes_up"] for r in h), "bytes_down": sum(r["bytes_down"] for r in h),
+            "dense_bytes_up": sum(r["dense_bytes"] for r in h),
+            "dense_bytes_down": sum(r["dense_bytes"] for r in h),
+            "mean_round_overhead_ms": 1000 * float(np.mean([r["round_overhead_s"] for r in h])) if h else 0.0,
+            "mean_round_compute_ms": 1000 * float(np.mean([r["compute_s"] for r in h])) if h else 0.0,
+            "executors": sorted(self.executors),
+            **self.counters,
+        }
+
+
+def timed(fn, *args, **kwargs):
+    """(fn(*args, **kwargs), start, end) in perf_counter seconds."""
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, t0, time.perf_counter()
