@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from sparkcnn.compression import SparseDelta, decode, decode_and_sum, decode_parts, encode
 from sparkcnn.compression import native, sparse_sum
-from sparkcnn.compression.codec import MAGIC, wire_to_float32
+from sparkcnn.compression.codec import FLOAT16_MAX, MAGIC, _first_unfit, wire_to_float32
 from sparkcnn.errors import CodecError
 
 FAST = settings(max_examples=80, deadline=None)
@@ -151,13 +151,38 @@ def test_rejects_non_finite_values(bits, shown):
     data = bytearray(_sparse_payload())
     values_at = HEADER + 5  # one tensor: count u32 + rice u8, then the values
     struct.pack_into("<H", data, values_at + 2, bits)  # the second value, at index 100
-    with pytest.raises(CodecError, match=rf"delta tensor 0: non-finite value {shown} at index 100"):
+    with pytest.raises(CodecError, match=rf"delta tensor 0: value {shown} at index 100 is not a finite float16"):
         decode(bytes(data), (1000,))
     # A dense tensor's bad value is named by its position too.
     dense = bytearray(encode(SparseDelta.from_dense(np.ones(4)), (4,)))
     struct.pack_into("<H", dense, HEADER + 5 + 6, bits)
-    with pytest.raises(CodecError, match=rf"delta tensor 0: non-finite value {shown} at index 3"):
+    with pytest.raises(CodecError, match=rf"delta tensor 0: value {shown} at index 3 is not a finite float16"):
         decode(bytes(dense), (4,))
+
+
+def test_value_check_agrees_with_isfinite_on_every_float16_and_the_float32_edges():
+    halves = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    bad = ~np.isfinite(halves)
+    for at in np.flatnonzero(bad)[::97].tolist() + [int(np.flatnonzero(bad)[0])]:
+        assert _first_unfit(np.concatenate([halves[~bad], halves[at:at + 1]])) == int((~bad).sum())
+    assert _first_unfit(halves[~bad]) is None
+    edges = np.array([np.finfo(np.float32).max, -np.finfo(np.float32).max, 0.0, -0.0], np.float32)
+    assert _first_unfit(edges) is None
+    assert _first_unfit(np.append(edges, np.float32(np.inf))) == 4
+    wire16 = np.array([65504.0, -65504.0], np.float32)
+    assert _first_unfit(wire16, FLOAT16_MAX) is None
+    assert _first_unfit(np.append(wire16, np.nextafter(np.float32(65504), np.float32(np.inf))), FLOAT16_MAX) == 2
+
+
+def test_decoder_names_a_non_finite_float32_value_in_a_later_dense_tensor():
+    layout = (1000, 4, 3)
+    idx = np.concatenate([[7, 500], 1000 + np.arange(7)])
+    vals = np.arange(9, dtype=np.float32)
+    data = bytearray(encode(SparseDelta(1007, idx, vals), layout, value_dtype="float32"))
+    values_at = HEADER + 5 * 3  # three tensors: dense values (tensor 1, then 2) first, then sparse
+    struct.pack_into("<f", data, values_at + 4 * 5, np.inf)  # tensor 2, index 1
+    with pytest.raises(CodecError, match=r"delta tensor 2: value inf at index 1 is not a finite float32"):
+        decode(bytes(data), layout)
 
 
 def test_encoder_refuses_values_the_wire_cannot_carry():
