@@ -1,10 +1,13 @@
 """Divergence guard (pure): reject exploding deltas, spot loss spikes.
 
-Delta rule, per block result with ``n = ‖S‖₂ / steps`` (per local step, so
-jobs of different lengths compare: async and balanced rounds vary H)::
+Delta rule, per block result with ``n = norm / steps`` where ``norm = ‖S‖₂``
+of the decoded delta (per local step, so jobs of different lengths compare:
+async and balanced rounds vary H)::
 
-    reject  if not finite(S)
     reject  if n_seen >= warmup and n > max_norm_factor · median(last n)
+
+The norm is of a decoded delta: the codec has already refused non-finite
+values, so the guard judges magnitudes only.
 
 Loss rule, per round::
 
@@ -33,18 +36,15 @@ class DivergenceGuard:
         self.rejected = 0
         self.spikes = 0
 
-    def check_delta(self, values: np.ndarray, steps: int = 1) -> str | None:
-        """None if the delta may be applied, else the reason it is rejected."""
-        if not np.all(np.isfinite(values)):
-            self.rejected += 1
-            return "non-finite values"
-        norm = float(np.linalg.norm(values)) / max(1, int(steps))
+    def check_norm(self, norm: float, steps: int = 1) -> str | None:
+        """None if a delta of L2 norm ``norm`` over ``steps`` local steps may be applied, else why not."""
+        n = float(norm) / max(1, int(steps))
         if len(self._norms) >= self.warmup:
             med = float(np.median(self._norms))
-            if med > 0 and norm > self.max_norm_factor * med:
+            if med > 0 and n > self.max_norm_factor * med:
                 self.rejected += 1
-                return f"norm per step {norm:.3g} > {self.max_norm_factor:g} x running median {med:.3g}"
-        self._norms.append(norm)
+                return f"norm per step {n:.3g} > {self.max_norm_factor:g} x running median {med:.3g}"
+        self._norms.append(n)
         return None
 
     def check_loss(self, loss: float) -> bool:
