@@ -126,7 +126,6 @@ class ParameterServer:
         self._checksum = checksum(self._U)
         self._log: deque[Downlink] = deque(maxlen=self.max_log)
         self._take_snapshot()
-        self.rejected_updates = 0  # non-finite updates refused by apply()
 
     def _take_snapshot(self) -> None:
         self._snapshot_version = self._view_version
@@ -166,19 +165,21 @@ class ParameterServer:
 
     # -- optimizer side --------------------------------------------------------------
 
-    def apply(self, update: np.ndarray | SparseDelta, scale: float = 1.0) -> bool:
-        """``W -= scale * update`` in float32; version += 1. False if refused.
+    def apply(self, update: np.ndarray | SparseDelta, scale: float = 1.0) -> int:
+        """``W -= scale * update`` in float32; returns the new version (old + 1).
 
         ``update`` is a dense vector (cast to float32) or a SparseDelta; both
-        give bit-identical ``W`` for the same entries. An update whose result
-        would not be finite (NaN/inf in it, or overflow) is refused whole:
-        ``W`` and ``version`` do not change and ``rejected_updates`` counts it.
+        give bit-identical ``W`` for the same entries. Updates reach the
+        server only through the codec, whose decoder refuses non-finite
+        values (:func:`sparkcnn.engine.apply.apply_deltas`), and through the
+        divergence guard, which refuses exploding ones; so this method checks
+        shapes, not values.
         """
         scale = float(scale)
         if not (math.isfinite(scale) and scale > 0):
             raise BadInput(f"`scale` must be finite and > 0, got {scale!r}")
         s = np.float32(scale)
-        with self._lock, np.errstate(over="ignore", invalid="ignore"):  # caught by the isfinite check
+        with self._lock:
             if isinstance(update, SparseDelta):
                 if update.size != self._W.size:
                     raise BadInput(f"update has size {update.size}, weights have {self._W.size}")
@@ -187,27 +188,14 @@ class ParameterServer:
                 except ValueError as err:
                     raise BadInput(f"malformed sparse update: {err}") from None
                 idx, step = update.indices, update.values
-                new = self._W[idx] - (step * s if scale != 1.0 else step)
+                self._W[idx] -= step * s if scale != 1.0 else step
             else:
                 step = np.asarray(update, dtype=np.float32)
                 if step.shape != self._W.shape:
                     raise BadInput(f"update has shape {step.shape}, weights have {self._W.shape}")
-                idx = None
-                new = self._W - (step * s if scale != 1.0 else step)
-            if not np.isfinite(new).all():
-                self.rejected_updates += 1
-                log.warning(
-                    "refused a non-finite update at version %s (%s refused so far)",
-                    self.version,
-                    self.rejected_updates,
-                )
-                return False
-            if idx is None:
-                np.copyto(self._W, new)
-            else:
-                self._W[idx] = new
+                np.subtract(self._W, step * s if scale != 1.0 else step, out=self._W)
             self.version += 1
-            return True
+            return self.version
 
     # -- downlink side ---------------------------------------------------------------
 
@@ -336,7 +324,6 @@ class ParameterServer:
                 "layout": np.asarray(self.layout, np.int64),
                 "version": int(self.version),
                 "view_version": int(self._view_version),
-                "rejected_updates": int(self.rejected_updates),
                 "snapshot_version": int(self._snapshot_version),
                 "snapshot": self._snapshot.copy(),
             }
@@ -355,7 +342,7 @@ class ParameterServer:
         if tuple(np.asarray(state.get("layout", ())).tolist()) != self.layout:
             raise BadInput("parameter-server state `layout` differs from this model's layout")
         ints = {}
-        for key in ("version", "view_version", "rejected_updates", "snapshot_version"):
+        for key in ("version", "view_version", "snapshot_version"):
             try:
                 ints[key] = operator.index(state[key])
             except (KeyError, TypeError):
@@ -378,4 +365,3 @@ class ParameterServer:
             for dl in dls:
                 self._append(dl)
             self._snapshot_version, self._snapshot = ints["snapshot_version"], _readonly(state["snapshot"].copy())
-            self.rejected_updates = ints["rejected_updates"]
