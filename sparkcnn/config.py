@@ -106,14 +106,10 @@ class CompressionConfig:
 
 @dataclass(frozen=True)
 class PSConfig:
-    snapshot_every: int = 150   # versions between dense snapshots of the workers' view U
-    max_log: int = 300          # downlink deltas kept for replicas that fall behind
     staleness: str = "inverse"  # async: none (lambda = 1) | inverse (lambda = 1/tau)
     max_staleness: int = 8      # async: a block whose result would be staler is held back
 
     def validate(self, p: str) -> None:
-        _check(self.snapshot_every >= 1, f"{p}.snapshot_every", ">= 1", self.snapshot_every)
-        _check(self.max_log >= 1, f"{p}.max_log", ">= 1", self.max_log)
         _check(self.staleness in ("none", "inverse"), f"{p}.staleness", "one of none, inverse", self.staleness)
         _check(self.max_staleness >= 1, f"{p}.max_staleness", ">= 1", self.max_staleness)
 

@@ -1,4 +1,4 @@
-"""Parameter-server state: global weights, the workers' view, downlinks, snapshots.
+"""Parameter-server state: global weights, the workers' view, downlinks.
 
 State (all flat over the model's ``layout``)::
 
@@ -25,20 +25,21 @@ Downlink (``D``, applied by server and replicas with :func:`replica.apply_delta`
 
 The dense downlink assigns instead of adding because ``U + float32(W - U)``
 need not round back to ``W`` (e.g. across a sign change), and its support is
-only what changed since the last downlink. Every downlink goes to a log of at
-most ``max_log`` downlinks and P entries in all; every ``snapshot_every`` versions a dense copy of ``U`` is
-kept, so a replica that is missing or behind the log restarts from the
-snapshot plus the log since (:meth:`ParameterServer.sync_payload`).
+only what changed since the last downlink.
+
+Catching up: the engine ships the latest few downlinks with every task; a
+replica that is missing, further behind or corrupt reloads ``U`` itself
+(:meth:`replica.Replica.sync`), a dense copy the engine broadcasts. A
+server-side snapshot plus a log of downlinks since could never cost fewer
+bytes than that copy of ``U``, so the server keeps neither.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import numbers
 import operator
 import threading
-from collections import deque
 
 import numpy as np
 
@@ -50,31 +51,18 @@ from sparkcnn.replica import (
     MASK64,
     MAX_SIZE,
     Downlink,
-    Snapshot,
-    SyncPayload,
     apply_delta,
     checksum,
     format_checksum,
-    pack_downlinks,
-    unpack_downlinks,
 )
 
-__all__ = ["Downlink", "ParameterServer", "Snapshot"]
-
-log = logging.getLogger(__name__)
-
+__all__ = ["Downlink", "ParameterServer"]
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
     view = a.view()
     view.flags.writeable = False
     return view
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise BadInput(f"`{name}` must be an int >= 1, got {value!r}")
-    return int(value)
 
 
 class ParameterServer:
@@ -90,8 +78,6 @@ class ParameterServer:
         layout,
         *,
         density_down: float | None,
-        snapshot_every: int,
-        max_log: int,
         sparsifier: Sparsifier | None = None,
         value_dtype: str = "float32",
     ) -> None:
@@ -110,8 +96,6 @@ class ParameterServer:
         if value_dtype not in VALUE_DTYPES:
             raise BadInput(f"`value_dtype` must be one of {VALUE_DTYPES}, got {value_dtype!r}")
         self.density_down = None if density_down is None else float(density_down)
-        self.snapshot_every = _positive_int("snapshot_every", snapshot_every)  # versions
-        self.max_log = _positive_int("max_log", max_log)  # downlinks kept for catching up
         self.sparsifier = sparsifier if sparsifier is not None else Sparsifier()
         # The same method on the support of one tensor, whose size says nothing about dense_below.
         self._on_support = Sparsifier(self.sparsifier.method, 0, rng=self.sparsifier.rng)
@@ -124,12 +108,6 @@ class ParameterServer:
         self.version = 0  # bumped by every accepted apply()
         self._view_version = 0  # version of the last downlink: the version U "is at"
         self._checksum = checksum(self._U)
-        self._log: deque[Downlink] = deque(maxlen=self.max_log)
-        self._take_snapshot()
-
-    def _take_snapshot(self) -> None:
-        self._snapshot_version = self._view_version
-        self._snapshot = _readonly(self._U.copy())
 
     # -- read-only state -------------------------------------------------------------
 
@@ -158,10 +136,6 @@ class ParameterServer:
     def checksum(self) -> str:
         """Checksum of ``U`` (what ``Downlink.checksum_after`` of the last downlink says)."""
         return format_checksum(self._checksum)
-
-    @property
-    def log_versions(self) -> list[int]:
-        return [dl.version for dl in self._log]
 
     # -- optimizer side --------------------------------------------------------------
 
@@ -226,23 +200,8 @@ class ParameterServer:
                 assign = False
             self._checksum = (self._checksum + apply_delta(self._U, delta, assign=assign)) & MASK64
             dl = Downlink(self.version, delta, format_checksum(self._checksum), self._view_version, assign)
-            self._append(dl)
             self._view_version = self.version
-            if self.version // self.snapshot_every > self._snapshot_version // self.snapshot_every:
-                self._take_snapshot()
             return dl
-
-    def _append(self, dl: Downlink) -> None:
-        """Log ``dl``, keeping at most ``max_log`` downlinks and P logged entries.
-
-        Past P entries the log costs more to replay (12 B per entry) than a
-        snapshot to send (4 B per parameter); the dense downlink after dense
-        updates would otherwise hold ``max_log`` copies of the model.
-        """
-        self._log.append(dl)
-        logged = sum(d.delta.nnz for d in self._log)
-        while logged > self._W.size and len(self._log) > 1:
-            logged -= self._log.popleft().delta.nnz
 
     def _select(self, density_down: float) -> tuple[np.ndarray, np.ndarray]:
         """Indices and float32 values of ``D``: per tensor t of size n_t, the k_t largest |R| among R != 0.
@@ -276,64 +235,30 @@ class ParameterServer:
             vals.append(rt)
         return np.concatenate(idx), np.concatenate(vals)
 
-    def sync_payload(self, from_version: int | None) -> SyncPayload:
-        """What a replica at ``from_version`` (None: no replica) needs to reach ``U``.
-
-        - ``[]`` if it is already there;
-        - the list of logged downlinks after ``from_version`` if the log reaches back to it;
-        - else ``Snapshot(version, U_copy, downlinks since)`` from the latest
-          snapshot, taking a fresh one when the log no longer reaches back to it.
-        """
-        with self._lock:
-            cur = self._view_version
-            if from_version is not None and from_version == cur:
-                return []
-            start = self._log_position(from_version)
-            if start is not None:
-                return list(self._log)[start:]
-            if self._snapshot_version == cur:
-                return Snapshot(cur, self._snapshot, [])
-            start = self._log_position(self._snapshot_version)
-            if start is None:
-                log.debug("log no longer covers snapshot %s: new snapshot at %s", self._snapshot_version, cur)
-                self._take_snapshot()
-                return Snapshot(cur, self._snapshot, [])
-            return Snapshot(self._snapshot_version, self._snapshot, list(self._log)[start:])
-
-    def _log_position(self, version: int | None) -> int | None:
-        """Index of the logged downlink that starts at ``version``, if any."""
-        if version is None:
-            return None
-        for i, dl in enumerate(self._log):
-            if dl.base_version == version:
-                return i
-        return None
-
     # -- checkpoints -----------------------------------------------------------------
 
     def state_dict(self) -> dict:
         """State as numpy arrays and plain ints (copies; no pickle needed).
 
-        ``R`` is not stored: it is ``W - U`` by definition. The log is stored
-        as ``log_*`` arrays (:func:`replica.pack_downlinks`).
+        ``R`` is not stored: it is ``W - U`` by definition.
         """
         with self._lock:
-            state = {
+            return {
                 "W": self._W.copy(),
                 "U": self._U.copy(),
                 "layout": np.asarray(self.layout, np.int64),
                 "version": int(self.version),
                 "view_version": int(self._view_version),
-                "snapshot_version": int(self._snapshot_version),
-                "snapshot": self._snapshot.copy(),
             }
-            state.update({f"log_{k}": v for k, v in pack_downlinks(self._log).items()})
-            return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned; BadInput names the faulty key."""
+        """Restore what :meth:`state_dict` returned; BadInput names the faulty key.
+
+        Other keys are ignored (checkpoints of earlier versions also held a
+        downlink log and a snapshot of ``U``).
+        """
         P = self._W.size
-        for key in ("W", "U", "snapshot"):
+        for key in ("W", "U"):
             a = state.get(key)
             if not (isinstance(a, np.ndarray) and a.dtype == np.float32 and a.shape == (P,)):
                 raise BadInput(f"parameter-server state `{key}` must be float32 [{P}]")
@@ -342,26 +267,15 @@ class ParameterServer:
         if tuple(np.asarray(state.get("layout", ())).tolist()) != self.layout:
             raise BadInput("parameter-server state `layout` differs from this model's layout")
         ints = {}
-        for key in ("version", "view_version", "snapshot_version"):
+        for key in ("version", "view_version"):
             try:
                 ints[key] = operator.index(state[key])
             except (KeyError, TypeError):
                 raise BadInput(f"parameter-server state `{key}` must be an int") from None
-        if not 0 <= ints["snapshot_version"] <= ints["view_version"] <= ints["version"]:
-            raise BadInput("parameter-server state: expected 0 <= snapshot_version <= view_version <= version")
-        try:
-            dls = unpack_downlinks(state, P, prefix="log_")
-        except ValueError as err:
-            raise BadInput(f"parameter-server state {err}") from None
-        sum_U = checksum(state["U"])
-        if dls and (dls[-1].checksum_after, dls[-1].version) != (format_checksum(sum_U), ints["view_version"]):
-            raise BadInput("parameter-server state: `U` does not match the last logged downlink")
+        if not 0 <= ints["view_version"] <= ints["version"]:
+            raise BadInput("parameter-server state: expected 0 <= view_version <= version")
         with self._lock:
             np.copyto(self._W, state["W"])  # in place: views handed out stay live
             np.copyto(self._U, state["U"])
-            self._checksum = sum_U
+            self._checksum = checksum(self._U)
             self.version, self._view_version = ints["version"], ints["view_version"]
-            self._log = deque(maxlen=self.max_log)
-            for dl in dls:
-                self._append(dl)
-            self._snapshot_version, self._snapshot = ints["snapshot_version"], _readonly(state["snapshot"].copy())

@@ -11,7 +11,7 @@ so a replica that applied the same downlinks in order is bit-identical to the
 server's ``U``. Each downlink names the version it starts from and the version
 it reaches, and carries ``checksum(U)`` after it; a replica that skipped one,
 applied one twice or had its ``U`` altered raises :class:`ReplicaOutOfSync`,
-and :meth:`Replica.sync` reloads it from a dense snapshot.
+and :meth:`Replica.sync` reloads it from a dense copy of ``U``.
 
 Checksum (order-sensitive, additive, so a sparse downlink updates it in O(nnz))::
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Iterable, NamedTuple, Union
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -61,17 +61,6 @@ class Downlink:
     checksum_after: str  # checksum(U) after applying, 16 hex digits
     base_version: int  # server version of the U this downlink applies to
     assign: bool = False  # True for the dense downlink: U[idx] = values, so U == W exactly
-
-
-class Snapshot(NamedTuple):
-    """A dense copy of ``U`` at ``version`` and the downlinks logged since it."""
-
-    version: int
-    weights: np.ndarray  # float32 [P], read-only
-    downlinks: list[Downlink]
-
-
-SyncPayload = Union[list, Snapshot]  # what ParameterServer.sync_payload returns
 
 
 def _mix_sum(values: np.ndarray, indices: np.ndarray | None = None) -> int:
@@ -135,68 +124,14 @@ def apply_delta(U: np.ndarray, delta: SparseDelta, *, assign: bool = False) -> i
     return (_mix_sum(U[idx], idx) - before) & MASK64
 
 
-_PACKED = {  # array form of a list of downlinks: key -> (dtype, length: "n", "n+1" or "nnz")
-    "versions": (np.int64, "n"),
-    "base_versions": (np.int64, "n"),
-    "assign": (np.bool_, "n"),
-    "checksums": (np.uint64, "n"),
-    "offsets": (np.int64, "n+1"),  # downlink j owns indices/values[offsets[j]:offsets[j + 1]]
-    "indices": (np.int64, "nnz"),
-    "values": (np.float32, "nnz"),
-}
-
-
-def pack_downlinks(downlinks: Iterable[Downlink]) -> dict[str, np.ndarray]:
-    """Downlinks as flat numpy arrays (pickle-free: for checkpoints and spills)."""
-    dls = list(downlinks)
-    offsets = np.zeros(len(dls) + 1, np.int64)
-    np.cumsum([d.delta.nnz for d in dls], out=offsets[1:])
-    return {
-        "versions": np.asarray([d.version for d in dls], np.int64),
-        "base_versions": np.asarray([d.base_version for d in dls], np.int64),
-        "assign": np.asarray([d.assign for d in dls], np.bool_),
-        "checksums": np.asarray([int(d.checksum_after, 16) for d in dls], np.uint64),
-        "offsets": offsets,
-        "indices": np.concatenate([d.delta.indices for d in dls] + [np.empty(0, np.int64)]),
-        "values": np.concatenate([d.delta.values for d in dls] + [np.empty(0, np.float32)]),
-    }
-
-
-def unpack_downlinks(arrays: dict, size: int, prefix: str = "") -> list[Downlink]:
-    """Inverse of :func:`pack_downlinks` (keys ``prefix + key``); ValueError names the faulty key."""
-    got = {}
-    for key, (dtype, _) in _PACKED.items():
-        a = np.asarray(arrays.get(prefix + key))
-        if a.dtype != dtype or a.ndim != 1:
-            raise ValueError(f"`{prefix}{key}`: expected 1-D {np.dtype(dtype)}, got {a.dtype} {a.shape}")
-        got[key] = a
-    n, off = got["versions"].size, got["offsets"]
-    if off.size != n + 1 or off[0] != 0 or np.any(np.diff(off) < 0):
-        raise ValueError(f"`{prefix}offsets` must hold {n + 1} entries from 0, not decreasing")
-    lengths = {"n": n, "n+1": n + 1, "nnz": int(off[-1])}
-    for key, (_, length) in _PACKED.items():
-        if got[key].size != lengths[length]:
-            raise ValueError(f"`{prefix}{key}`: expected {lengths[length]} entries, got {got[key].size}")
-    out = []
-    for j in range(n):
-        a, b = int(off[j]), int(off[j + 1])
-        try:
-            delta = SparseDelta(size, got["indices"][a:b].copy(), got["values"][a:b].copy()).validate()
-        except ValueError as err:
-            raise ValueError(f"`{prefix}indices` of downlink {j}: {err}") from None
-        out.append(Downlink(int(got["versions"][j]), delta, format_checksum(int(got["checksums"][j])),
-                            int(got["base_versions"][j]), bool(got["assign"][j])))
-    return out
-
-
 class Replica:
-    """Executor-side copy of ``U`` at ``version``; empty until a snapshot is loaded."""
+    """Executor-side copy of ``U`` at ``version``; empty until a dense copy is loaded."""
 
     def __init__(self) -> None:
         self._U: np.ndarray | None = None
         self.version: int | None = None
         self._checksum = 0
-        self.resyncs = 0  # snapshot reloads done by sync() (a worker reports them as replica_resyncs)
+        self.resyncs = 0  # reloads of U done by sync() (a worker reports them as replica_resyncs)
 
     @property
     def U(self) -> np.ndarray | None:
@@ -212,7 +147,7 @@ class Replica:
         return None if self._U is None else format_checksum(self._checksum)
 
     def invalidate(self) -> None:
-        """Forget the weights; the next sync reloads a snapshot."""
+        """Forget the weights; the next sync reloads them."""
         self._U, self.version, self._checksum = None, None, 0
 
     def load_snapshot(self, version: int, weights: np.ndarray) -> None:
@@ -231,7 +166,7 @@ class Replica:
         :class:`ReplicaOutOfSync` is raised.
         """
         if self._U is None:
-            raise ReplicaOutOfSync("replica is empty: load a snapshot first")
+            raise ReplicaOutOfSync("replica is empty: load a dense copy of U first")
         applied = 0
         last: Downlink | None = None
         for dl in downlinks:
@@ -261,38 +196,25 @@ class Replica:
             raise ReplicaOutOfSync(f"replica weights at version {at} differ from the server's")
         return applied
 
-    def sync(
-        self,
-        payload: SyncPayload,
-        snapshot: Snapshot | Callable[[], Snapshot | None] | None = None,
-    ) -> bool:
-        """Bring the replica up to date from ``ParameterServer.sync_payload``.
+    def sync(self, downlinks: list[Downlink], reload: Callable[[], tuple[int, np.ndarray]]) -> bool:
+        """Bring the replica to the end of ``downlinks``, reloading ``U`` if it must.
 
-        ``payload`` is a list of downlinks or a :class:`Snapshot`. The replica
-        first tries to follow the downlinks; if it is empty, behind the log or
-        corrupt, it reloads the snapshot (the payload's own, else ``snapshot``,
-        which may be a callable that fetches one lazily, e.g. from a Spark
-        broadcast) and then applies the downlinks. Returns True when a snapshot
-        was reloaded; raises ReplicaOutOfSync when no snapshot can help.
+        The replica first follows ``downlinks`` (:meth:`apply`). If it is
+        empty, behind them or corrupt, it calls ``reload()`` for a dense copy
+        ``(version, weights)`` of the server's view (lazily: e.g. it reads a
+        Spark broadcast), loads it and follows the downlinks after that
+        version. Returns True when ``U`` was reloaded; raises
+        ReplicaOutOfSync when even the reloaded copy cannot follow them.
         """
-        if isinstance(payload, Snapshot):
-            snap, downlinks = payload, []
-        else:
-            snap, downlinks = None, list(payload)
-        follow = downlinks if snap is None else snap.downlinks
-        if self._U is not None and (snap is None or self.version >= snap.version):
+        downlinks = list(downlinks)
+        if self._U is not None:
             try:
-                self.apply(follow)
+                self.apply(downlinks)
                 return False
             except ReplicaOutOfSync as err:
                 log.info("replica resync: %s", err)
-        if snap is None:
-            snap = snapshot() if callable(snapshot) else snapshot
-        if snap is None:
-            self.invalidate()
-            raise ReplicaOutOfSync("replica needs a snapshot and none was given")
-        self.load_snapshot(snap.version, snap.weights)
+        version, weights = reload()
+        self.load_snapshot(version, weights)
         self.resyncs += 1
-        self.apply(snap.downlinks, full_check=False)  # a fresh copy: the per-downlink checks suffice
-        self.apply(downlinks, full_check=False)
+        self.apply(downlinks, full_check=False)  # a fresh copy: the per-downlink checks suffice
         return True

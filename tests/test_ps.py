@@ -15,13 +15,7 @@ from sparkcnn.compression.delta import SparseDelta
 from sparkcnn.compression.sparsify import Sparsifier
 from sparkcnn.errors import BadInput
 from sparkcnn.ps import ParameterServer
-from sparkcnn.replica import (
-    Replica,
-    ReplicaOutOfSync,
-    Snapshot,
-    checksum,
-    format_checksum,
-)
+from sparkcnn.replica import Replica, ReplicaOutOfSync, checksum, format_checksum
 from sparkcnn.staleness import held_back, staleness_scale
 
 LAYOUT = (6, 10, 24)  # three tensors, P = 40
@@ -36,10 +30,17 @@ def make_ps(weights=None, **kw) -> ParameterServer:
     if weights is None:
         weights = np.random.default_rng(0).standard_normal(P).astype(np.float32)
     kw.setdefault("density_down", 0.25)
-    kw.setdefault("snapshot_every", 4)
-    kw.setdefault("max_log", 8)
     kw.setdefault("sparsifier", Sparsifier("topk", dense_below=0))
     return ParameterServer(weights, LAYOUT, **kw)
+
+
+def reload_from(ps: ParameterServer, calls: list | None = None):
+    """What a worker's reload does: a dense copy of the server's view U at its version."""
+    def reload():
+        if calls is not None:
+            calls.append(ps.view_version)
+        return ps.view_version, ps.U.copy()
+    return reload
 
 
 def step(ps: ParameterServer, rng: np.random.Generator, density: float = 0.2, scale: float = 1.0):
@@ -169,48 +170,39 @@ def test_downlink_density_of_one_call_overrides_density_down(seed, density):
         ps.downlink(0.0)
 
 
-def test_log_holds_at_most_P_entries():
-    rng = np.random.default_rng(10)
-    ps = make_ps(density_down=None, max_log=50)
-    for _ in range(5):
-        ps.apply(rng.standard_normal(P).astype(np.float32))
-        ps.downlink()
-    assert ps.log_versions == [5]  # each dense downlink is ~P entries: a snapshot is cheaper
-    replica = Replica()
-    replica.sync(ps.sync_payload(None))
-    assert np.array_equal(bits(replica.U), bits(ps.W))
-
-
 # -- replicas -----------------------------------------------------------------------------
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.lists(st.sampled_from(["step", "down", "sync"]), max_size=40),
-       st.sampled_from([None, 0.1, 0.5]))
-def test_replica_rebuilt_from_snapshot_and_log_is_bit_identical(seed, script, density):
+       st.sampled_from([None, 0.1, 0.5]), st.integers(1, 3))
+def test_replica_follows_recent_downlinks_or_reloads_and_is_bit_identical(seed, script, density, inline):
+    """The engine ships the last ``inline`` downlinks with each task: a replica that is no
+    further behind follows them, one further behind reloads U; either way it ends on U."""
     rng = np.random.default_rng(seed)
-    ps = make_ps(density_down=density, snapshot_every=3, max_log=4)
-    replica = Replica()
-    assert replica.sync(ps.sync_payload(None)) is True  # empty replica: from the snapshot
+    ps = make_ps(density_down=density)
+    recent: list = []
+    replica, reloads = Replica(), []
+    assert replica.sync([], reload_from(ps, reloads)) is True and reloads == [0]  # empty: loads U
     for action in script:
         if action == "step":
             step(ps, rng)
         elif action == "down":
-            ps.downlink()
+            dl = ps.downlink()
+            recent = (recent + [dl])[-inline:] if dl is not None else recent
         else:
-            replica.sync(ps.sync_payload(replica.version))
+            behind = bool(recent) and replica.version < recent[0].base_version
+            assert replica.sync(recent, reload_from(ps, reloads)) is behind
             assert replica.version == ps.view_version
             assert np.array_equal(bits(replica.U), bits(ps.U))
             assert replica.checksum == ps.checksum
-    late = Replica()
-    late.sync(ps.sync_payload(None))
-    assert np.array_equal(bits(late.U), bits(ps.U)) and late.version == ps.view_version
+    assert replica.resyncs == len(reloads)
 
 
 def test_missed_downlink_is_detected_and_resynced():
     rng = np.random.default_rng(2)
     ps = make_ps()
     replica = Replica()
-    replica.sync(ps.sync_payload(None))
+    replica.sync([], reload_from(ps))
     step(ps, rng)
     ps.downlink()  # the replica never sees this one
     step(ps, rng)
@@ -219,13 +211,29 @@ def test_missed_downlink_is_detected_and_resynced():
         replica.apply([last])
     assert replica.U is None  # invalidated, not half-updated
 
-    replica.sync(ps.sync_payload(None))
+    replica.sync([], reload_from(ps))
     step(ps, rng)
     ps.downlink()
     step(ps, rng)
-    resynced = replica.sync([ps.downlink()], snapshot=lambda: ps.sync_payload(None))
+    resynced = replica.sync([ps.downlink()], reload_from(ps))
     assert resynced and replica.resyncs == 3  # initial load, reload after the gap, this one
     assert np.array_equal(bits(replica.U), bits(ps.U))
+
+
+def test_reload_is_called_only_when_needed_and_downlinks_after_it_are_followed():
+    rng = np.random.default_rng(11)
+    ps = make_ps()
+    replica, calls = Replica(), []
+    replica.sync([], reload_from(ps, calls))
+    step(ps, rng)
+    first = ps.downlink()
+    copy = (ps.view_version, ps.U.copy())  # e.g. a broadcast made at this version
+    step(ps, rng)
+    second = ps.downlink()
+    assert replica.sync([first, second], reload_from(ps, calls)) is False and calls == [0]
+    stale = Replica()
+    assert stale.sync([first, second], lambda: copy) is True  # reloads at `first`, then follows `second`
+    assert stale.version == second.version and np.array_equal(bits(stale.U), bits(ps.U))
 
 
 @pytest.mark.parametrize("touched", [False, True])
@@ -233,7 +241,8 @@ def test_corrupted_replica_is_detected_and_resynced(touched):
     rng = np.random.default_rng(3)
     ps = make_ps(density_down=0.1)
     replica = Replica()
-    replica.sync(ps.sync_payload(None))
+    replica.sync([], reload_from(ps))
+    U0 = ps.U.copy()
     step(ps, rng)
     dl = ps.downlink()
     j = int(dl.delta.indices[0]) if touched else int(np.setdiff1d(np.arange(P), dl.delta.indices)[0])
@@ -241,30 +250,34 @@ def test_corrupted_replica_is_detected_and_resynced(touched):
     with pytest.raises(ReplicaOutOfSync, match="checksum mismatch" if touched else "differ"):
         replica.apply([dl], full_check=not touched)
 
-    replica.load_snapshot(0, ps.sync_payload(None).weights)  # healthy again at the snapshot...
+    replica.load_snapshot(0, U0)  # healthy again at version 0...
     replica._U.view(np.uint32)[j] ^= 1  # ...then corrupted again
-    assert replica.sync(ps.sync_payload(0), snapshot=lambda: ps.sync_payload(None)) is True
+    assert replica.sync([dl], reload_from(ps)) is True
     assert np.array_equal(bits(replica.U), bits(ps.U)) and replica.checksum == ps.checksum
 
 
-def test_replica_without_snapshot_raises():
+def test_replica_that_cannot_follow_even_after_a_reload_raises():
     ps = make_ps()
-    step(ps, np.random.default_rng(4))
-    with pytest.raises(ReplicaOutOfSync, match="needs a snapshot"):
-        Replica().sync([ps.downlink()])
+    stale = (0, ps.U.copy())
+    rng = np.random.default_rng(4)
+    step(ps, rng)
+    ps.downlink()
+    step(ps, rng)
+    with pytest.raises(ReplicaOutOfSync, match="version gap"):
+        Replica().sync([ps.downlink()], lambda: stale)  # the copy predates the downlink's base
 
 
 def test_float16_downlink_values_keep_replicas_in_sync():
     rng = np.random.default_rng(5)
     ps = make_ps(value_dtype="float16", density_down=0.3)
     replica = Replica()
-    replica.sync(ps.sync_payload(None))
+    replica.sync([], reload_from(ps))
     for _ in range(6):
         step(ps, rng)
         dl = ps.downlink()
         v = dl.delta.values
         assert np.array_equal(v.astype(np.float16).astype(np.float32), v) and np.all(v != 0)
-        assert replica.sync([dl]) is False
+        assert replica.sync([dl], reload_from(ps)) is False
     assert np.array_equal(bits(replica.U), bits(ps.U))
 
 
@@ -296,13 +309,11 @@ def test_apply_returns_the_new_version():
 def test_bad_arguments_name_the_field():
     w = np.zeros(P, np.float32)
     with pytest.raises(BadInput, match="`density_down` must be in"):
-        ParameterServer(w, LAYOUT, density_down=1.5, snapshot_every=1, max_log=1)
-    with pytest.raises(BadInput, match="`max_log` must be an int >= 1"):
-        ParameterServer(w, LAYOUT, density_down=None, snapshot_every=1, max_log=0)
+        ParameterServer(w, LAYOUT, density_down=1.5)
     with pytest.raises(BadInput, match="`layout` covers"):
-        ParameterServer(w, (3, 4), density_down=None, snapshot_every=1, max_log=1)
+        ParameterServer(w, (3, 4), density_down=None)
     with pytest.raises(BadInput, match="`weights` must be a 1-D float32"):
-        ParameterServer(w.astype(np.float64), LAYOUT, density_down=None, snapshot_every=1, max_log=1)
+        ParameterServer(w.astype(np.float64), LAYOUT, density_down=None)
     ps = make_ps()
     with pytest.raises(BadInput, match="`scale` must be finite"):
         ps.apply(np.zeros(P, np.float32), scale=float("nan"))
@@ -310,34 +321,7 @@ def test_bad_arguments_name_the_field():
         ps.apply(SparseDelta(P, np.array([4, 4]), np.ones(2, np.float32)))
 
 
-# -- log, snapshots, sync payloads --------------------------------------------------------
-
-def test_log_bound_and_sync_payload_forms():
-    rng = np.random.default_rng(6)
-    ps = make_ps(snapshot_every=5, max_log=3)
-    assert ps.sync_payload(0) == []
-    for _ in range(4):
-        step(ps, rng)
-        ps.downlink()
-    assert ps.log_versions == [2, 3, 4]  # bounded
-    covered = ps.sync_payload(2)
-    assert isinstance(covered, list) and [d.version for d in covered] == [3, 4]
-    assert ps.sync_payload(4) == []
-    assert [d.version for d in ps.sync_payload(1)] == [2, 3, 4]
-    snap = ps.sync_payload(0)  # behind the log, whose start is past snapshot 0 too: a fresh one
-    assert isinstance(snap, Snapshot) and snap.version == 4 and snap.downlinks == []
-    assert not snap.weights.flags.writeable
-    for _ in range(2):
-        step(ps, rng)
-        ps.downlink()
-    snap = ps.sync_payload(None)  # the periodic snapshot (a multiple of 5) plus the log since
-    assert snap.version == 5 and [d.version for d in snap.downlinks] == [6]
-    for _ in range(4):
-        step(ps, rng)
-        ps.downlink()
-    assert ps.sync_payload(None).version == 10
-    assert ps.sync_payload(99).version == 10  # unknown version: not trusted
-
+# -- downlink versions ---------------------------------------------------------------------
 
 def test_downlink_versions_chain_when_applies_batch():
     rng = np.random.default_rng(7)
@@ -356,36 +340,35 @@ def test_downlink_versions_chain_when_applies_batch():
 
 def test_state_dict_round_trip_and_same_future():
     rng = np.random.default_rng(8)
-    ps = make_ps(snapshot_every=3, max_log=4)
+    ps = make_ps()
     for _ in range(5):
         step(ps, rng)
         ps.downlink()
     step(ps, rng)  # W ahead of U at the checkpoint
     state = ps.state_dict()
-    assert all(isinstance(v, (np.ndarray, int, str)) for v in state.values())
-    clone = make_ps(np.zeros(P, np.float32), snapshot_every=3, max_log=4)
-    clone.load_state_dict(state)
-    for attr in ("version", "view_version", "checksum", "log_versions"):
+    assert all(isinstance(v, (np.ndarray, int)) for v in state.values())
+    clone = make_ps(np.zeros(P, np.float32))
+    clone.load_state_dict({**state, "log_versions": np.zeros(2, np.int64)})  # old checkpoints' keys: ignored
+    for attr in ("version", "view_version", "checksum"):
         assert getattr(clone, attr) == getattr(ps, attr)
-    assert clone.sync_payload(None).version == ps.sync_payload(None).version
     for a, b in ((clone.W, ps.W), (clone.U, ps.U)):
         assert np.array_equal(bits(a), bits(b))
     replica = Replica()
-    replica.sync(ps.sync_payload(None))
+    replica.sync([], reload_from(ps))
     for server in (ps, clone):
         server.apply(np.full(P, 1e-3, np.float32))
     a, b = ps.downlink(), clone.downlink()
     assert a.checksum_after == b.checksum_after
-    assert replica.sync(clone.sync_payload(replica.version)) is False  # a resumed server's log serves old replicas
+    assert replica.sync([b], reload_from(clone)) is False  # a resumed server's downlinks serve old replicas
 
-    state["U"] = state["U"].copy()
-    state["U"][0] += 1
-    with pytest.raises(BadInput, match="does not match"):
-        make_ps().load_state_dict(state)
-    state["U"] = ps.state_dict()["U"]
-    state["log_offsets"] = state["log_offsets"][::-1].copy()
-    with pytest.raises(BadInput, match="`log_offsets` must hold"):
-        make_ps().load_state_dict(state)
+    with pytest.raises(BadInput, match="expected 0 <= view_version <= version"):
+        make_ps().load_state_dict({**state, "view_version": state["version"] + 1})
+    with pytest.raises(BadInput, match="`layout` differs"):
+        make_ps().load_state_dict({**state, "layout": np.asarray([P], np.int64)})
+    bad = dict(state, U=state["U"].copy())
+    bad["U"][0] = np.nan
+    with pytest.raises(BadInput, match="`U` must be finite"):
+        make_ps().load_state_dict(bad)
     del state["W"]
     with pytest.raises(BadInput, match="`W` must be float32"):
         make_ps().load_state_dict(state)
