@@ -494,3 +494,14 @@ def test_write_split_empty_keeps_schema(tmp_path):
     assert read_meta(str(tmp_path)) == parquet_io.DatasetMeta(2, 2, 1, ("a", "b"), 0)
     images, labels = read_split_numpy(str(tmp_path))
     assert images.shape == (0, 2, 2, 1) and labels.shape == (0,)
+
+
+def test_check_labels_names_file_record_and_label():
+    from sparkcnn.data.labels import check_labels
+
+    out = check_labels("x.bin", np.array([0, 9, 3], np.int64), 10)
+    assert out.dtype == np.int32 and out.tolist() == [0, 9, 3]
+    with pytest.raises(BadInput, match=r"^x\.bin: label -1 at record 1 out of range \[0, 10\)$"):
+        check_labels("x.bin", np.array([2, -1, 12]), 10)
+    with pytest.raises(BadInput, match=r"^src \(split 'test'\): label 3 at record 0 out of range \[0, 3\)$"):
+        check_labels("src (split 'test')", np.array([3], np.uint8), 3)

@@ -27,6 +27,7 @@ import re
 
 import numpy as np
 
+from sparkcnn.data.labels import check_labels
 from sparkcnn.errors import BadInput
 
 log = logging.getLogger(__name__)
@@ -108,15 +109,6 @@ def chw_to_hwc(flat: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(flat.reshape(-1, CHANNELS, SIDE, SIDE).transpose(0, 2, 3, 1))
 
 
-def _check_labels(path: str, labels: np.ndarray, num_classes: int) -> np.ndarray:
-    bad = np.flatnonzero((labels < 0) | (labels >= num_classes))
-    if bad.size:
-        i = int(bad[0])
-        raise BadInput(
-            f"{path}: label {int(labels[i])} at record {i} out of range [0, {num_classes})")
-    return labels.astype(np.int32)
-
-
 def read_cifar_bin_file(path: str, num_classes: int = 10) -> tuple[np.ndarray, np.ndarray]:
     """One binary batch file → (images uint8 (N, 32, 32, 3), labels int32 (N,))."""
     try:
@@ -128,7 +120,7 @@ def read_cifar_bin_file(path: str, num_classes: int = 10) -> tuple[np.ndarray, n
             f"{path}: length {raw.size} bytes is not a multiple of the "
             f"{RECORD_BYTES}-byte CIFAR-10 record")
     records = raw.reshape(-1, RECORD_BYTES)
-    labels = _check_labels(path, records[:, 0], num_classes)
+    labels = check_labels(path, records[:, 0], num_classes)
     return chw_to_hwc(records[:, 1:]), labels
 
 
@@ -152,7 +144,7 @@ def read_cifar_py_file(path: str, num_classes: int = 10) -> tuple[np.ndarray, np
     labels = np.asarray(labels, dtype=np.int64).reshape(-1)
     if len(labels) != len(data):
         raise BadInput(f"{path}: {len(data)} images but {len(labels)} labels")
-    return chw_to_hwc(data), _check_labels(path, labels, num_classes)
+    return chw_to_hwc(data), check_labels(path, labels, num_classes)
 
 
 def _batch_dir(source_dir: str, kind: str) -> str:

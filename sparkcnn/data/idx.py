@@ -22,6 +22,7 @@ import zlib
 
 import numpy as np
 
+from sparkcnn.data.labels import check_labels
 from sparkcnn.errors import BadInput
 
 log = logging.getLogger(__name__)
@@ -97,14 +98,7 @@ def read_idx_images(path: str) -> np.ndarray:
 
 def read_idx_labels(path: str, num_classes: int = NUM_CLASSES) -> np.ndarray:
     """Labels file (magic 0x801) → int32 array (N,), each in [0, num_classes)."""
-    labels = read_idx(path, LABELS_MAGIC)
-    bad = np.flatnonzero(labels >= num_classes)
-    if bad.size:
-        i = int(bad[0])
-        raise BadInput(
-            f"{path}: label {int(labels[i])} at record {i} out of range "
-            f"[0, {num_classes})")
-    return labels.astype(np.int32)
+    return check_labels(path, read_idx(path, LABELS_MAGIC), num_classes)
 
 
 def find_split_file(source_dir: str, stem: str) -> str:

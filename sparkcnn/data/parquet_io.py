@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sparkcnn.data.labels import check_labels
 from sparkcnn.errors import BadInput
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ def write_split(out_dir: str, images: np.ndarray, labels: np.ndarray,
     if rows_per_file < 1:
         raise BadInput(f"rows_per_file must be >= 1, got {rows_per_file}")
     classes = [str(c) for c in classes]
-    check_labels(labels, len(classes), out_dir)
+    check_labels(out_dir, labels, len(classes))
     _, h, w, c = images.shape
     row_bytes = h * w * c
     metadata = {META_HEIGHT: str(h), META_WIDTH: str(w), META_CHANNELS: str(c),
@@ -92,15 +93,6 @@ def write_split(out_dir: str, images: np.ndarray, labels: np.ndarray,
         paths.append(path)
     log.debug("wrote %d rows to %d files in %s", len(images), len(paths), out_dir)
     return paths
-
-
-def check_labels(labels: np.ndarray, num_classes: int, where: str) -> None:
-    """BadInput naming the first label outside [0, num_classes)."""
-    bad = np.flatnonzero((labels < 0) | (labels >= num_classes))
-    if bad.size:
-        i = int(bad[0])
-        raise BadInput(f"{where}: label {int(labels[i])} at row {i} out of range "
-                       f"[0, {num_classes})")
 
 
 def parquet_files(path: str) -> list[str]:
@@ -231,7 +223,7 @@ def read_split_numpy(split_dir: str) -> tuple[np.ndarray, np.ndarray]:
     images, labels = [], []
     for path in parquet_files(split_dir):
         img, lab = _read_columns(path, meta.image_bytes)
-        check_labels(lab, len(meta.classes), path)
+        check_labels(path, lab, len(meta.classes))
         images.append(img)
         labels.append(lab.astype(np.int32, copy=False))
     return (np.concatenate(images).reshape(-1, meta.height, meta.width, meta.channels),

@@ -29,6 +29,7 @@ import shutil
 import numpy as np
 
 from sparkcnn.data import cifar, idx, parquet_io
+from sparkcnn.data.labels import check_labels
 from sparkcnn.errors import BadInput
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ def _validate(source: str, splits: Splits, classes, given: dict) -> tuple[int, i
         if len(images) != len(labels):
             raise BadInput(f"{source}: split '{split}' has {len(images)} images "
                            f"but {len(labels)} labels")
-        parquet_io.check_labels(labels, len(classes), f"{source} (split '{split}')")
+        check_labels(f"{source} (split '{split}')", labels, len(classes))
         if shape is None:
             shape = images.shape[1:]
         elif images.shape[1:] != shape:
