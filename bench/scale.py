@@ -215,7 +215,7 @@ def measure_sparsify_share(density: float = 0.001, steps: int = 10, reps: int = 
         compute.append(time.perf_counter() - t)
         delta = w - tr.get_flat()
         t = time.perf_counter()
-        sent = ef.step(delta, density)
+        sent = ef.step(delta, density, lr=0.05, weights=None)
         encode(sent, layout, value_dtype="float16")
         sparse.append(time.perf_counter() - t)
     c, s_ = float(np.median(compute)), float(np.median(sparse))

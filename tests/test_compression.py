@@ -21,9 +21,11 @@ from sparkcnn.compression import (
     Sparsifier,
     density_at,
     lr_at,
+    make_policy,
     mask_momentum,
     merge,
     quantise,
+    server_scale,
     target_count,
     threshold_indices,
     topk_indices,
@@ -80,7 +82,7 @@ def test_error_feedback_sent_plus_residual_equals_input(seed, layout, steps, dty
     for _ in range(steps):
         delta = _dyadic(rng, size)
         before = feedback.residual + delta  # what A holds before the send
-        sent = feedback.step(delta, density)
+        sent = feedback.step(delta, density, lr=0.1, weights=None)
         # Per step, bitwise: A_before == q + A_after at every coordinate.
         assert np.array_equal(sent.to_dense() + feedback.residual, before)
         total_in += delta
@@ -93,7 +95,7 @@ def test_error_feedback_float32_sends_leave_zero_residual():
     layout = (20_000, 10)
     fb = ErrorFeedback(layout, Sparsifier("threshold", dense_below=100), value_dtype="float32")
     x = np.random.default_rng(0).standard_normal(sum(layout)).astype(np.float32)
-    sent = fb.step(x, 0.01)
+    sent = fb.step(x, 0.01, lr=0.1, weights=None)
     assert np.all(fb.residual[sent.indices] == 0)
     assert np.array_equal(sent.values, x[sent.indices])
     assert sent.nnz >= 10 and np.all(fb.residual[20_000:] == 0)  # the small tensor went dense
@@ -194,7 +196,7 @@ def test_dgc_momentum_matches_reference(dtype):
     v = np.zeros(sum(layout), np.float32)
     for _ in range(6):
         g = rng.standard_normal(u.size).astype(np.float32)
-        sent = dgc.step(g, density)
+        sent = dgc.step(g, density, lr=0.1, weights=None)
         # DGC (Lin et al. 2018, Alg. 1): u = m·u + g; v += u; S = top(v); v[S] = 0; u[S] = 0.
         u = np.float32(m) * u + g
         v = v + u
@@ -221,7 +223,7 @@ def test_sparsification_aware_momentum_matches_reference(dtype):
     w = rng.standard_normal(u.size).astype(np.float32)
     for _ in range(5):
         g = rng.standard_normal(u.size).astype(np.float32)
-        sent = sam.step(g, w, lr, density)
+        sent = sam.step(g, density, lr=lr, weights=w)
         # Yan 2019: u = m·u + lr·(g + wd·w); send top(u); clear sent; u[~S] /= m.
         u = np.float32(m) * u + np.float32(lr) * (g + np.float32(wd) * w)
         s = _reference_topk(u, layout, density)
@@ -250,11 +252,11 @@ def test_mask_momentum_zeroes_sent_coordinates():
 def test_state_dict_round_trip_and_validation():
     layout = (1000,)
     a = DGCMomentum(layout, Sparsifier("topk"), momentum=0.5)
-    a.step(np.random.default_rng(0).standard_normal(1000), 0.01)
+    a.step(np.random.default_rng(0).standard_normal(1000), 0.01, lr=0.1, weights=None)
     b = DGCMomentum(layout, Sparsifier("topk"), momentum=0.5)
     b.load_state_dict(a.state_dict())
     g = np.random.default_rng(1).standard_normal(1000)
-    sa, sb = a.step(g, 0.01), b.step(g, 0.01)
+    sa, sb = a.step(g, 0.01, lr=0.1, weights=None), b.step(g, 0.01, lr=0.1, weights=None)
     assert np.array_equal(sa.indices, sb.indices) and np.array_equal(sa.values, sb.values)
     with pytest.raises(BadInput, match=r"missing \['velocity'\]"):
         b.load_state_dict({"momentum": np.zeros(1000, np.float32)})
@@ -262,6 +264,38 @@ def test_state_dict_round_trip_and_validation():
         ErrorFeedback(layout, Sparsifier()).load_state_dict({"residual": np.zeros(3, np.float32)})
     with pytest.raises(BadInput, match="dtype float64, expected float32"):
         ErrorFeedback(layout, Sparsifier()).load_state_dict({"residual": np.zeros(1000)})
+
+
+@pytest.mark.parametrize("method, mode, per_step, cls, lr_scaled", [
+    ("none", "correction", True, None, False),
+    ("none", "sparsification_aware", False, None, False),
+    ("topk", "correction", False, ErrorFeedback, False),
+    ("threshold", "sparsification_aware", False, ErrorFeedback, False),
+    ("threshold", "correction", True, DGCMomentum, True),
+    ("topk", "sparsification_aware", True, SparsificationAwareMomentum, False),
+])
+def test_make_policy_and_server_scale_decide_together(method, mode, per_step, cls, lr_scaled):
+    policy = make_policy(method, mode, per_step, (500, 20), "float16", 100, 0.9)
+    assert type(policy) is cls if cls else policy is None
+    if policy is not None:
+        assert policy.server_lr_scaled is lr_scaled and policy.sparsifier.method == method
+        assert policy.sparsifier.dense_below == 100 and policy.value_dtype == "float16"
+    assert server_scale(method, mode, per_step, 0.05) == (0.05 if lr_scaled else 1.0)
+    if cls is SparsificationAwareMomentum:
+        assert policy.wd == 0 and policy.m == np.float32(0.9)  # the trainer's gradient carries wd
+
+
+def test_policies_share_one_step_interface():
+    layout, rng = (300,), np.random.default_rng(4)
+    update, w = rng.standard_normal(300).astype(np.float32), rng.standard_normal(300).astype(np.float32)
+    for mode, per_step in (("correction", False), ("correction", True), ("sparsification_aware", True)):
+        policy = make_policy("topk", mode, per_step, layout, "float32", 0, 0.9)
+        sent = policy.step(update, 0.1, lr=0.5, weights=w)
+        assert isinstance(sent, SparseDelta) and sent.nnz == 30
+    with pytest.raises(ValueError, match="compression.momentum must be one of"):
+        server_scale("topk", "nesterov", True, 0.1)
+    with pytest.raises(ValueError, match="compression.method must be one of"):
+        make_policy("random", "correction", True, layout, "float32", 0, 0.9)
 
 
 # --------------------------------------------------------------------------- warm-up

@@ -11,8 +11,10 @@ from .feedback import (
     DGCMomentum,
     ErrorFeedback,
     SparsificationAwareMomentum,
+    make_policy,
     mask_momentum,
     quantise,
+    server_scale,
 )
 from .sparse_sum import decode_and_sum, merge, weighted_sum
 from .sparsify import Sparsifier, target_count, threshold_indices, topk_indices
@@ -33,9 +35,11 @@ __all__ = [
     "encode",
     "layout_offsets",
     "lr_at",
+    "make_policy",
     "mask_momentum",
     "merge",
     "quantise",
+    "server_scale",
     "target_count",
     "threshold_indices",
     "topk_indices",

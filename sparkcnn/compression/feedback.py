@@ -1,14 +1,20 @@
 """Error feedback and momentum policies for sparse sends (one state per block).
 
-Every policy keeps flat float32 buffers, selects entries with a
-:class:`~.sparsify.Sparsifier`, and sends them quantised to the wire dtype.
-What is not sent stays in the buffer, so nothing is lost::
+Every policy has one interface, ``step(update, density, *, lr, weights) ->
+SparseDelta`` (arguments a policy does not need are ignored), keeps flat
+float32 buffers, selects entries with a :class:`~.sparsify.Sparsifier`, and
+sends them quantised to the wire dtype. What is not sent stays in the
+buffer, so nothing is lost::
 
     q = quantise(buf[S])      # exactly representable in the wire dtype
     buf[S] -= q               # exact: q(a) is within a factor 2 of a (Sterbenz)
 
 Hence ``sent + residual == accumulated input`` bitwise, for float16 and
 float32 values alike (float32: the residual at sent entries is exactly 0).
+
+Which policy a run uses, and whether the server multiplies what arrives by
+the learning rate, is decided here alone: :func:`make_policy` and
+:func:`server_scale`.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ import numpy as np
 from ..errors import BadInput
 from .codec import FLOAT16_MAX, VALUE_DTYPES
 from .delta import Layout, SparseDelta, layout_offsets
-from .sparsify import Sparsifier
+from .sparsify import METHODS, Sparsifier
+
+MOMENTUM_MODES = ("correction", "sparsification_aware")  # per-step forms (compression.momentum)
 
 
 def quantise(a: np.ndarray, value_dtype: str) -> np.ndarray:
@@ -62,6 +70,10 @@ class _FlatState:
     """Named flat float32 buffers with persistence, and the shared send step."""
 
     _buffers: tuple[str, ...] = ()
+    # True when the sent values are free of the learning rate, so the server
+    # applies ``W -= lr · mean(S)`` (server_scale); False when they are lr-scaled
+    # updates the server applies as they are.
+    server_lr_scaled: bool = False
 
     def __init__(self, layout: Layout, sparsifier: Sparsifier, value_dtype: str = "float16"):
         if value_dtype not in VALUE_DTYPES:
@@ -83,6 +95,10 @@ class _FlatState:
         q = quantise(buf[idx], self.value_dtype)
         buf[idx] -= q  # exact, see quantise()
         return SparseDelta(self.size, idx, q)
+
+    def step(self, update: np.ndarray, density: float, *, lr: float, weights: np.ndarray | None) -> SparseDelta:
+        """Take this step's ``update`` (a delta or a gradient, see the class) and return what to send."""
+        raise NotImplementedError
 
     def _check_input(self, name: str, vec: np.ndarray) -> np.ndarray:
         vec = np.asarray(vec, dtype=np.float32).ravel()
@@ -113,32 +129,37 @@ class _FlatState:
 class ErrorFeedback(_FlatState):
     """Residual accumulation for the local-step form (DESIGN §3, step 3)::
 
-        A += Δ
+        A += Δ                   # update = Δ, an lr-scaled weight delta
         S = select(A, density)
         A[S] -= q(A[S])          # q: wire quantisation; A keeps what was not sent
         return S, q(A[S])
+
+    ``lr`` and ``weights`` are ignored.
     """
 
     _buffers = ("residual",)
 
-    def step(self, delta: np.ndarray, density: float) -> SparseDelta:
-        self.residual += self._check_input("delta", delta)
+    def step(self, update: np.ndarray, density: float, *, lr: float, weights: np.ndarray | None) -> SparseDelta:
+        self.residual += self._check_input("update", update)
         return self._send(self.residual, density)
 
 
 class DGCMomentum(_FlatState):
     """Momentum correction with factor masking, per-step form (DGC, H = 1)::
 
-        u = m·u + g              # momentum, accumulated locally
+        u = m·u + g              # update = g, the gradient; momentum accumulated locally
         v += u                   # velocity residual
         S = select(v, density)
         send q(v[S]);  v[S] -= q(v[S])      # = 0 with float32 values
         u[S] = 0                 # factor masking
 
-    The server applies ``W -= lr · mean(S)`` with no second momentum.
+    What is sent is free of the learning rate: the server applies
+    ``W -= lr · mean(S)`` with no second momentum (``server_lr_scaled``).
+    ``lr`` and ``weights`` are ignored here.
     """
 
     _buffers = ("momentum", "velocity")
+    server_lr_scaled = True
 
     def __init__(self, layout: Layout, sparsifier: Sparsifier, value_dtype: str = "float16",
                  *, momentum: float = 0.9):
@@ -147,8 +168,8 @@ class DGCMomentum(_FlatState):
             raise ValueError(f"optimizer.momentum must be in [0, 1), got {momentum}")
         self.m = np.float32(momentum)
 
-    def step(self, grad: np.ndarray, density: float) -> SparseDelta:
-        g = self._check_input("grad", grad)
+    def step(self, update: np.ndarray, density: float, *, lr: float, weights: np.ndarray | None) -> SparseDelta:
+        g = self._check_input("update", update)
         self.momentum *= self.m
         self.momentum += g
         self.velocity += self.momentum
@@ -160,7 +181,7 @@ class DGCMomentum(_FlatState):
 class SparsificationAwareMomentum(_FlatState):
     """Sparsification-aware momentum (Yan 2019, arXiv 1910.10929; DESIGN §3)::
 
-        u = m·u + lr·(g + wd·w)  # lr-scaled momentum, one buffer per block
+        u = m·u + lr·(g + wd·w)  # update = g, weights = w; lr-scaled momentum, one buffer per block
         S = select(u, density)   # per-tensor threshold
         send q(u[S]);  u[S] -= q(u[S])      # cleared (= 0 with float32 values)
         u /= m                   # the next step's m·u restores it: what was not
@@ -168,6 +189,7 @@ class SparsificationAwareMomentum(_FlatState):
 
     The sent entries hold only the wire rounding remainder, which is divided
     by ``m`` like any other unsent mass; with float32 values they stay 0.
+    ``weights`` is read only when ``wd > 0``.
     """
 
     _buffers = ("momentum",)
@@ -184,8 +206,8 @@ class SparsificationAwareMomentum(_FlatState):
         self.m = np.float32(momentum)
         self.wd = np.float32(weight_decay)
 
-    def step(self, grad: np.ndarray, weights: np.ndarray, lr: float, density: float) -> SparseDelta:
-        g = self._check_input("grad", grad)
+    def step(self, update: np.ndarray, density: float, *, lr: float, weights: np.ndarray | None) -> SparseDelta:
+        g = self._check_input("update", update)
         u = self.momentum
         u *= self.m
         if self.wd:
@@ -195,3 +217,48 @@ class SparsificationAwareMomentum(_FlatState):
         sent = self._send(u, density)
         u /= self.m
         return sent
+
+
+def _policy_class(method: str, momentum_mode: str, per_step: bool) -> type[_FlatState] | None:
+    """The policy of a run: None when dense (method "none"), error feedback for local
+    steps (H > 1), else the per-step momentum form ``momentum_mode`` names."""
+    if method not in METHODS:
+        raise ValueError(f"compression.method must be one of {METHODS}, got {method!r}")
+    if momentum_mode not in MOMENTUM_MODES:
+        raise ValueError(f"compression.momentum must be one of {MOMENTUM_MODES}, got {momentum_mode!r}")
+    if method == "none":
+        return None
+    if not per_step:
+        return ErrorFeedback
+    return SparsificationAwareMomentum if momentum_mode == "sparsification_aware" else DGCMomentum
+
+
+def make_policy(method: str, momentum_mode: str, per_step: bool, layout: Layout, value_dtype: str,
+                dense_below: int, momentum: float) -> _FlatState | None:
+    """A block's fresh policy, or None when the run is dense (method "none").
+
+        per_step = False:                      ErrorFeedback
+        per_step, momentum_mode "correction":  DGCMomentum(momentum)
+        per_step, "sparsification_aware":      SparsificationAwareMomentum(momentum, weight_decay=0)
+
+    Weight decay stays 0: the trainer's gradient already includes it.
+    """
+    cls = _policy_class(method, momentum_mode, per_step)
+    if cls is None:
+        return None
+    sparsifier = Sparsifier(method, dense_below)
+    if cls is ErrorFeedback:
+        return ErrorFeedback(layout, sparsifier, value_dtype)
+    if cls is SparsificationAwareMomentum:
+        return SparsificationAwareMomentum(layout, sparsifier, value_dtype, momentum=momentum, weight_decay=0.0)
+    return DGCMomentum(layout, sparsifier, value_dtype, momentum=momentum)
+
+
+def server_scale(method: str, momentum_mode: str, per_step: bool, lr: float) -> float:
+    """What the server multiplies a block's decoded delta by before averaging::
+
+        lr    for a policy whose sends are lr-free (server_lr_scaled: DGCMomentum)
+        1.0   otherwise (dense, error feedback, sparsification-aware momentum)
+    """
+    cls = _policy_class(method, momentum_mode, per_step)
+    return float(lr) if cls is not None and cls.server_lr_scaled else 1.0
