@@ -23,7 +23,6 @@ from sparkcnn.compression import (
     lr_at,
     make_policy,
     mask_momentum,
-    merge,
     quantise,
     server_scale,
     target_count,
@@ -352,25 +351,7 @@ def test_weighted_sum_matches_dense_reference(data, size, count):
     np.testing.assert_allclose(out, expected + 1, rtol=1e-5, atol=1e-3)
 
 
-@FAST
-@given(data=st.data(), size=st.integers(1, 60))
-def test_merge_is_commutative_and_associative_against_dense(data, size):
-    a, b, c = data.draw(sparse_deltas(size, 3))
-    ab = merge(a, b)
-    assert np.array_equal(ab.indices, merge(b, a).indices)
-    assert np.array_equal(ab.values, merge(b, a).values)  # bitwise: a + b == b + a
-    assert np.all(np.diff(ab.indices) > 0)
-    assert np.array_equal(ab.indices, np.union1d(a.indices, b.indices))
-    dense = a.to_dense().astype(np.float64) + b.to_dense() + c.to_dense()
-    left, right = merge(merge(a, b), c), merge(a, merge(b, c))
-    assert np.array_equal(left.indices, right.indices)
-    np.testing.assert_allclose(left.to_dense(), dense, rtol=1e-5, atol=1e-4)
-    np.testing.assert_allclose(right.to_dense(), dense, rtol=1e-5, atol=1e-4)
-
-
-def test_merge_and_sum_validate_sizes():
-    with pytest.raises(ValueError, match="cannot merge deltas of sizes 3 and 4"):
-        merge(SparseDelta.empty(3), SparseDelta.empty(4))
+def test_weighted_sum_validates_sizes():
     with pytest.raises(ValueError, match="got 1 deltas but 2 weights"):
         weighted_sum([SparseDelta.empty(3)], [1.0, 2.0], 3)
 

@@ -16,7 +16,7 @@ from .feedback import (
     quantise,
     server_scale,
 )
-from .sparse_sum import decode_and_sum, merge, weighted_sum
+from .sparse_sum import decode_and_sum, weighted_sum
 from .sparsify import Sparsifier, target_count, threshold_indices, topk_indices
 from .warmup import density_at, lr_at
 
@@ -37,7 +37,6 @@ __all__ = [
     "lr_at",
     "make_policy",
     "mask_momentum",
-    "merge",
     "quantise",
     "server_scale",
     "target_count",

@@ -82,33 +82,6 @@ def weighted_sum(deltas: Sequence[SparseDelta], weights: Sequence[float], size: 
     return acc
 
 
-def merge(a: SparseDelta, b: SparseDelta) -> SparseDelta:
-    """``a + b`` without densifying: union of supports, duplicates summed.
-
-    For treeAggregate's combOp: commutative bitwise (float addition is), and
-    associative up to float32 rounding. Scale deltas (``SparseDelta.scaled``)
-    before merging to get a weighted sum.
-    """
-    if a.size != b.size:
-        raise ValueError(f"cannot merge deltas of sizes {a.size} and {b.size}")
-    if not a.nnz:
-        return b
-    if not b.nnz:
-        return a
-    idx = np.concatenate([a.indices, b.indices])
-    val = np.concatenate([a.values, b.values])
-    # Two sorted runs: the stable sort (timsort for int64) merges them in O(n).
-    order = np.argsort(idx, kind="stable")
-    idx, val = idx[order], val[order]
-    first = np.empty(idx.size, dtype=bool)
-    first[0] = True
-    np.not_equal(idx[1:], idx[:-1], out=first[1:])
-    starts = np.flatnonzero(first)
-    if starts.size == idx.size:  # disjoint supports
-        return SparseDelta(a.size, idx, val)
-    return SparseDelta(a.size, idx[starts], np.add.reduceat(val, starts))
-
-
 @dataclass(frozen=True)
 class _Decoded:
     """One validated payload, ready to add."""
