@@ -6,6 +6,7 @@ import pytest
 
 from sparkcnn.engine.backend import LocalBackend, SparkBackend
 from sparkcnn.engine.monitor import LoadMonitor
+from sparkcnn.protocol import RoundResult
 from sparkcnn.scheduler import ExecutorSample, task_slots
 
 
@@ -17,11 +18,19 @@ class Clock:
         return self.t
 
 
+def result(block: int, samples: int, compute_s: float) -> RoundResult:
+    """A block's answer with the fields the monitor reads; the rest zero."""
+    return RoundResult(block=block, seq=0, attempt=0, base_version=0, payload=b"", samples=samples,
+                       steps=0, loss_sum=0.0, correct=0, nnz=0, prep_s=0.0, compute_s=compute_s, encode_s=0.0,
+                       task_s=0.0, state_reset=False, state_stale=False, replica_resync=False, view_bytes=0,
+                       pid=0, executor="local")
+
+
 def test_local_backend_is_one_slot_and_results_give_speeds():
     monitor = LoadMonitor(LocalBackend("t-mon"))
     assert monitor.sample().executors == (ExecutorSample("local", 1, 0, 0),)
-    monitor.record({"block": 1, "samples": 640, "compute_s": 2.0})
-    monitor.record({"block": 0, "samples": 0, "compute_s": 0.0})  # an empty task measures nothing
+    monitor.record(result(1, 640, 2.0))
+    monitor.record(result(0, 0, 0.0))  # an empty task measures nothing
     speeds = monitor.speeds([0, 1])
     assert (speeds[0].images_per_s, speeds[1].images_per_s) == (None, 320.0)
     assert speeds[1].executor_id == "local"
@@ -53,11 +62,11 @@ def test_no_status_store_warns_once_and_uses_default_parallelism(caplog):
         def _jsc(self):
             raise AttributeError("no JVM (Spark Connect)")
 
-    class Backend:
-        sc = NoStore()
+    class Session:
+        sparkContext = NoStore()
 
-    monitor = LoadMonitor(Backend(), min_interval_s=0)
-    with caplog.at_level(logging.WARNING, logger="sparkcnn.engine.monitor"):
+    monitor = LoadMonitor(SparkBackend(Session(), "t-mon"), min_interval_s=0)
+    with caplog.at_level(logging.WARNING, logger="sparkcnn.engine.backend"):
         samples = [monitor.sample() for _ in range(3)]
     assert all(s.executors == (ExecutorSample("default", 6, 0, 0),) for s in samples)
     assert len([r for r in caplog.records if "status store" in r.getMessage()]) == 1
@@ -74,10 +83,8 @@ def test_status_store_on_local_spark(spark):
     assert task_slots(monitor.sample().executors, blocks=4) == 2
     assert monitor.speeds(range(3))[0].executor_id is None  # no block placed yet
 
-    out = backend.map_blocks(lambda b, attempt: {"block": b, "samples": 50, "compute_s": 0.25}, [1], "t",
-                             universe=3)
-    for r in out:
-        monitor.record(r)
+    [(block, attempt)] = backend.map_blocks(lambda b, ctx: (b, ctx.attempt), [1], "t", universe=3)
+    monitor.record(result(block, 50, 0.25))
     [after] = monitor.sample().executors
     # the job placed 3 blocks (3 tasks), then ran block 1 (1 task)
     assert after.completed_tasks >= before.completed_tasks + 4
@@ -85,4 +92,5 @@ def test_status_store_on_local_spark(spark):
     speeds = monitor.speeds(range(3))
     assert {k: s.executor_id for k, s in speeds.items()} == {0: "driver", 1: "driver", 2: "driver"}
     assert (speeds[0].images_per_s, speeds[1].images_per_s) == (None, 200.0)
+    assert attempt == 0
     backend.close()

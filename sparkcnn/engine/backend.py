@@ -1,27 +1,94 @@
 """The one narrow seam between training logic and Spark.
 
-``Backend.map_blocks(fn, blocks, description)`` runs ``fn(block, attempt)`` once
-per block and returns the results; ``aggregate_blocks`` does the same but
-reduces the results with ``seq``/``comb`` (Spark: ``treeAggregate``).
-:class:`LocalBackend` runs in this process so algorithm tests need no cluster;
-:class:`SparkBackend` runs one Spark job per call, named in the Spark UI.
+:class:`Backend` is the whole interface: ``map_blocks(fn, blocks)`` runs
+``fn(block, ctx)`` once per block (``ctx``: the task's
+:class:`~sparkcnn.protocol.TaskContextInfo`) and returns the results;
+``gather_blocks`` does the same through ``treeAggregate``; the load monitor reads
+``executor_samples`` and ``block_homes``. :class:`LocalBackend` runs in this
+process so algorithm tests need no cluster; :class:`SparkBackend` runs one Spark
+job per call, named in the Spark UI. :func:`get_or_create_spark` opens the
+session, respecting what the launcher chose.
 """
 
 from __future__ import annotations
 
+import abc
 import logging
 import os
+import re
+import shlex
 import sys
+import tempfile
 import threading
 import time
+
+from sparkcnn.protocol import TaskContextInfo
+from sparkcnn.scheduler import ExecutorSample
 
 log = logging.getLogger(__name__)
 
 
-class LocalBackend:
+class Backend(abc.ABC):
+    """Runs task functions over blocks; everything the engines and the load monitor ask of Spark."""
+
+    @property
+    @abc.abstractmethod
+    def parallelism(self) -> int:
+        """Task slots the engines plan for (Spark: ``defaultParallelism``)."""
+
+    @abc.abstractmethod
+    def map_blocks(self, fn, blocks, description: str = "", universe: int | None = None) -> list:
+        """``[fn(block, ctx) for block in blocks]``, one task per block, as one job.
+
+        ``universe``: the run's block count; blocks then run at their home executor.
+        """
+
+    @abc.abstractmethod
+    def gather_blocks(self, fn, blocks, description: str = "", depth: int = 2,
+                      universe: int | None = None) -> list:
+        """Like :meth:`map_blocks` (one job, one result per block), gathered through a tree of ``depth``."""
+
+    @abc.abstractmethod
+    def broadcast(self, value):
+        """A handle whose ``.value`` is ``value`` in every task."""
+
+    @abc.abstractmethod
+    def unpersist(self, bcast) -> None:
+        """Release a handle from :meth:`broadcast`."""
+
+    @abc.abstractmethod
+    def job_mark(self) -> int:
+        """Jobs entered so far: pass to :meth:`wait_job_after`."""
+
+    @abc.abstractmethod
+    def wait_job_after(self, mark: int, timeout: float = 30.0) -> bool:
+        """Wait until a job newer than ``mark`` is submitted; False on timeout (s)."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Cancel the run's jobs."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release what the run holds (the session stays open)."""
+
+    @abc.abstractmethod
+    def executor_samples(self) -> list[ExecutorSample]:
+        """Active executors now: task slots, running, failed and completed tasks."""
+
+    @abc.abstractmethod
+    def block_homes(self, universe: int) -> dict[int, str]:
+        """Block -> executor where its next job runs ({} where unknown)."""
+
+    @abc.abstractmethod
+    def session_info(self) -> dict:
+        """``{"master": ..., "app_id": ...}`` of the session the run uses."""
+
+
+class LocalBackend(Backend):
     """In-process backend: blocks run one after another in this Python process."""
 
-    parallelism = 1
+    max_attempts = 4  # like spark.task.maxFailures: a failed task is retried as attempt + 1
 
     def __init__(self, run_id: str = "local"):
         self.run_id = run_id
@@ -30,14 +97,17 @@ class LocalBackend:
         self._slot = threading.Lock()
         self._jobs = 0  # jobs entered so far (job_mark / wait_job_after)
         self._jobs_cv = threading.Condition()
+        self._local_dir = os.path.join(tempfile.gettempdir(), f"sparkcnn-{os.getuid()}")
 
-    max_attempts = 4  # like spark.task.maxFailures: a failed task is retried as attempt + 1
+    @property
+    def parallelism(self) -> int:
+        return 1
 
     def _task(self, fn, block):
         for attempt in range(self.max_attempts):
             try:
                 with self._slot:
-                    return fn(block, attempt)
+                    return fn(block, TaskContextInfo(attempt=attempt, cores=1, gpus=(), local_dir=self._local_dir))
             except Exception:
                 if attempt + 1 == self.max_attempts:
                     raise
@@ -59,12 +129,8 @@ class LocalBackend:
         self._enter_job()
         return [self._task(fn, b) for b in blocks]
 
-    def aggregate_blocks(self, fn, blocks, zero, seq, comb, description="", depth=2, universe=None):
-        self._enter_job()
-        acc = zero()
-        for b in blocks:
-            acc = seq(acc, self._task(fn, b))
-        return acc
+    def gather_blocks(self, fn, blocks, description="", depth=2, universe=None):
+        return self.map_blocks(fn, blocks, description, universe)
 
     def broadcast(self, value):
         return _LocalBroadcast(value)
@@ -78,6 +144,15 @@ class LocalBackend:
     def close(self):
         pass
 
+    def executor_samples(self) -> list[ExecutorSample]:
+        return [ExecutorSample("local", 1, 0, 0)]  # one task at a time in this process
+
+    def block_homes(self, universe: int) -> dict[int, str]:
+        return {k: "local" for k in range(universe)}
+
+    def session_info(self) -> dict:
+        return {"master": "inprocess", "app_id": None}
+
 
 class _LocalBroadcast:
     def __init__(self, value):
@@ -86,48 +161,217 @@ class _LocalBroadcast:
 
 LOCAL_DRIVER_JAVA_OPTS = "-XX:TieredStopAtLevel=1"
 
+# Settings this module passed to the driver JVM it launched: in the JVM's system
+# properties they look like the launcher's, but they are ours.
+_launched_with: dict[str, str] = {}
+
+# spark-submit arguments that name a setting without --conf
+_SUBMIT_FLAGS = {"--master": "spark.master", "--name": "spark.app.name",
+                 "--driver-java-options": "spark.driver.extraJavaOptions"}
+_SUBMIT_SWITCHES = {"--verbose", "-v", "--supervise", "--help", "-h", "--version"}  # flags without a value
+
 
 def get_or_create_spark(master: str = "", app_name: str = "sparkcnn", conf: dict | None = None):
-    """The active SparkSession (notebooks, spark-submit) or a new local one.
+    """The active SparkSession as it is (notebooks), or a new one on what the launcher chose.
 
-    In local mode the Python workers must run this interpreter, so
-    ``spark.pyspark.python`` is set to ``sys.executable``.
+    Without an active session the settings that ``spark-submit``,
+    ``PYSPARK_SUBMIT_ARGS`` and ``spark-defaults.conf`` gave the driver JVM are
+    kept; only unset keys are filled in: ``spark.master`` (``SPARKCNN_MASTER``,
+    else ``local[2]``), ``spark.app.name`` (``app_name``), FAIR scheduling, worker
+    reuse, no console progress bar, and for local masters the workers' interpreter.
+    ``master`` (``engine.master``) applies only when set, and then overrides the
+    launcher; an active session keeps its master. ``conf``: our callers' explicit
+    settings, applied as given.
     """
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
+        held = active.sparkContext.master
+        if master and master != held:
+            log.warning("engine.master=%s ignored: the active Spark session runs on %s", master, held)
         return active
-    master = master or os.environ.get("SPARKCNN_MASTER") or "local[2]"
-    builder = SparkSession.builder.appName(app_name).master(master)
+    conf = dict(conf or {})
+    if SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        # this process starts the driver JVM: settings that act only at its launch go with it
+        named = {**_defaults_file(), **_submit_settings(shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", "")))}
+        launch = {k: str(v) for k, v in conf.items()}
+        opts = _driver_java_opts(master or named.get("spark.master") or _default_master(), {**named, **conf})
+        if opts:
+            launch["spark.driver.extraJavaOptions"] = opts
+        SparkContext._ensure_initialized(conf=SparkConf(loadDefaults=False).setAll(list(launch.items())))
+        _launched_with.update(launch)
+    SparkContext._ensure_initialized()  # attaches to spark-submit's JVM; a no-op once up
+    chosen = _launcher_settings()
+
+    settings: dict = {}
+
+    def fill(key, value):
+        if key not in chosen:
+            settings[key] = value
+
+    if master:
+        settings["spark.master"] = master
+    else:
+        fill("spark.master", _default_master())
+    master = settings.get("spark.master") or chosen["spark.master"]
+    fill("spark.app.name", app_name)
+    # async mode submits jobs from several threads; FAIR shares executors between them
+    fill("spark.scheduler.mode", "FAIR")
+    fill("spark.python.worker.reuse", "true")
+    # a console progress bar of our own is printed by the CLI; Spark's would interleave
+    fill("spark.ui.showConsoleProgress", "false")
     if master.startswith("local") or "127.0.0.1" in master or "localhost" in master:
         # workers on this machine must run this interpreter (same packages as the driver)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        builder = builder.config("spark.pyspark.python", sys.executable)
-    java_opts = os.environ.get("SPARKCNN_DRIVER_JAVA_OPTS", LOCAL_DRIVER_JAVA_OPTS)
-    submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
-    if (master.startswith("local") and java_opts and "spark.driver.extraJavaOptions" not in (conf or {})
-            and "driver-java-options" not in submit_args and "extraJavaOptions" not in submit_args):
-        # The one JVM this process starts: C1-only JIT starts it ~25 % faster (Spark SQL's
-        # start-up is mostly class loading). Over 40 pipelined H=10 rounds the JVM used
-        # 110 ms of CPU per round against 240 ms with C2 compiling beside the workers; only
-        # after ~500 jobs does C2 pull ahead on dense results (~5 % less JVM CPU per job).
-        builder = builder.config("spark.driver.extraJavaOptions", java_opts)
-    # a console progress bar of our own is printed by the CLI; Spark's would interleave
-    builder = builder.config("spark.ui.showConsoleProgress", "false")
-    builder = builder.config("spark.python.worker.reuse", "true")
-    # async mode submits jobs from several threads; FAIR shares executors between them
-    builder = builder.config("spark.scheduler.mode", "FAIR")
-    for k, v in (conf or {}).items():
+        fill("spark.pyspark.python", sys.executable)
+    opts = _driver_java_opts(master, {**chosen, **conf})
+    if opts:
+        fill("spark.driver.extraJavaOptions", opts)
+    settings.update(conf)
+    builder = SparkSession.builder
+    for k, v in settings.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
-class SparkBackend:
-    """One Spark job per call over a tiny RDD of block ids (uncached: ~3x cheaper per job
-    than reading a persisted RDD; the blocks themselves stay resident in the workers)."""
+def _default_master() -> str:
+    return os.environ.get("SPARKCNN_MASTER") or "local[2]"
+
+
+def _driver_java_opts(master: str, chosen) -> str:
+    """Options for the driver JVM where nobody chose any ('' = leave them alone)."""
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        return ""  # spark-submit started the driver JVM: its options were fixed there
+    submitted = _submit_settings(shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", "")))
+    key = "spark.driver.extraJavaOptions"
+    if not master.startswith("local") or key in chosen or key in submitted:
+        return ""
+    # The one JVM this process starts: C1-only JIT starts it ~25 % faster (Spark SQL's
+    # start-up is mostly class loading). Over 40 pipelined H=10 rounds the JVM used
+    # 110 ms of CPU per round against 240 ms with C2 compiling beside the workers; only
+    # after ~500 jobs does C2 pull ahead on dense results (~5 % less JVM CPU per job).
+    return os.environ.get("SPARKCNN_DRIVER_JAVA_OPTS", LOCAL_DRIVER_JAVA_OPTS)
+
+
+def _launcher_settings() -> dict[str, str]:
+    """Settings the launcher chose for the application (the JVM gateway must be up).
+
+    ``SparkConf()`` reads the driver JVM's system properties, where spark-submit's
+    arguments, ``PYSPARK_SUBMIT_ARGS`` and ``spark-defaults.conf`` land. Left out:
+    what this module passed at the JVM's launch, and the values spark-submit fills
+    in by itself when nobody chose (master ``local[*]``; app name ``pyspark-shell``
+    or the script's file name; the shell's progress bar) unless the launcher's
+    arguments (the JVM's command line) or defaults file name the key.
+    """
+    from pyspark import SparkConf, SparkContext
+
+    settings = dict(SparkConf().getAll())
+    for k, v in _launched_with.items():
+        if settings.get(k) == v:
+            del settings[k]
+    try:
+        command = str(SparkContext._jvm.System.getProperty("sun.java.command") or "")
+    except Exception:  # noqa: BLE001 - py4j raises several types; without it nothing is named
+        command = ""
+    named = {**_defaults_file(), **_submit_settings(command.split()[1:])}  # [0]: the main class
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "pyspark-shell"
+    fills = {"spark.master": {"local[*]"}, "spark.app.name": {"pyspark-shell", script},
+             "spark.ui.showConsoleProgress": {"true"}}
+    for k, values in fills.items():
+        if settings.get(k) in values and k not in named:
+            del settings[k]
+    return settings
+
+
+def _submit_settings(args: list[str]) -> dict[str, str]:
+    """The settings named by spark-submit arguments, up to the application (script or shell)."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        flag, eq, value = args[i].partition("=")
+        if not flag.startswith("-"):
+            break  # the application; its own arguments follow
+        if not eq and flag not in _SUBMIT_SWITCHES:
+            i += 1
+            value = args[i] if i < len(args) else ""
+        if flag in _SUBMIT_FLAGS:
+            out[_SUBMIT_FLAGS[flag]] = value
+        elif flag in ("--conf", "-c"):
+            k, _, v = value.partition("=")
+            out[k] = v
+        elif flag == "--properties-file":
+            out.update(_properties(value))
+        i += 1
+    return out
+
+
+def _defaults_file() -> dict[str, str]:
+    """``spark-defaults.conf`` as spark-submit reads it (``SPARK_CONF_DIR``, else ``SPARK_HOME/conf``)."""
+    conf_dir = os.environ.get("SPARK_CONF_DIR")
+    if not conf_dir:
+        from pyspark.find_spark_home import _find_spark_home
+
+        conf_dir = os.path.join(os.environ.get("SPARK_HOME") or _find_spark_home(), "conf")
+    return _properties(os.path.join(conf_dir, "spark-defaults.conf"))
+
+
+def _properties(path: str) -> dict[str, str]:
+    """A Java properties file's ``key value`` / ``key=value`` lines ({} when unreadable)."""
+    out = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if line and not line.startswith(("#", "!")):
+                    k, *v = re.split(r"\s*[=:\s]\s*", line, maxsplit=1)
+                    out[k] = v[0] if v else ""
+    except OSError:
+        return {}
+    return out
+
+
+DRIVER = "driver"  # the status store's id for the driver (local mode: it runs the tasks)
+_BLOCK_NAME = re.compile(r"rdd_(\d+)_(\d+)$")
+
+
+def _spark_task_context() -> TaskContextInfo:
+    """What Spark tells the running task about itself (called inside the task)."""
+    from pyspark import SparkFiles, TaskContext
+
+    tc = TaskContext.get()
+    if tc is None:
+        return TaskContextInfo(local_dir=SparkFiles.getRootDirectory())
+    gpu = tc.resources().get("gpu")
+    return TaskContextInfo(attempt=tc.attemptNumber(), cores=tc.cpus(),
+                           gpus=tuple(gpu.addresses) if gpu is not None else (),
+                           local_dir=SparkFiles.getRootDirectory())
+
+
+# gather_blocks: one Spark job over the blocks through treeAggregate whose combine step only
+# concatenates the per-block results into a list: nothing is reduced on the executors, because
+# the driver deduplicates and guards each block's delta alone (one bad block must not take
+# others with it).
+def _gather_one(acc: list, result) -> list:
+    acc.append(result)
+    return acc
+
+
+def _gather_both(a: list, b: list) -> list:
+    a.extend(b)
+    return a
+
+
+class SparkBackend(Backend):
+    """One Spark job per call over a small RDD of block ids.
+
+    With ``universe`` the jobs derive from a block-id marker RDD persisted in memory,
+    so each block has a home executor (see :meth:`_markers`); the blocks' data and
+    state stay resident in the Python workers, not in Spark's block manager.
+    """
 
     def __init__(self, spark, run_id: str, pool: str | None = None):
         self.spark = spark
@@ -136,6 +380,7 @@ class SparkBackend:
         self.pool = pool
         self._marker_rdds: dict = {}
         self._job_counter = None  # the DAG scheduler (py4j), False where unreachable
+        self._fallback_cores: int | None = None  # set once the status store failed
 
     @property
     def parallelism(self) -> int:
@@ -165,29 +410,21 @@ class SparkBackend:
             self._marker_rdds[universe] = rdd
         return rdd
 
-    def marker_rdd_id(self, universe: int) -> int | None:
-        """Id of the persisted block-id RDD for ``universe`` blocks (None before its first job);
-        the load monitor looks up each block's home executor by it."""
-        rdd = self._marker_rdds.get(universe)
-        return None if rdd is None else rdd.id()
-
     @staticmethod
     def _part(fn, wanted):
         def part(it):
-            from pyspark import TaskContext
-
-            tc = TaskContext.get()
-            attempt = tc.attemptNumber() if tc is not None else 0
+            ctx = _spark_task_context()
             for b in it:
                 if wanted is None or b in wanted:
-                    yield fn(b, attempt)
+                    yield fn(b, ctx)
 
         return part
 
     def _rdd(self, fn, blocks, universe=None):
         if universe is None:
-            return self.sc.parallelize(list(blocks), len(blocks)).mapPartitions(self._part(fn, None))
-        return self._markers(universe).mapPartitions(self._part(fn, None))
+            return self.sc.parallelize(blocks, len(blocks)).mapPartitions(self._part(fn, None))
+        wanted = None if sorted(blocks) == list(range(universe)) else set(blocks)
+        return self._markers(universe).mapPartitions(self._part(fn, wanted))
 
     def _group(self) -> str:
         return f"sparkcnn-{self.run_id}"
@@ -236,12 +473,15 @@ class SparkBackend:
             rdd = self._markers(universe).mapPartitions(self._part(fn, set(blocks)))
             self._describe(description)
             return self.sc.runJob(rdd, lambda it: list(it), partitions=sorted(blocks))
+        rdd = self._rdd(fn, blocks, universe)  # may run the placement job, under its own name
         self._describe(description)
-        return self._rdd(fn, blocks, universe).collect()
+        return rdd.collect()
 
-    def aggregate_blocks(self, fn, blocks, zero, seq, comb, description="", depth=2, universe=None):
+    def gather_blocks(self, fn, blocks, description="", depth=2, universe=None):
+        blocks = list(blocks)
+        rdd = self._rdd(fn, blocks, universe)
         self._describe(description)
-        return self._rdd(fn, blocks, universe).treeAggregate(zero(), seq, comb, depth=depth)
+        return rdd.treeAggregate([], _gather_one, _gather_both, depth=depth)
 
     def broadcast(self, value):
         return self.sc.broadcast(value)
@@ -256,3 +496,66 @@ class SparkBackend:
         for rdd in self._marker_rdds.values():
             rdd.unpersist()
         self._marker_rdds.clear()
+
+    def session_info(self) -> dict:
+        return {"master": self.sc.master, "app_id": self.sc.applicationId}
+
+    def executor_samples(self) -> list[ExecutorSample]:
+        """Active executors from Spark's status store; after one failure, ``defaultParallelism`` slots."""
+        if self._fallback_cores is None:
+            try:
+                return self._read_status_store()
+            except Exception as e:  # noqa: BLE001 - py4j / Spark Connect: any failure means no store
+                log.warning("executor load unavailable from Spark's status store (%s); "
+                            "assuming spark.default.parallelism task slots from now on", e)
+                self._fallback_cores = int(self.sc.defaultParallelism)
+        return [ExecutorSample("default", self._fallback_cores, 0, 0)]
+
+    def block_homes(self, universe: int) -> dict[int, str]:
+        """Block k -> the executor caching partition k of the marker RDD ({} before it exists)."""
+        rdd = self._marker_rdds.get(universe)
+        if rdd is None or self._fallback_cores is not None:
+            return {}
+        try:
+            return self._read_homes(rdd.id())
+        except Exception:  # noqa: BLE001 - homes only steer locality; without one a block is not local
+            log.debug("block homes unavailable for RDD %s", rdd.id(), exc_info=True)
+            return {}
+
+    def _read_status_store(self) -> list[ExecutorSample]:
+        """Active executors from ``AppStatusStore.executorList(activeOnly=True)``.
+
+        The driver has an entry too: with 0 cores on a cluster (skipped); in local
+        mode it is the only entry and runs the tasks on its ``local[n]`` cores.
+        Lost executors are not active, so their slots drop out of the sum.
+        """
+        sc = self.sc
+        seq = sc._jsc.sc().statusStore().executorList(True)
+        rows = []
+        for i in range(seq.size()):
+            e = seq.apply(i)
+            if not e.isActive():
+                continue
+            rows.append(ExecutorSample(str(e.id()), int(e.totalCores()), int(e.activeTasks()),
+                                       int(e.failedTasks()), int(e.completedTasks())))
+        workers = [r for r in rows if r.executor_id != DRIVER]
+        if workers or not sc.master.startswith("local"):
+            return workers  # a cluster with no executor registered yet has no slots
+        # local mode: the driver runs the tasks (it reports its local[n] cores; 0 is not expected)
+        return [r if r.cores else ExecutorSample(r.executor_id, int(sc.defaultParallelism), r.running_tasks,
+                                                 r.failed_tasks, r.completed_tasks) for r in rows]
+
+    def _read_homes(self, rdd_id: int) -> dict[int, str]:
+        """Block k -> the executor caching partition k of RDD ``rdd_id`` (status store's storage view)."""
+        parts = self.sc._jsc.sc().statusStore().rdd(rdd_id).partitions()
+        if not parts.isDefined():
+            return {}
+        parts = parts.get()
+        homes = {}
+        for i in range(parts.size()):
+            p = parts.apply(i)
+            m = _BLOCK_NAME.match(str(p.blockName()))
+            where = p.executors()
+            if m and int(m.group(1)) == rdd_id and where.size() > 0:
+                homes[int(m.group(2))] = str(where.apply(0))
+        return homes
