@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkcnn.compression import SparseDelta, decode, decode_and_sum, decode_parts, encode
+from sparkcnn.compression import SparseDelta, decode, decode_batch, decode_parts, encode, weighted_sum
 from sparkcnn.compression import native, sparse_sum
 from sparkcnn.compression.codec import FLOAT16_MAX, MAGIC, _first_unfit, wire_to_float32
 from sparkcnn.errors import CodecError
@@ -242,76 +242,84 @@ def test_corrupted_bytes_give_codec_error_or_a_valid_delta(pos, byte, layout_kin
     assert np.all(np.isfinite(out.values)) and out.size == size
 
 
-# --------------------------------------------------------------------------- decode_and_sum
+# --------------------------------------------------------------------------- decode_batch + sum
 
 
-def test_decode_and_sum_matches_dense_reference_and_is_all_or_nothing():
+def _reference(payloads, weights: dict, layout):
+    """The numpy reference: decode each chosen payload, then weighted_sum in payload order."""
+    chosen = sorted(weights)
+    return weighted_sum([decode(payloads[k], layout) for k in chosen], [weights[k] for k in chosen], sum(layout))
+
+
+def test_decode_batch_keeps_failures_and_sums_the_rest():
     layout = (64, 20_000, 10, 30_000)
     size = sum(layout)
     rng = np.random.default_rng(2)
-    payloads, dense = [], []
+    payloads = []
     for k in range(5):
         idx = np.concatenate([np.arange(64), 64 + np.sort(rng.choice(20_000, 40 + k, replace=False)),
                               20_074 + np.sort(rng.choice(30_000, 30, replace=False))])
         if k % 2:  # some payloads send the third tensor whole
             idx = np.sort(np.concatenate([idx, np.arange(20_064, 20_074)]))
-        delta = SparseDelta(size, idx, rng.standard_normal(idx.size))
-        payloads.append(encode(delta, layout))
-        dense.append(decode(payloads[-1], layout).to_dense().astype(np.float64))
-    weights = rng.uniform(-1, 1, 5)
-    expected = sum(w * d for w, d in zip(weights, dense))
-    np.testing.assert_allclose(decode_and_sum(payloads, weights, layout), expected, rtol=1e-5, atol=1e-6)
-
-    W = np.ones(size, np.float32)
-    decode_and_sum(payloads, weights, layout, out=W)
-    np.testing.assert_allclose(W, expected + 1, rtol=1e-5, atol=1e-6)
-
-    before = W.copy()
-    with pytest.raises(CodecError, match=r"payload 2: truncated delta"):
-        decode_and_sum(payloads[:2] + [payloads[2][:-3]] + payloads[3:], weights, layout, out=W)
-    assert np.array_equal(W, before)  # nothing applied
+        payloads.append(encode(SparseDelta(size, idx, rng.standard_normal(idx.size)), layout))
+    payloads[2] = payloads[2][:-3]
+    batch = decode_batch(payloads, layout)
+    assert list(batch.errors) == [2] and "truncated delta" in str(batch.errors[2])
+    assert np.isnan(batch.norms[2]) and np.isfinite(np.delete(batch.norms, 2)).all()
+    assert batch.norms[0] == pytest.approx(np.linalg.norm(decode(payloads[0], layout).values.astype(np.float64)))
+    weights = {k: float(w) for k, w in zip((0, 1, 3, 4), rng.uniform(-1, 1, 4))}
+    expected = sum(w * decode(payloads[k], layout).to_dense().astype(np.float64) for k, w in weights.items())
+    np.testing.assert_allclose(batch.sum(weights), expected, rtol=1e-5, atol=1e-6)
+    assert np.array_equal(batch.sum(weights), _reference(payloads, weights, layout))
+    with pytest.raises(ValueError, match="payload 2 is not a decoded payload"):
+        batch.sum({2: 1.0})
 
 
-def _serial_sum(payloads, weights, layout, out):
-    """decode_and_sum's order, written out: per element, its sparse entries in
-    payload order, then the sum of each set of dense tensors (itself summed in
-    payload order), sets in order of first appearance."""
-    acc, offsets = out.copy(), np.concatenate([[0], np.cumsum(layout, dtype=np.int64)])
-    parts = [decode_parts(data, layout) for data in payloads]
-    ws = [np.float32(w) for w in weights]
-    for p, w in zip(parts, ws):
-        acc[p.sparse_indices] += w * p.sparse_values.astype(np.float32)
-    sets: dict[bytes, np.ndarray] = {}
-    for p, w in zip(parts, ws):
-        if p.dense_values.size:
-            term = w * p.dense_values.astype(np.float32)
-            key = p.dense.tobytes()
-            sets[key] = term if key not in sets else sets[key] + term
-    for key, total in sets.items():
-        dense = np.frombuffer(key, bool)
-        idx = np.concatenate([np.arange(offsets[t], offsets[t + 1]) for t in np.flatnonzero(dense)])
-        acc[idx] += total
-    return acc
+@st.composite
+def batches(draw, layout, count):
+    """``count`` payloads over ``layout``, float16 or float32: any mix of empty, dense and sparse
+    tensors, or (the usual round) the same tensors whole in every payload."""
+    same = draw(st.booleans())
+    dense = draw(st.sets(st.integers(0, len(layout) - 1)))
+    out = []
+    for _ in range(count):
+        delta = draw(deltas_over(layout))
+        if same:  # tensors in `dense` whole, the others sparse or empty
+            offsets = np.concatenate([[0], np.cumsum(layout)]).astype(np.int64)
+            t = np.searchsorted(offsets, delta.indices, side="right") - 1
+            keep = ~np.isin(t, list(dense)) & (np.bincount(t, minlength=len(layout))[t] < np.asarray(layout)[t])
+            whole = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in sorted(dense)] + [[]])
+            idx = np.concatenate([delta.indices[keep], whole.astype(np.int64)])
+            order = np.argsort(idx)
+            values = np.concatenate([delta.values[keep], np.linspace(-1, 1, whole.size, dtype=np.float32)])
+            delta = SparseDelta(delta.size, idx[order], values[order])
+        out.append(encode(delta, layout, value_dtype=draw(st.sampled_from(["float16", "float32"]))))
+    return out
 
 
 @FAST
 @given(data=st.data(), layout=st.lists(st.integers(0, 3000), min_size=1, max_size=5).map(tuple),
-       count=st.integers(0, 7), value_dtype=st.sampled_from(["float16", "float32"]), into=st.booleans())
-def test_decode_and_sum_is_bitwise_the_serial_order_for_any_thread_count(data, layout, count, value_dtype, into):
-    payloads = [encode(data.draw(deltas_over(layout)), layout, value_dtype=value_dtype) for _ in range(count)]
-    weights = data.draw(st.lists(st.floats(-4, 4, width=32), min_size=count, max_size=count))
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-    W = rng.standard_normal(sum(layout)).astype(np.float32) if into else np.zeros(sum(layout), np.float32)
-    expected = _serial_sum(payloads, weights, layout, W)
-    with mock.patch.object(sparse_sum, "PARALLEL_MIN_BYTES", 0):  # threads even for tiny payloads
-        for threads in (1, 2, 3, 4):
-            got = decode_and_sum(payloads, weights, layout, out=W.copy() if into else None, threads=threads)
-            assert got.dtype == np.float32 and np.array_equal(got, expected), threads
-            assert np.array_equal(got.view(np.int32), expected.view(np.int32)), threads  # signed zeros too
+       count=st.integers(0, 7))
+def test_batch_sum_is_bitwise_the_reference_for_any_thread_count_and_both_paths(data, layout, count):
+    payloads = data.draw(batches(layout, count))
+    chosen = data.draw(st.sets(st.integers(0, max(count - 1, 0)), max_size=count)) if count else set()
+    weights = {k: data.draw(st.floats(-4, 4, width=32)) for k in sorted(chosen)}
+    expected = _reference(payloads, weights, layout)
+    step = data.draw(st.sampled_from([5, sparse_sum.DENSE_STEP]))  # dense values taken a few at a time, or at once
+    with mock.patch.object(sparse_sum, "PARALLEL_MIN_BYTES", 0), mock.patch.object(sparse_sum, "DENSE_STEP", step):
+        for numpy_only in (False, True):
+            with _numpy_path() if numpy_only else mock.patch.dict("os.environ", {}):
+                for threads in (1, 2, 3, 4):
+                    batch = decode_batch(payloads, layout, threads=threads)
+                    assert batch.threads == threads and not batch.errors
+                    got = batch.sum(weights)
+                    assert got.dtype == np.float32, threads
+                    # bits, so signed zeros count too
+                    assert np.array_equal(got.view(np.int32), expected.view(np.int32)), (numpy_only, threads)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3, 4])
-def test_decode_and_sum_with_threads_names_the_first_bad_payload_and_applies_nothing(threads):
+def test_decode_batch_with_threads_names_each_bad_payload(threads):
     layout = (64, 20_000, 30_000)
     rng = np.random.default_rng(5)
     payloads = []
@@ -321,23 +329,20 @@ def test_decode_and_sum_with_threads_names_the_first_bad_payload_and_applies_not
     bad = list(payloads)
     bad[3] = bad[3][:-3]  # truncated
     bad[4] = bad[4][:23] + b"\x7f" + bad[4][24:]  # tensor 1's count (high byte) beyond its size
-    W = rng.standard_normal(sum(layout)).astype(np.float32)
-    before = W.copy()
+    bad[6] = bad[6][:-2] + b"\xff\xff"  # the last remainder bits: an index out of range, or a bad stream
     with mock.patch.object(sparse_sum, "PARALLEL_MIN_BYTES", 0):
-        with pytest.raises(CodecError, match=r"^payload 3: truncated delta"):
-            decode_and_sum(bad, np.ones(8), layout, out=W, threads=threads)
-        assert np.array_equal(W, before)  # nothing applied
-        with pytest.raises(CodecError, match=r"^payload 4: delta tensor 1: count"):
-            decode_and_sum(payloads[:4] + bad[4:], np.ones(8), layout, out=W, threads=threads)
-        assert np.array_equal(W, before)
-        decode_and_sum(payloads, np.ones(8), layout, out=W, threads=threads)
-    assert not np.array_equal(W, before)
+        batch = decode_batch(bad, layout, threads=threads)
+    assert sorted(batch.errors) == [3, 4, 6]
+    assert str(batch.errors[3]).startswith("truncated delta")
+    assert str(batch.errors[4]).startswith("delta tensor 1: count")
+    good = {k: 1.0 for k in range(8) if k not in batch.errors}
+    assert np.array_equal(batch.sum(good), _reference(payloads, good, layout))
 
 
-def test_decode_and_sum_validates_threads():
+def test_decode_batch_validates_threads():
     for threads in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match=r"threads must be an integer >= 1"):
-            decode_and_sum([], [], (10,), threads=threads)
+            decode_batch([], (10,), threads=threads)
 
 
 def test_decode_parts_keeps_wire_dtype():
@@ -395,36 +400,40 @@ def test_compiled_decoder_accepts_and_rejects_exactly_what_numpy_does(pos, byte,
     assert results[0] == results[1]
 
 
-@FAST
-@given(data=st.data(), layout=st.lists(st.integers(0, 3000), min_size=1, max_size=5).map(tuple),
-       count=st.integers(0, 7), value_dtype=st.sampled_from(["float16", "float32"]))
-def test_decode_and_sum_compiled_is_bitwise_the_numpy_path(data, layout, count, value_dtype):
-    payloads = [encode(data.draw(deltas_over(layout)), layout, value_dtype=value_dtype) for _ in range(count)]
-    weights = data.draw(st.lists(st.floats(-4, 4, width=32), min_size=count, max_size=count))
-    W = np.random.default_rng(count).standard_normal(sum(layout)).astype(np.float32)
-    with _numpy_path():
-        expected = decode_and_sum(payloads, weights, layout, out=W.copy(), threads=1)
-    with mock.patch.object(sparse_sum, "PARALLEL_MIN_BYTES", 0):
-        for threads in (1, 2, 3):
-            got = decode_and_sum(payloads, weights, layout, out=W.copy(), threads=threads)
-            assert np.array_equal(got.view(np.int32), expected.view(np.int32)), threads
-
-
 def test_blocked_scatter_chunks_do_not_change_the_sum():
     rng = np.random.default_rng(3)
-    size, runs = 50_000, []
-    for _ in range(9):
-        runs.append(np.sort(rng.choice(size, rng.integers(0, 3000), replace=False)))
+    size, n = 50_000, 9
+    runs, segs = [], []
+    for _ in range(n):  # sparse entries outside each payload's dense segments
+        cuts = np.sort(rng.choice(size, 4, replace=False))
+        seg = [(int(cuts[0]), int(cuts[1])), (int(cuts[2]), int(cuts[3]))][: rng.integers(0, 3)]
+        free = np.ones(size, bool)
+        for a, b in seg:
+            free[a:b] = False
+        runs.append(np.sort(rng.choice(np.flatnonzero(free), rng.integers(0, 3000), replace=False)))
+        segs.append(seg)
     idx = np.concatenate(runs).astype(np.int64)
     vals = rng.standard_normal(idx.size).astype(np.float32)
     starts = np.concatenate([[0], np.cumsum([r.size for r in runs])]).astype(np.int64)
+    flat = [(a, b) for seg in segs for a, b in seg]
+    seg_value = np.concatenate([[0], np.cumsum([b - a for a, b in flat])]).astype(np.int64)
+    dense_vals = rng.standard_normal(int(seg_value[-1])).astype(np.float32)
+    seg_hi = np.cumsum([len(s) for s in segs]).astype(np.int64)
+    weights = rng.uniform(-2, 2, n).astype(np.float32)
+    runs_arg = native.Runs(weights, idx, vals, starts[:-1], starts[1:],
+                           np.array([a for a, _ in flat], np.int64), np.array([b for _, b in flat], np.int64),
+                           seg_value[:-1], dense_vals, seg_hi - [len(s) for s in segs], seg_hi)
     expected = np.zeros(size, np.float32)
-    for k in range(len(runs)):
-        expected[idx[starts[k]:starts[k + 1]]] += vals[starts[k]:starts[k + 1]]
+    g = 0
+    for k in range(n):
+        expected[idx[starts[k]:starts[k + 1]]] += weights[k] * vals[starts[k]:starts[k + 1]]
+        for a, b in segs[k]:
+            expected[a:b] += weights[k] * dense_vals[seg_value[g]:seg_value[g + 1]]
+            g += 1
     for chunk in (1, 7, 4096, 1 << 20):
-        for lo, hi in ((0, size), (0, 12_345), (12_345, size)):
+        for lo, hi in ((0, size), (0, 12_345), (12_345, size), (20_000, 20_001)):
             acc = np.zeros(size, np.float32)
-            native.scatter_runs(acc, idx, vals, starts, lo, hi, chunk)
+            native.scatter_runs(acc, runs_arg, lo, hi, chunk)
             want = np.zeros(size, np.float32)
             want[lo:hi] = expected[lo:hi]
-            assert np.array_equal(acc, want), (chunk, lo, hi)
+            assert np.array_equal(acc.view(np.int32), want.view(np.int32)), (chunk, lo, hi)

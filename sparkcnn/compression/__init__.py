@@ -16,12 +16,13 @@ from .feedback import (
     quantise,
     server_scale,
 )
-from .sparse_sum import decode_and_sum, weighted_sum
+from .sparse_sum import DecodedBatch, decode_batch, weighted_sum
 from .sparsify import Sparsifier, target_count, threshold_indices, topk_indices
 from .warmup import density_at, lr_at
 
 __all__ = [
     "DGCMomentum",
+    "DecodedBatch",
     "DecodedParts",
     "ErrorFeedback",
     "Layout",
@@ -29,7 +30,7 @@ __all__ = [
     "SparsificationAwareMomentum",
     "Sparsifier",
     "decode",
-    "decode_and_sum",
+    "decode_batch",
     "decode_parts",
     "density_at",
     "encode",

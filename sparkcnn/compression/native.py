@@ -1,4 +1,4 @@
-"""Compiled loops for the driver's hot path: Rice index decoding and the blocked scatter-add.
+"""Compiled loops for the driver's hot path: Rice index decoding and the blocked weighted add.
 
 numba compiles them on first use (cached on disk afterwards); importing this
 module imports nothing heavy. Where numba is missing, or ``SPARKCNN_NATIVE=0``,
@@ -14,12 +14,16 @@ the bits, then an add that walks the output in cache-sized chunks (every
 payload's entries in the chunk, payload by payload), cut the driver's
 decode+sum of 256 × 25 M-parameter deltas from ~0.3 s to well under 0.1 s on
 a 2-vCPU VM (bench/scale.py reports both paths side by side).
+
+No fast-math: ``acc[i] += w * v`` rounds the product and the sum separately
+(no fused multiply-add), as numpy does, which the bitwise tests check.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from typing import NamedTuple
 
 import numpy as np
 
@@ -101,31 +105,50 @@ def _compile(cache: bool):
         return OK
 
     @numba.njit(cache=cache, nogil=True, boundscheck=False)
-    def scatter_runs(acc, idx, vals, starts, lo, hi, chunk):
-        """``acc[idx[j]] += vals[j]`` for every j with lo <= idx[j] < hi.
+    def scatter_runs(acc, weights, idx, vals, sparse_lo, sparse_hi, seg_start, seg_end, seg_value, dense_vals,
+                     seg_lo, seg_hi, lo, hi, chunk):
+        """``acc[i] += weights[k] * v`` for every entry (i, v) of every payload k with lo <= i < hi.
 
-        ``idx[starts[k]:starts[k + 1]]`` is payload k's run, strictly
-        increasing. Each output element gets its additions in payload order
-        (as the numpy path), while the output is walked chunk by chunk.
+        Payload k's sparse entries are ``idx/vals[sparse_lo[k]:sparse_hi[k]]``
+        (indices strictly increasing); its dense segments g in
+        ``[seg_lo[k], seg_hi[k])`` (ascending) cover ``acc[seg_start[g]:seg_end[g]]``
+        with values from ``dense_vals[seg_value[g]]`` on. The output is walked
+        chunk by chunk, payload by payload in each, so every element gets its
+        additions in payload order (as the numpy path).
         """
-        n = starts.size - 1
+        n = weights.size
         cur = np.empty(n, np.int64)
         end = np.empty(n, np.int64)
+        seg = np.empty(n, np.int64)
         for k in range(n):
-            s = starts[k]
-            e = starts[k + 1]
+            s = sparse_lo[k]
+            e = sparse_hi[k]
             cur[k] = s + np.searchsorted(idx[s:e], lo)
             end[k] = s + np.searchsorted(idx[s:e], hi)
+            g = seg_lo[k]
+            while g < seg_hi[k] and seg_end[g] <= lo:
+                g += 1
+            seg[k] = g
         c0 = lo
         while c0 < hi:
             c1 = min(c0 + chunk, hi)
             for k in range(n):
+                w = weights[k]
                 j = cur[k]
                 e = end[k]
                 while j < e and idx[j] < c1:
-                    acc[idx[j]] += vals[j]
+                    acc[idx[j]] += w * vals[j]
                     j += 1
                 cur[k] = j
+                g = seg[k]
+                while g < seg_hi[k] and seg_start[g] < c1:
+                    shift = seg_value[g] - seg_start[g]
+                    for i in range(max(seg_start[g], c0), min(seg_end[g], c1)):
+                        acc[i] += w * dense_vals[shift + i]
+                    if seg_end[g] > c1:
+                        break  # the segment goes on in the next chunk
+                    g += 1
+                seg[k] = g
             c0 = c1
 
     return rice_indices, scatter_runs
@@ -158,5 +181,22 @@ def rice_indices(unary, rem, counts, rice, bases, sizes, out) -> bool:
     return _load()[0](unary, rem, counts, rice, bases, sizes, out) == OK
 
 
-def scatter_runs(acc, idx, vals, starts, lo: int, hi: int, chunk: int = CHUNK) -> None:
-    _load()[1](acc, idx, vals, starts, lo, hi, chunk)
+class Runs(NamedTuple):
+    """Weighted payloads for :func:`scatter_runs`, in the order their additions are made."""
+
+    weights: np.ndarray  # float32 [n]: payload k's factor
+    idx: np.ndarray  # int64: every payload's sparse flat indices, payload after payload
+    vals: np.ndarray  # float32: their values, not yet weighted
+    sparse_lo: np.ndarray  # int64 [n]: payload k's sparse entries are idx[sparse_lo[k]:sparse_hi[k]]
+    sparse_hi: np.ndarray  # int64 [n]
+    seg_start: np.ndarray  # int64 [S]: dense segment g is acc[seg_start[g]:seg_end[g]] (a whole tensor)
+    seg_end: np.ndarray  # int64 [S]
+    seg_value: np.ndarray  # int64 [S]: position in dense_vals of segment g's first value
+    dense_vals: np.ndarray  # float32: the dense segments' values, not yet weighted
+    seg_lo: np.ndarray  # int64 [n]: payload k's segments are seg_lo[k] .. seg_hi[k] - 1
+    seg_hi: np.ndarray  # int64 [n]
+
+
+def scatter_runs(acc: np.ndarray, runs: Runs, lo: int, hi: int, chunk: int = CHUNK) -> None:
+    """``acc[lo:hi] += Σ_k runs.weights[k] · payload k`` (see _compile), payload order per element."""
+    _load()[1](acc, *runs, int(lo), int(hi), int(chunk))
