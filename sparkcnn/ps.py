@@ -5,7 +5,7 @@ State (all flat over the model's ``layout``)::
     W        float32 [P]   global weights, moved only by the optimizer: W = float32(W - float32(scale * update))
     U        float32 [P]   the view every worker replica holds, moved only by downlinks
     R        = W - U       residual still to send, never stored: R := float64(W) - float64(U)
-    version  int           bumped by every accepted apply()
+    version  int           bumped by every apply()
 
 Why R is derived: storing ``R`` in float32 and updating it alongside ``W`` and
 ``U`` drifts (float32 sums round), so ``U + R == W`` would hold only
@@ -105,7 +105,7 @@ class ParameterServer:
         self._lock = threading.RLock()
         self._W = weights.copy()
         self._U = weights.copy()
-        self.version = 0  # bumped by every accepted apply()
+        self.version = 0  # bumped by every apply()
         self._view_version = 0  # version of the last downlink: the version U "is at"
         self._checksum = checksum(self._U)
 
