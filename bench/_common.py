@@ -33,7 +33,8 @@ import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[5]))
 tf.config.threading.set_inter_op_parallelism_threads(1)
 from sparkcnn.blockstore import read_block
-from sparkcnn.worker import TaskSpec, Trainer, batch_indices
+from sparkcnn.protocol import TaskSpec
+from sparkcnn.worker.trainer import Trainer, batch_indices
 data, blocks, block, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 x, y = read_block(os.path.join(data, "train"), blocks, block)
 spec = TaskSpec(run_id="solo", train_dir="", test_dir="", num_blocks=blocks, test_blocks=1,

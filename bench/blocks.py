@@ -29,19 +29,15 @@ def main(argv=None) -> dict:
 
     backend = SparkBackend(get_or_create_spark("local[2]", "sparkcnn-bench-blocks"), "bench-blocks")
     train_dir = os.path.abspath(os.path.join(data, "train"))
-    backend.map_blocks(lambda b, a: os.getpid(), list(range(a.blocks)), "start python workers")
+    backend.map_blocks(lambda b, ctx: os.getpid(), list(range(a.blocks)), "start python workers")
     run_id = f"blocks-{time.time_ns()}"
 
-    def build(block, attempt):
-        from sparkcnn.worker import TaskSpec  # noqa: F401  (import cost as in a real task)
+    def build(block, ctx):
+        import sparkcnn.worker.round  # noqa: F401  (import cost as in a real task)
         t = time.perf_counter()
-        x, y = blockstore.get_block(local_root_for(), run_id, train_dir, "train", a.blocks, block)
+        x, y = blockstore.get_block(ctx.local_dir, run_id, train_dir, "train", a.blocks, block)
         return {"block": block, "rows": int(len(y)), "bytes": int(x.nbytes + y.nbytes),
                 "task_s": time.perf_counter() - t}
-
-    def local_root_for():
-        from pyspark import SparkFiles
-        return SparkFiles.getRootDirectory()
 
     t0 = time.perf_counter()
     res = backend.map_blocks(build, list(range(a.blocks)), "sparkcnn build blocks")

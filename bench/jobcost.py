@@ -41,7 +41,7 @@ def cpu_s(pid: int | str = "self") -> float:
 
 
 def measure(backend, blocks: list[int], payload: bytes, jobs: int, jvm_pid: int) -> dict:
-    def fn(block, attempt):
+    def fn(block, ctx):
         return payload
 
     jvm0, me0, t0 = cpu_s(jvm_pid), cpu_s(), time.perf_counter()

@@ -107,14 +107,16 @@ def _engine(data: str, run_id: str, overrides: list[str], sink=None):
 
 def _limit_task(spec, steps: int):
     """One block trained alone in its (warm, single-thread) Python worker: no communication."""
-    def fn(block, attempt):
+    def fn(block, ctx):
         import time as _time
 
         from sparkcnn import blockstore
-        from sparkcnn.worker import batch_indices, get_trainer, local_root, task_cores
+        from sparkcnn.worker.round import local_root
+        from sparkcnn.worker.trainer import batch_indices, get_trainer
 
-        x, y = blockstore.get_block(local_root(spec), spec.run_id, spec.train_dir, "train", spec.num_blocks, block)
-        tr = get_trainer(spec, task_cores())
+        x, y = blockstore.get_block(local_root(spec, ctx), spec.run_id, spec.train_dir, "train", spec.num_blocks,
+                                    block)
+        tr = get_trainer(spec, ctx)
         b = [batch_indices(len(y), spec.batch_size, 0, 0, block, i) for i in range(steps + 5)]
         tr.train(x, y, b[:5], 0.05)
         t = _time.perf_counter()
