@@ -5,16 +5,19 @@
 Keys:
   codec_bytes_per_nonzero  whole payload / nnz, one 1 M-entry tensor with a
                            uniformly random support, float16 values, by density
-  driver_apply_s           seconds to decode N payloads, sum them and apply
-                           ``W += Σ w_k S_k`` in place, by model size then N
-                           (density 0.001, small tensors dense as in training)
+  driver_apply_s           seconds of the engine's apply path for N payloads,
+                           sparkcnn.engine.apply.apply_deltas: decode and validate
+                           each, the divergence guard on each norm, the weighted
+                           sum and ParameterServer.apply (``W -= G``), by model
+                           size then N (density 0.001, small tensors dense as in
+                           training)
   driver_apply_cpu_s       the same, CPU seconds of this process (contention-free;
                            summed over its threads)
   driver_apply_1thread_s   driver_apply_s with threads=1, and its CPU seconds in
                            driver_apply_1thread_cpu_s
-  driver_threads           decode_and_sum's default threads, used by driver_apply_s
+  driver_threads           the decode and sum threads of driver_apply_s (the default)
                            (payloads under PARALLEL_MIN_BYTES in all run on one)
-  driver_decode_s          the decode-and-validate part of driver_apply_s
+  driver_decode_s          the decode-and-validate part of driver_apply_s (decode_batch)
   driver_apply_numpy_s     driver_apply_s on the numpy path (compiled kernels off,
                            SPARKCNN_NATIVE=0), side by side with the compiled one;
                            driver_native says whether the compiled kernels ran
@@ -39,15 +42,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sparkcnn.compression import (  # noqa: E402
-    SparseDelta,
-    Sparsifier,
-    decode_and_sum,
-    decode_parts,
-    encode,
-)
+from sparkcnn.compression import SparseDelta, Sparsifier, decode_batch, encode  # noqa: E402
 from sparkcnn.compression import native  # noqa: E402
 from sparkcnn.compression.sparse_sum import DEFAULT_THREADS  # noqa: E402
+from sparkcnn.engine.apply import apply_deltas  # noqa: E402
+from sparkcnn.guard import DivergenceGuard  # noqa: E402
+from sparkcnn.ps import ParameterServer  # noqa: E402
 
 DENSITY = 0.001
 DENSE_BELOW = 16384  # elements: tensors below this go whole, as in training
@@ -144,23 +144,28 @@ def driver_apply(quick: bool, rng) -> dict:
         layout = make()
         size = sum(layout)
         payloads = [encode(random_delta(layout, DENSITY, rng), layout) for _ in range(max(ns))]
-        weights = rng.uniform(0.5, 1.5, size=max(ns)) * -1e-2  # -lr · w_k
-        W = np.ones(size, dtype=np.float32)  # touched: no first-use page faults in the timing
+        samples = rng.integers(48, 80, size=max(ns)).tolist()  # images per block and round
+        ps = ParameterServer(np.ones(size, np.float32), layout, density_down=None)
+        guard = DivergenceGuard()
         for key in out:
             out[key][name] = {}
         out["payload_bytes"][name] = int(np.mean([len(p) for p in payloads]))
         for n in ns:
-            wall, cpu = best_of(lambda: decode_and_sum(payloads[:n], weights[:n], layout, out=W), repeat)
+            def apply(threads=None):
+                done = apply_deltas(ps, payloads[:n], samples[:n], [0.01] * n, guard=guard, steps=[10] * n,
+                                    threads=threads)
+                assert len(done.applied) == n, done.rejected  # a rejection would time less work
+
+            wall, cpu = best_of(apply, repeat)
             out["driver_apply_s"][name][str(n)] = round(wall, 5)
             out["driver_apply_cpu_s"][name][str(n)] = round(cpu, 5)
-            wall, cpu = best_of(lambda: decode_and_sum(payloads[:n], weights[:n], layout, out=W, threads=1),
-                                repeat)
+            wall, cpu = best_of(lambda: apply(threads=1), repeat)
             out["driver_apply_1thread_s"][name][str(n)] = round(wall, 5)
             out["driver_apply_1thread_cpu_s"][name][str(n)] = round(cpu, 5)
-            wall, _ = best_of(lambda: [decode_parts(p, layout) for p in payloads[:n]], repeat)
+            wall, _ = best_of(lambda: decode_batch(payloads[:n], layout), repeat)
             out["driver_decode_s"][name][str(n)] = round(wall, 5)
             with mock.patch.dict(os.environ, {"SPARKCNN_NATIVE": "0"}):  # the numpy path
-                wall, _ = best_of(lambda: decode_and_sum(payloads[:n], weights[:n], layout, out=W), repeat)
+                wall, _ = best_of(apply, repeat)
             out["driver_apply_numpy_s"][name][str(n)] = round(wall, 5)
     out["driver_threads"] = DEFAULT_THREADS
     out["driver_native"] = native.enabled()
@@ -195,8 +200,9 @@ def measure_sparsify_share(density: float = 0.001, steps: int = 10, reps: int = 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from bench._common import DATA, ensure_data
     from sparkcnn.blockstore import read_block
-    from sparkcnn.compression import ErrorFeedback, Sparsifier, SparseDelta, encode
-    from sparkcnn.worker import TaskSpec, Trainer, batch_indices
+    from sparkcnn.compression import ErrorFeedback, Sparsifier, encode
+    from sparkcnn.protocol import TaskSpec
+    from sparkcnn.worker.trainer import Trainer, batch_indices
 
     ensure_data()
     x, y = read_block(os.path.join(DATA, "train"), 2, 0)
