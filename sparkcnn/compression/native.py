@@ -11,9 +11,9 @@ Why compiled: numpy needs ~10 passes over each index stream (unpack the bits,
 find the ones, gather the remainders, cumulative sums, bound checks), and its
 scattered add touches a new page per entry at density 0.001. One pass over
 the bits, then an add that walks the output in cache-sized chunks (every
-payload's entries in the chunk, payload by payload), cut the driver's
-decode+sum of 256 × 25 M-parameter deltas from ~0.3 s to well under 0.1 s on
-a 2-vCPU VM (bench/scale.py reports both paths side by side).
+payload's entries in the chunk, payload by payload), make the driver's
+whole apply of 256 × 25 M-parameter deltas 0.18 s against 0.27 s on the
+numpy path on a 2-vCPU VM (bench/scale.py reports both side by side).
 
 No fast-math: ``acc[i] += w * v`` rounds the product and the sum separately
 (no fused multiply-add), as numpy does, which the bitwise tests check.
