@@ -81,10 +81,6 @@ class SparseDelta:
         dense[self.indices] = self.values
         return dense
 
-    def scaled(self, factor: float) -> "SparseDelta":
-        """``factor · self`` with the same support (float32 product)."""
-        return SparseDelta(self.size, self.indices, self.values * np.float32(factor))
-
     def validate(self) -> "SparseDelta":
         """Check the invariants in O(nnz); raise ValueError naming the first fault."""
         idx = self.indices
