@@ -25,7 +25,8 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     data = ensure_data()
     from sparkcnn import blockstore
-    from sparkcnn.engine.backend import SparkBackend, get_or_create_spark
+    from sparkcnn.engine.backend import SparkBackend
+    from sparkcnn.engine.session import get_or_create_spark
 
     backend = SparkBackend(get_or_create_spark("local[2]", "sparkcnn-bench-blocks"), "bench-blocks")
     train_dir = os.path.abspath(os.path.join(data, "train"))

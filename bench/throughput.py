@@ -93,7 +93,7 @@ EXTRA: list[str] = []  # --set overrides, applied to every engine of the run
 def _engine(data: str, run_id: str, overrides: list[str], sink=None):
     """Engine on the shared local[2] session, blocks loaded and models built in the workers."""
     from sparkcnn import config
-    from sparkcnn.engine.backend import get_or_create_spark
+    from sparkcnn.engine.session import get_or_create_spark
     from sparkcnn.train import build_engine, warm_up
 
     cfg = config.load(None, [f"data.path={data}", f"data.num_blocks={BLOCKS}", f"train.batch_size={BATCH}",

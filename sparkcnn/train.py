@@ -74,7 +74,8 @@ def set_flat_weights(model, flat: np.ndarray) -> None:
 
 
 def make_backend(cfg, run_id: str):
-    from sparkcnn.engine.backend import SparkBackend, get_or_create_spark
+    from sparkcnn.engine.backend import SparkBackend
+    from sparkcnn.engine.session import get_or_create_spark
 
     if cfg.engine.master == "inprocess":  # no Spark: every block runs in this process (tests, debugging)
         from sparkcnn.engine.backend import LocalBackend

@@ -69,7 +69,7 @@ def main(spec_path: str) -> int:
                         conf={"spark.executor.extraJavaOptions": FAST_START_JAVA_OPTS,
                               "spark.scheduler.mode": "FAIR", **spec.get("conf", {})})
     else:
-        from sparkcnn.engine.backend import get_or_create_spark
+        from sparkcnn.engine.session import get_or_create_spark
 
         spark = get_or_create_spark(spec["master"], app_name="sparkcnn-cluster-tests", conf=spec.get("conf"))
     sc = spark.sparkContext

@@ -11,7 +11,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 @pytest.fixture(scope="session")
 def spark():
-    from sparkcnn.engine.backend import get_or_create_spark
+    from sparkcnn.engine.session import get_or_create_spark
 
     session = get_or_create_spark("local[2]", app_name="sparkcnn-tests")
     yield session

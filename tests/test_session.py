@@ -9,7 +9,8 @@ import sys
 import pytest
 
 import pyspark
-from sparkcnn.engine import backend as B
+from sparkcnn.engine import backend as backends
+from sparkcnn.engine import session as B
 from sparkcnn.protocol import TaskContextInfo
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,8 +39,8 @@ def test_submit_arguments_name_settings():
 
 
 def test_local_backend_hands_tasks_their_context():
-    backend = B.LocalBackend("t-ctx")
-    assert isinstance(backend, B.Backend) and issubclass(B.SparkBackend, B.Backend)
+    backend = backends.LocalBackend("t-ctx")
+    assert isinstance(backend, backends.Backend) and issubclass(backends.SparkBackend, backends.Backend)
     out = backend.gather_blocks(lambda b, ctx: (b, ctx), [2, 0, 1], "t")
     assert [b for b, _ in out] == [2, 0, 1]
     ctx = out[0][1]
@@ -50,7 +51,7 @@ def test_local_backend_hands_tasks_their_context():
 
 @pytest.mark.spark
 def test_spark_backend_jobs_hand_tasks_their_context(spark):
-    backend = B.SparkBackend(spark, "t-ctx")
+    backend = backends.SparkBackend(spark, "t-ctx")
     try:
         def fn(b, ctx):
             return b, ctx
