@@ -107,7 +107,7 @@ class CompressionConfig:
 @dataclass(frozen=True)
 class PSConfig:
     staleness: str = "inverse"  # async: none (lambda = 1) | inverse (lambda = 1/tau)
-    max_staleness: int = 8      # async: a block whose result would be staler is held back
+    max_staleness: int = 8      # async: blocks are held back beyond it; a result arriving staler is dropped
 
     def validate(self, p: str) -> None:
         _check(self.staleness in ("none", "inverse"), f"{p}.staleness", "one of none, inverse", self.staleness)
@@ -117,7 +117,7 @@ class PSConfig:
 @dataclass(frozen=True)
 class EngineConfig:
     mode: str = "sync"          # sync (one treeAggregate job per round) | async (ASGD)
-    master: str = ""            # Spark master when no session is active; "" = local[2]
+    master: str = ""            # used only when set and no session is active; "": the launcher's, else local[2]
     pipeline: bool = False      # sync: compute round t+1 while the driver applies round t
     tree_depth: int = 2         # treeAggregate depth
     threads: int = 0            # async: jobs in flight, fixed; 0 = live executor slots (load monitor)

@@ -85,13 +85,13 @@ def test_lost_executor_shrinks_jobs_in_flight(tiny_cfg):
 
             def job():
                 with self.lock:
-                    self.running.add(order.round)
+                    self.running.add(order.seq)
                     self.seen.append((after_loss, len(self.running)))
                 try:
                     return fn(order, block)
                 finally:
                     with self.lock:
-                        self.running.discard(order.round)
+                        self.running.discard(order.seq)
 
             return super().submit(job)
 

@@ -58,5 +58,5 @@ def test_bidirectional_sparse_on_spark(spark, tiny_cfg):
     assert all(r["bytes_down"] < r["dense_bytes"] / 10 for r in steady)
     assert all(r["bytes_up"] < r["dense_bytes"] / 10 for r in steady)
     assert recs[-1]["loss"] < recs[0]["loss"]
-    ev = engine.evaluate(0)
+    ev = engine.driver.evaluate(0)
     assert ev["test_accuracy"] > 0.3

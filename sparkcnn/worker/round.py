@@ -194,7 +194,7 @@ def replica_view(spec: TaskSpec, order: RoundOrder) -> tuple[np.ndarray, bool, i
     missing, behind them or corrupt reloads the dense view (counted).
     Returns (U, resynced, bytes read from the dense view).
     """
-    from sparkcnn.replica import Downlink, Replica, Snapshot
+    from sparkcnn.replica import Downlink, Replica
 
     rep = _REPLICAS.setdefault(spec.run_id, Replica())
     if order.resync:
@@ -203,13 +203,13 @@ def replica_view(spec: TaskSpec, order: RoundOrder) -> tuple[np.ndarray, bool, i
            for m in order.downlinks]
     fetched = []
 
-    def snapshot():
+    def reload():
         data = order.weights.value
         fetched.append(len(data))
-        return Snapshot(order.weights_version, np.frombuffer(data, np.float32), [])
+        return order.weights_version, np.frombuffer(data, np.float32)
 
     # the initial load at version 0 is no resync; any later dense read is (lost or new replica)
-    resynced = rep.sync(dls, snapshot=snapshot) and order.weights_version > 0
+    resynced = rep.sync(dls, reload) and order.weights_version > 0
     return rep.U, resynced, sum(fetched)  # read-only view: the trainer only reads it
 
 
