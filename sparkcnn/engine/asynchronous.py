@@ -26,7 +26,7 @@ import logging
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-from sparkcnn.engine.driver import RoundDriver, timed
+from sparkcnn.engine.driver import DriverShorthands, RoundDriver, timed
 from sparkcnn.engine.monitor import LoadMonitor
 from sparkcnn.engine.tasks import round_task, state_task
 from sparkcnn.protocol import RoundOrder, steps_per_epoch
@@ -36,7 +36,7 @@ from sparkcnn.staleness import staleness_scale
 log = logging.getLogger(__name__)
 
 
-class AsyncEngine:
+class AsyncEngine(DriverShorthands):
     """Asynchronous jobs over the same driver, worker and records as sync mode."""
 
     def __init__(self, cfg, backend, spec, block_rows: dict[int, int], weights, sink=None, progress=None,
@@ -73,22 +73,6 @@ class AsyncEngine:
         self.next_seq = 0
         self.next_eval = 1                              # the next epoch end to evaluate and checkpoint
         self.staleness_hist: dict[int, int] = {}
-
-    @property
-    def W(self):
-        return self.driver.W
-
-    @property
-    def version(self) -> int:
-        return self.driver.version
-
-    @property
-    def counters(self) -> dict:
-        return self.driver.counters
-
-    @property
-    def history(self) -> list:
-        return self.driver.history
 
     @property
     def epoch_float(self) -> float:

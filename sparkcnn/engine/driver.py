@@ -319,6 +319,29 @@ class RoundDriver:
         }
 
 
+class DriverShorthands:
+    """``W``, ``version``, ``counters`` and ``history`` of an engine's ``self.driver``
+    (for callers: train, benchmarks, tests)."""
+
+    driver: RoundDriver
+
+    @property
+    def W(self):
+        return self.driver.W
+
+    @property
+    def version(self) -> int:
+        return self.driver.version
+
+    @property
+    def counters(self) -> dict:
+        return self.driver.counters
+
+    @property
+    def history(self) -> list:
+        return self.driver.history
+
+
 def timed(fn, *args, **kwargs):
     """(fn(*args, **kwargs), start, end) in perf_counter seconds."""
     t0 = time.perf_counter()

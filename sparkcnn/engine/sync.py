@@ -20,7 +20,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
-from sparkcnn.engine.driver import RoundDriver, timed
+from sparkcnn.engine.driver import DriverShorthands, RoundDriver, timed
 from sparkcnn.engine.tasks import round_task
 from sparkcnn.protocol import RoundOrder, steps_per_epoch
 from sparkcnn.scheduler import pipeline_depth, size_sync_steps
@@ -28,7 +28,7 @@ from sparkcnn.scheduler import pipeline_depth, size_sync_steps
 log = logging.getLogger(__name__)
 
 
-class SyncEngine:
+class SyncEngine(DriverShorthands):
     """Epochs of synchronous rounds through a backend; the server half lives in ``self.driver``."""
 
     def __init__(self, cfg, backend, spec, block_rows: dict[int, int], weights,
@@ -53,23 +53,6 @@ class SyncEngine:
         self.last_recorded_round: int | None = None  # metrics hold rounds (and epochs) up to this one
         self._last_done: float | None = None
         self._parallelism = backend.parallelism  # a py4j call on Spark: read once, not per round
-
-    # shorthands used by callers (train, benchmarks, tests)
-    @property
-    def W(self):
-        return self.driver.W
-
-    @property
-    def version(self) -> int:
-        return self.driver.version
-
-    @property
-    def counters(self) -> dict:
-        return self.driver.counters
-
-    @property
-    def history(self) -> list:
-        return self.driver.history
 
     # -- orders -----------------------------------------------------------------------------
     def _is_checkpoint_round(self, t: int) -> bool:
