@@ -361,7 +361,7 @@ def test_failed_task_attempts_are_retried_and_change_nothing(local_driver, local
     assert local_runs["sync-clean"]["failed_attempts"] == 0
     assert local_runs["sync-flaky"]["failed_attempts"] == len(failures)
     injected = {(int(t), int(k)) for k, t in
-                re.findall(r"chaos: injected failure of block (\d+) round (\d+)", local_driver.log_text())}
+                re.findall(r"chaos: injected failure of block (\d+) exchange (\d+)", local_driver.log_text())}
     assert injected == failures
     _assert_each_round_applied_once(flaky, rounds, expected)
     assert flaky["state_resets"] == 0  # the retries ran on the same executor and found the state
