@@ -11,45 +11,32 @@ from __future__ import annotations
 from sparkcnn.protocol import RoundOrder, TaskSpec
 
 
-def round_task(spec: TaskSpec, order: RoundOrder):
-    """One block's share of ``order`` -> :class:`~sparkcnn.protocol.RoundResult`."""
+def _on_worker(name: str, spec: TaskSpec, arg):
+    """``fn(block, ctx)`` calling ``sparkcnn.worker.round.<name>(spec, arg, block, ctx)`` on the executor."""
 
     def fn(block, ctx):
-        from sparkcnn.worker.round import run_block_round
+        from sparkcnn.worker import round as worker_round
 
-        return run_block_round(spec, order, block, ctx)
+        return getattr(worker_round, name)(spec, arg, block, ctx)
 
     return fn
+
+
+def round_task(spec: TaskSpec, order: RoundOrder):
+    """One block's share of ``order`` -> :class:`~sparkcnn.protocol.RoundResult`."""
+    return _on_worker("run_block_round", spec, order)
 
 
 def eval_task(spec: TaskSpec, weights: bytes):
     """One test block evaluated at ``weights`` -> :class:`~sparkcnn.protocol.EvalResult`."""
-
-    def fn(block, ctx):
-        from sparkcnn.worker.round import run_block_eval
-
-        return run_block_eval(spec, weights, block, ctx)
-
-    return fn
+    return _on_worker("run_block_eval", spec, weights)
 
 
 def load_task(spec: TaskSpec, split: str):
     """Warm-up: load a block of ``split`` and build the model in the worker -> the block id."""
-
-    def fn(block, ctx):
-        from sparkcnn.worker.round import load_block
-
-        return load_block(spec, split, block, ctx)
-
-    return fn
+    return _on_worker("load_block", spec, split)
 
 
 def state_task(spec: TaskSpec, tags: dict):
     """Checkpoint: each block's state as left by exchange ``tags[block]`` -> (block, state or None)."""
-
-    def fn(block, ctx):
-        from sparkcnn.worker.round import load_block_state
-
-        return load_block_state(spec, block, tags[block], ctx)
-
-    return fn
+    return _on_worker("load_block_state", spec, tags)

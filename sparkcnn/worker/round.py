@@ -228,9 +228,9 @@ def run_block_eval(spec: TaskSpec, weights: bytes, block: int, ctx: TaskContextI
     return EvalResult(block=block, samples=n, loss_sum=loss_sum, correct=correct)
 
 
-def load_block_state(spec: TaskSpec, block: int, tag: int, ctx: TaskContextInfo):
-    """(block, the state its exchange ``tag`` left, or None when it is gone): for checkpoints."""
-    return block, blockstore.load_state(local_root(spec, ctx), spec.run_id, block, tag)
+def load_block_state(spec: TaskSpec, tags: dict, block: int, ctx: TaskContextInfo):
+    """(block, the state its exchange ``tags[block]`` left, or None when it is gone): for checkpoints."""
+    return block, blockstore.load_state(local_root(spec, ctx), spec.run_id, block, tags[block])
 
 
 def load_block(spec: TaskSpec, split: str, block: int, ctx: TaskContextInfo) -> int:
