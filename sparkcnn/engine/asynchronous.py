@@ -125,7 +125,7 @@ class AsyncEngine(DriverShorthands):
             return None
         self.resync.discard(block)
         scale = staleness_scale(tau, self.cfg.ps.staleness) / self.num_blocks
-        out = d.apply([r] if r.samples > 0 else [], order.lr, factor=scale)
+        out = d.apply([r], order.lr, factor=scale)
         nnz_down = d.send_downlink(self.epoch_float)
         d.count_flags([r])
         rec = {"kind": "round", "round": r.seq, "block": block, "block_epoch": self.block_epoch[block],

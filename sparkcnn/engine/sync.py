@@ -114,7 +114,7 @@ class SyncEngine(DriverShorthands):
         d, t = self.driver, order.seq
         epoch, r = divmod(t, self.rounds_per_epoch)
         fresh = d.take_fresh(results, seq=t)
-        out = d.apply([x for x in fresh if x.samples > 0], order.lr)
+        out = d.apply(fresh, order.lr)
         nnz_down = d.send_downlink(epoch + r / self.rounds_per_epoch)
         d.count_flags(fresh)
         rec = {"kind": "round", "round": t, "epoch": epoch, "round_in_epoch": r,
