@@ -163,6 +163,19 @@ class GuardConfig:
 
 
 @dataclass(frozen=True)
+class TrackingConfig:
+    """Where records go besides metrics.jsonl; each tracker is a sink beside the JSONL one."""
+
+    mlflow: bool = False                 # MLflow run: params, round/epoch metrics, model.keras and summary.json
+                                         # (server from MLFLOW_TRACKING_URI; needs the mlflow extra)
+    mlflow_experiment: str = "sparkcnn"  # experiment name, created when missing
+    tensorboard: bool = False            # scalars per round and per epoch in <run_dir>/tensorboard
+
+    def validate(self, p: str) -> None:
+        _check(bool(self.mlflow_experiment), f"{p}.mlflow_experiment", "a non-empty name", self.mlflow_experiment)
+
+
+@dataclass(frozen=True)
 class ChaosConfig:
     """Fault injection, for tests and drills only. Leave at defaults in production."""
 
@@ -194,6 +207,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
     chaos: ChaosConfig = field(default_factory=ChaosConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def validate(self) -> "Config":
         for f in dataclasses.fields(self):
