@@ -42,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
     tr.add_argument("--resume", metavar="RUN_DIR",
                     help="continue runs/<run_id> from its latest checkpoint (same run id and config)")
+    tr.add_argument("--run-dir", metavar="DIR",
+                    help="train in DIR: a new run there, or, once DIR holds a run (config.yaml), resume it "
+                         "with its own config (a scheduler's retry passes the same arguments)")
 
     ev = sub.add_parser("evaluate", help="test loss and accuracy of a saved model on a prepared split")
     ev.add_argument("--model", required=True, help="model.keras file or run directory")
@@ -103,16 +106,21 @@ def cmd_train(a) -> int:
     from sparkcnn.train import train
 
     progress = None if a.no_progress else ProgressBar()
-    if a.resume:
+    if a.resume and a.run_dir:
+        raise BadInput("--resume and --run-dir: give one of them")
+    if a.resume and a.config:
+        raise BadInput("--resume uses the run's own config.yaml; drop --config")
+    # --run-dir resumes once the directory holds a run; its own config.yaml then wins over --config
+    existing = a.resume or (a.run_dir if a.run_dir and os.path.isfile(os.path.join(a.run_dir, "config.yaml"))
+                            else None)
+    if existing:
         from sparkcnn.train import resume_config
 
-        if a.config:
-            raise BadInput("--resume uses the run's own config.yaml; drop --config")
-        cfg = resume_config(a.resume, a.overrides)
-        summary = train(cfg, progress=progress, run_dir=a.resume, resume=True)
+        cfg = resume_config(existing, a.overrides)
+        summary = train(cfg, progress=progress, run_dir=existing, resume=True)
     else:
         cfg = config.load(a.config, a.overrides)
-        summary = train(cfg, progress=progress)
+        summary = train(cfg, progress=progress, run_dir=a.run_dir)
     print(json.dumps(summary, indent=2))
     return 0
 
