@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from sparkcnn import config as config_mod
+from sparkcnn import tracking
 from sparkcnn.blockstore import block_range
 from sparkcnn.data.parquet_io import read_meta
 from sparkcnn.errors import BadInput
@@ -173,6 +174,7 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
     from sparkcnn.models import build_model
 
     build_model(cfg.model.name, (meta.height, meta.width, meta.channels), len(meta.classes), cfg.run.seed)
+    trackers = tracking.trackers(cfg)  # a tracker's missing package fails here, before anything is written
     try:
         os.makedirs(run_dir, exist_ok=True)
     except OSError as e:
@@ -197,10 +199,13 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
         log.info("resuming %s at round %s", run_id, start)
     else:
         atomic_write_text(os.path.join(run_dir, "config.yaml"), config_mod.dump(cfg))
-    sink = engine.driver.sink = JsonlSink(metrics_path)
+    sink = engine.driver.sink = tracking.FanOut(JsonlSink(metrics_path), *trackers).start(cfg, run_dir)
     try:
         warm_s = warm_up(backend, engine.spec)
         summary = engine.run(start_round=start)
+    except BaseException as e:
+        sink.finish(None, run_dir, e)  # trackers mark the run failed
+        raise
     finally:
         sink.close()
         backend.close()  # unpersist the block placement RDDs
@@ -216,4 +221,5 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
         summary["report"] = write_report(run_dir)["report"]
     except Exception:  # a report failing must not lose a finished run
         log.warning("report for %s failed", run_dir, exc_info=True)
+    sink.finish(summary, run_dir)  # trackers take the outputs (model.keras, summary.json)
     return summary
