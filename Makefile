@@ -4,9 +4,10 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 FMNIST_SRC ?= /usr/share/datasets/fashion-mnist
 DATA   ?= data/fashion-mnist
+DIST   ?= dist
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup dataset-package data train test bench clean
+.PHONY: setup dataset-package data train test bench dist clean
 
 $(STAMP): pyproject.toml
 	@command -v java >/dev/null || { echo "sparkcnn: Java 17+ is required by Spark (apt-get install openjdk-17-jre-headless)"; exit 1; }
@@ -37,5 +38,12 @@ bench: $(STAMP) data
 	$(PY) bench/blocks.py
 	$(PY) bench/throughput.py --quick
 
+# spark-submit packaging: the wheel (for pip, or a venv-pack archive: --archives) and a
+# --py-files zip holding the sparkcnn package alone (for executors that have its dependencies)
+dist: $(STAMP)
+	rm -rf $(DIST) build && mkdir -p $(DIST)
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(DIST) .
+	$(PY) -c 'import sys, zipfile; whl = zipfile.ZipFile(sys.argv[1]); out = zipfile.ZipFile(sys.argv[2], "w", zipfile.ZIP_DEFLATED); [out.writestr(i, whl.read(i)) for i in whl.infolist() if i.filename.startswith("sparkcnn/")]; out.close()' $(DIST)/sparkcnn-*.whl $(DIST)/sparkcnn.zip
+
 clean:
-	rm -rf $(VENV) data runs
+	rm -rf $(VENV) data runs $(DIST) build
