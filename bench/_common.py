@@ -37,7 +37,7 @@ from sparkcnn.protocol import TaskSpec
 from sparkcnn.worker.trainer import Trainer, batch_indices
 data, blocks, block, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 x, y = read_block(os.path.join(data, "train"), blocks, block)
-spec = TaskSpec(run_id="solo", train_dir="", test_dir="", num_blocks=blocks, test_blocks=1,
+spec = TaskSpec(run_id="solo", num_blocks=blocks, test_blocks=1,
                 model_name="fmnist_cnn", input_shape=x.shape[1:], num_classes=10, seed=0,
                 batch_size=64, momentum=0.9, weight_decay=0.0, layout=())
 tr = Trainer(spec)

@@ -5,7 +5,7 @@ one core each; worker 1's executor runs every task ``SPARKCNN_CHAOS_SLOW=2``
 times slower (the worker sleeps as long again as it trained). ``fmnist_cnn``
 on 2 blocks of a slice of Fashion-MNIST (0.5 epoch, ``--quick`` 0.34): every
 mode trains the same fixed number of samples, and the steady state leaves out
-warm-up (Python worker start, TF import and tracing, block load: ``warm_up``
+warm-up (Python worker start, TF import and tracing, block placement: ``engine.warmup_s``
 plus the first rounds or jobs).
 
 - ``unbalanced_images_per_s``: sync mode, the same ``steps_per_round`` (20)
@@ -65,14 +65,14 @@ class Bench:
 
     def engine(self, data: str, run_id: str, overrides: list[str], sink=None):
         from sparkcnn import config
-        from sparkcnn.train import build_engine, warm_up
+        from sparkcnn.train import build_engine
 
         cfg = config.load(None, [f"data.path={data}", f"data.num_blocks={BLOCKS}", f"train.batch_size={BATCH}",
                                  f"train.steps_per_round={H}", "train.epochs=1", "data.test_blocks=1", *overrides])
         pool = f"sparkcnn-{run_id}" if cfg.engine.mode == "async" else None
         backend = spark_backend(self.spark, run_id, pool=pool)
         engine, _ = build_engine(cfg, backend, run_id, sink=sink)
-        warm_s = warm_up(backend, engine.spec)
+        warm_s = engine.warmup_s
         log("%s: blocks loaded in %.1f s", run_id, warm_s)
         return engine
 

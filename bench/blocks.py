@@ -36,7 +36,8 @@ def main(argv=None) -> dict:
     def build(block, ctx):
         import sparkcnn.worker.round  # noqa: F401  (import cost as in a real task)
         t = time.perf_counter()
-        x, y = blockstore.get_block(ctx.local_dir, run_id, train_dir, "train", a.blocks, block)
+        x, y = blockstore.get_block(ctx.local_dir, run_id, "train", a.blocks, block,
+                                    load=lambda: blockstore.read_block(train_dir, a.blocks, block))
         return {"block": block, "rows": int(len(y)), "bytes": int(x.nbytes + y.nbytes),
                 "task_s": time.perf_counter() - t}
 

@@ -206,7 +206,7 @@ def measure_sparsify_share(density: float = 0.001, steps: int = 10, reps: int = 
 
     ensure_data()
     x, y = read_block(os.path.join(DATA, "train"), 2, 0)
-    spec = TaskSpec(run_id="share", train_dir="", test_dir="", num_blocks=2, test_blocks=1,
+    spec = TaskSpec(run_id="share", num_blocks=2, test_blocks=1,
                     model_name="fmnist_cnn", input_shape=x.shape[1:], num_classes=10, seed=0, batch_size=64,
                     momentum=0.9, weight_decay=0.0, layout=())
     tr = Trainer(spec)

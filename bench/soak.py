@@ -79,7 +79,7 @@ def main(argv=None) -> dict:
     from sparkcnn import config
     from sparkcnn.engine.backend import SparkBackend
     from sparkcnn.engine.session import get_or_create_spark
-    from sparkcnn.train import build_engine, warm_up
+    from sparkcnn.train import build_engine
 
     data = ensure_data()
     cfg = config.load(None, [f"data.path={data}", *overrides])
@@ -91,7 +91,6 @@ def main(argv=None) -> dict:
     engine, _ = build_engine(cfg, backend, run_id)
     if engine.total_rounds < rounds + 1:
         raise SystemExit(f"bench/soak.py: {rounds + 1} rounds exceed the run's {engine.total_rounds}")
-    warm_up(backend, engine.spec)
     engine.run_round(0)  # traces the TF functions; not part of the series
     log("soak: %d rounds of %d steps, sparse up and down", rounds, cfg.train.steps_per_round)
 

@@ -94,14 +94,14 @@ def _engine(data: str, run_id: str, overrides: list[str], sink=None):
     """Engine on the shared local[2] session, blocks loaded and models built in the workers."""
     from sparkcnn import config
     from sparkcnn.engine.session import get_or_create_spark
-    from sparkcnn.train import build_engine, warm_up
+    from sparkcnn.train import build_engine
 
     cfg = config.load(None, [f"data.path={data}", f"data.num_blocks={BLOCKS}", f"train.batch_size={BATCH}",
                              *EXTRA, *overrides])
     pool = f"sparkcnn-{run_id}" if cfg.engine.mode == "async" else None
     backend = spark_backend(get_or_create_spark("local[2]", "sparkcnn-bench"), run_id, pool=pool)
     engine, _ = build_engine(cfg, backend, run_id, sink=sink)
-    log("%s: blocks loaded and models built in %.1f s", run_id, warm_up(backend, engine.spec))
+    log("%s: blocks loaded and models built in %.1f s", run_id, engine.warmup_s)
     return engine
 
 
@@ -114,8 +114,7 @@ def _limit_task(spec, steps: int):
         from sparkcnn.worker.round import local_root
         from sparkcnn.worker.trainer import batch_indices, get_trainer
 
-        x, y = blockstore.get_block(local_root(spec, ctx), spec.run_id, spec.train_dir, "train", spec.num_blocks,
-                                    block)
+        x, y = blockstore.get_block(local_root(spec, ctx), spec.run_id, "train", spec.num_blocks, block)
         tr = get_trainer(spec, ctx)
         b = [batch_indices(len(y), spec.batch_size, 0, 0, block, i) for i in range(steps + 5)]
         tr.train(x, y, b[:5], 0.05)

@@ -1,11 +1,10 @@
 """Executor-side storage of data blocks and per-block state.
 
-A data block is a contiguous row range of a prepared Parquet split, read
-straight from the Parquet row groups into one uint8 ``N×H×W×C`` array and one
-int32 label array (Arrow buffers → numpy, no per-row objects). Block ``k`` of
-``N`` holds global rows ``[k·n/N, (k+1)·n/N)``, so any Python worker on any
-executor can rebuild any block deterministically (a moved or retried task, a
-lost executor) without a shuffle.
+A data block is one uint8 ``N×H×W×C`` image array and one int32 label array.
+Spark delivers it (see :meth:`sparkcnn.engine.backend.Backend.place`): the
+placement job stores each block here on the executor that will train it, and a
+lost executor's blocks are rebuilt by Spark from the data's lineage.
+``read_block`` reads a row range of a prepared split directly (benchmarks).
 
 Blocks and block states live in this process's memory and are spilled to the
 executor's local directory keyed by run id and block id, so every Python
@@ -68,9 +67,14 @@ def _dir(root: str, run_id: str) -> str:
     return path
 
 
-def get_block(root: str, run_id: str, split_dir: str, split: str, num_blocks: int,
-              block: int) -> tuple[np.ndarray, np.ndarray]:
-    """The block from this process, else the executor's spill, else rebuilt from Parquet."""
+class BlockMissing(RuntimeError):
+    """A block is neither in this process nor in the executor's spill (it was placed elsewhere)."""
+
+
+def get_block(root: str, run_id: str, split: str, num_blocks: int, block: int,
+              load=None) -> tuple[np.ndarray, np.ndarray]:
+    """The block from this process, else the executor's spill, else ``load()`` (stored);
+    :class:`BlockMissing` without ``load``."""
     key = (run_id, split, num_blocks, block)
     hit = _BLOCKS.get(key)
     if hit is not None:
@@ -79,12 +83,24 @@ def get_block(root: str, run_id: str, split_dir: str, split: str, num_blocks: in
     try:
         hit = (np.load(base + ".x.npy", mmap_mode="r"), np.load(base + ".y.npy"))
     except (OSError, ValueError):
-        hit = read_block(split_dir, num_blocks, block)
-        for suffix, arr in ((".x.npy", hit[0]), (".y.npy", hit[1])):
-            _atomic_save(base + suffix, arr)
+        if load is None:
+            raise BlockMissing(f"run {run_id}: {split} block {block} of {num_blocks} is not resident on "
+                               f"this executor ({root})") from None
+        return put_block(root, run_id, split, num_blocks, block, *load())
     with _LOCK:
         _BLOCKS[key] = hit
     return hit
+
+
+def put_block(root: str, run_id: str, split: str, num_blocks: int, block: int,
+              images: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Keep a block in this process and spill it to the executor's local directory."""
+    base = os.path.join(_dir(root, run_id), f"data-{split}-{num_blocks}-{block}")
+    for suffix, arr in ((".x.npy", images), (".y.npy", labels)):
+        _atomic_save(base + suffix, arr)
+    with _LOCK:
+        _BLOCKS[(run_id, split, num_blocks, block)] = (images, labels)
+    return images, labels
 
 
 def _atomic_save(path: str, arr: np.ndarray) -> None:

@@ -38,11 +38,29 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    path: str = "data/fashion-mnist"  # prepared dataset: <path>/train and <path>/test (Parquet)
+    path: str = "data/fashion-mnist"  # path, URI or table Spark reads: a prepared dataset (<path>/train and
+                                      # <path>/test), Parquet, a table, or a folder of images per class
+    format: str = "auto"              # auto | prepared | parquet | table | images (auto: from the path)
+    test_path: str = ""               # held-out data for per-epoch test accuracy ("": a prepared
+                                      # dataset's test split, else none)
+    image_col: str = "image"          # binary uint8 HWC, array<float> in [0, 1], or Spark's image struct
+    label_col: str = "label"          # integer class index
+    image_shape: list = field(default_factory=list)  # [H, W, C] of binary / array<float> images
+                                      # when the column's metadata does not say
+    classes: list = field(default_factory=list)      # class names; []: metadata, else 0..max(label)
     num_blocks: int = 2               # data blocks = Spark partitions of the training set
     test_blocks: int = 2              # partitions of the test set for distributed evaluation
 
     def validate(self, p: str) -> None:
+        _check(self.format in ("auto", "prepared", "parquet", "table", "images"), f"{p}.format",
+               "one of auto, prepared, parquet, table, images", self.format)
+        _check(bool(self.image_col), f"{p}.image_col", "a column name", self.image_col)
+        _check(bool(self.label_col), f"{p}.label_col", "a column name", self.label_col)
+        _check(self.image_shape == [] or (len(self.image_shape) == 3 and all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in self.image_shape)),
+            f"{p}.image_shape", "[H, W, C] of positive integers", self.image_shape)
+        _check(all(isinstance(c, (str, int)) for c in self.classes), f"{p}.classes", "a list of names",
+               self.classes)
         _check(1 <= self.num_blocks <= 4096, f"{p}.num_blocks", "in [1, 4096]", self.num_blocks)
         _check(1 <= self.test_blocks <= 4096, f"{p}.test_blocks", "in [1, 4096]", self.test_blocks)
 
@@ -243,6 +261,9 @@ def _coerce(key: str, tp, value):
         value = float(value)
     elif tp is str:
         _check(isinstance(value, str), key, "a string", value)
+    elif tp is list:
+        _check(isinstance(value, (list, tuple)), key, "a list", value)
+        value = list(value)
     return value
 
 

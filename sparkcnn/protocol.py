@@ -40,10 +40,8 @@ class TaskSpec:
     """Per-run constants shipped to executors (plain values only)."""
 
     run_id: str
-    train_dir: str
-    test_dir: str
-    num_blocks: int
-    test_blocks: int
+    num_blocks: int          # training blocks (placed by Backend.place)
+    test_blocks: int         # test blocks; 0 = no test data (no per-epoch evaluation)
     model_name: str
     input_shape: tuple
     num_classes: int

@@ -40,8 +40,10 @@ def _plot(run_dir: str, rounds: list[dict], epochs: list[dict]) -> str | None:
     t = [r["round"] + 1 for r in rounds]
     ax[0, 0].plot(t, [r["loss"] for r in rounds], lw=1)
     ax[0, 0].set(title="training loss per round", xlabel="round", ylabel="loss")
-    ax[0, 1].plot([e["epoch"] + 1 for e in epochs], [e["test_accuracy"] for e in epochs], "o-")
-    ax[0, 1].set(title="test accuracy per epoch", xlabel="epoch", ylabel="accuracy")
+    scored = [e for e in epochs if e.get("test_accuracy") is not None]  # none without test data
+    ax[0, 1].plot([e["epoch"] + 1 for e in scored], [e["test_accuracy"] for e in scored], "o-")
+    ax[0, 1].set(title="test accuracy per epoch" if scored else "no test data", xlabel="epoch",
+                 ylabel="accuracy")
     ax[1, 0].plot(t, [r["images_per_s"] for r in rounds], lw=1)
     ax[1, 0].set(title="throughput", xlabel="round", ylabel="images/s")
     ax[1, 1].semilogy(t, [max(1, r["bytes_up"]) for r in rounds], label="up (measured)")
@@ -77,7 +79,9 @@ def write_report(run_dir: str) -> dict:
     lines += ["| epoch | test accuracy | test loss | train loss | bytes up | wall s |",
               "|---:|---:|---:|---:|---:|---:|"]
     for e in epochs:
-        lines.append(f"| {e['epoch'] + 1} | {e['test_accuracy']:.4f} | {e['test_loss']:.4f} | "
+        acc, loss = (e.get(k) for k in ("test_accuracy", "test_loss"))
+        acc, loss = ("–" if v is None else f"{v:.4f}" for v in (acc, loss))
+        lines.append(f"| {e['epoch'] + 1} | {acc} | {loss} | "
                      f"{e.get('train_loss') or 0:.4f} | {fmt_bytes(e.get('bytes_up', 0))} | {e['wall_s']:.1f} |")
     if png:
         lines += ["", "![metrics](report.png)"]

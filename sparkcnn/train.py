@@ -17,8 +17,6 @@ import numpy as np
 
 from sparkcnn import config as config_mod
 from sparkcnn import tracking
-from sparkcnn.blockstore import block_range
-from sparkcnn.data.parquet_io import read_meta
 from sparkcnn.errors import BadInput
 from sparkcnn.metrics import JsonlSink, atomic_write_text
 from sparkcnn.protocol import TaskSpec
@@ -26,31 +24,18 @@ from sparkcnn.protocol import TaskSpec
 log = logging.getLogger(__name__)
 
 
-def dataset_meta(path: str):
-    """Metadata of the prepared train and test splits; BadInput naming the path if absent."""
-    train_dir, test_dir = os.path.join(path, "train"), os.path.join(path, "test")
-    for d in (train_dir, test_dir):
-        if not os.path.isdir(d):
-            raise BadInput(f"data.path {path!r}: no prepared split at {d} (run 'sparkcnn prepare' first)")
-    train, test = read_meta(train_dir), read_meta(test_dir)
-    if (train.height, train.width, train.channels) != (test.height, test.width, test.channels):
-        raise BadInput(f"data.path {path!r}: train and test image shapes differ")
-    if train.num_rows == 0:
-        raise BadInput(f"data.path {path!r}: the train split is empty")
-    return train_dir, test_dir, train, test
-
-
 def new_run_id(name: str) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def build_spec(cfg, run_id: str, train_dir: str, test_dir: str, train_meta, model) -> TaskSpec:
+def build_spec(cfg, run_id: str, train, test, model) -> TaskSpec:
+    """The run's constants for the executors; ``train``/``test``: :class:`~sparkcnn.data.source.Frame`."""
     sizes = tuple(int(np.prod(w.shape)) for w in model.weights)
     return TaskSpec(
-        run_id=run_id, train_dir=os.path.abspath(train_dir), test_dir=os.path.abspath(test_dir),
-        num_blocks=cfg.data.num_blocks, test_blocks=cfg.data.test_blocks, model_name=cfg.model.name,
-        input_shape=(train_meta.height, train_meta.width, train_meta.channels),
-        num_classes=len(train_meta.classes), seed=cfg.run.seed, batch_size=cfg.train.batch_size,
+        run_id=run_id, num_blocks=cfg.data.num_blocks,
+        test_blocks=min(cfg.data.test_blocks, test.num_rows) if test is not None else 0,
+        model_name=cfg.model.name, input_shape=tuple(train.shape),
+        num_classes=len(train.classes), seed=cfg.run.seed, batch_size=cfg.train.batch_size,
         momentum=cfg.train.momentum, weight_decay=cfg.train.weight_decay, layout=sizes,
         value_dtype="float32" if cfg.compression.method == "none" else cfg.compression.value_dtype,
         method=cfg.compression.method, dense_below=cfg.compression.dense_below,
@@ -74,55 +59,65 @@ def set_flat_weights(model, flat: np.ndarray) -> None:
         pos += n
 
 
-def make_backend(cfg, run_id: str):
+def make_backend(cfg, run_id: str, spark=None):
+    """The backend a run uses: ``spark`` if given, else the active or launcher's session."""
     from sparkcnn.engine.backend import SparkBackend
-    from sparkcnn.engine.session import get_or_create_spark
+    from sparkcnn.engine.session import get_or_create_spark, require_classic
 
     if cfg.engine.master == "inprocess":  # no Spark: every block runs in this process (tests, debugging)
         from sparkcnn.engine.backend import LocalBackend
 
         return LocalBackend(run_id)
-    spark = get_or_create_spark(cfg.engine.master, app_name=f"sparkcnn {run_id}")
+    spark = spark if spark is not None else get_or_create_spark(cfg.engine.master, app_name=f"sparkcnn {run_id}")
+    require_classic(spark)
     # async jobs of one run share a FAIR pool (effective when the session runs the FAIR scheduler)
     return SparkBackend(spark, run_id, pool=f"sparkcnn-{run_id}" if cfg.engine.mode == "async" else None)
 
 
-def warm_up(backend, spec: TaskSpec) -> float:
-    """Load every block into the workers and build their models (TF import, tracing) once."""
-    from sparkcnn.engine.tasks import load_task
+def resolve_frames(cfg, backend, data=None, test_data=None, local=None):
+    """(train, test or None) :class:`~sparkcnn.data.source.Frame` s, checked (see :mod:`sparkcnn.data.source`);
+    ``local``: frames of :func:`~sparkcnn.data.source.local_prepared`, read through ``backend``'s session."""
+    from sparkcnn.data.source import attach, local_prepared, training_frames
 
-    t0 = time.perf_counter()
-    # each block is loaded where it lives: its home executor (see SparkBackend._markers)
-    backend.map_blocks(load_task(spec, "train"), list(range(spec.num_blocks)),
-                       f"sparkcnn {spec.run_id} load blocks", universe=spec.num_blocks)
-    backend.map_blocks(load_task(spec, "test"), list(range(spec.test_blocks)),
-                       f"sparkcnn {spec.run_id} load test blocks", universe=spec.test_blocks)
-    return time.perf_counter() - t0
-
-
-def block_sizes(num_rows: int, num_blocks: int) -> dict[int, int]:
-    """Rows per block: block k holds rows [k·n/N, (k+1)·n/N)."""
-    out = {}
-    for k in range(num_blocks):
-        lo, hi = block_range(num_rows, num_blocks, k)
-        out[k] = hi - lo
-    return out
+    if local is None and data is None and test_data is None:
+        local = local_prepared(cfg.data)
+    if local is not None:
+        train, test = (attach(backend.spark, f) for f in local)
+    elif backend.spark is None:
+        raise BadInput("engine.master=inprocess trains on a prepared dataset on a local data.path only")
+    else:
+        train, test = training_frames(backend.spark, cfg.data, data, test_data)
+    _check_blocks(cfg, train)
+    return train, test
 
 
-def build_engine(cfg, backend, run_id: str, sink=None, progress=None, run_dir: str | None = None):
-    """Model, task spec and engine for ``cfg`` on ``backend`` (benchmarks and tests use it too)."""
+def _check_blocks(cfg, train) -> None:
+    if cfg.data.num_blocks > train.num_rows:
+        raise BadInput(f"data.num_blocks={cfg.data.num_blocks} exceeds the {train.num_rows} training rows")
+
+
+def build_engine(cfg, backend, run_id: str, sink=None, progress=None, run_dir: str | None = None, frames=None):
+    """Model, task spec, placed blocks and engine for ``cfg`` on ``backend`` (benchmarks and tests
+    use it too); ``frames``: (train, test) from :func:`resolve_frames`, else ``cfg.data``'s.
+
+    Placing the blocks is the run's warm-up (data to the executors, TF import, model
+    build): its time is ``engine.warmup_s``.
+    """
     from sparkcnn.engine.asynchronous import AsyncEngine
     from sparkcnn.engine.sync import SyncEngine
     from sparkcnn.models import build_model
 
-    train_dir, test_dir, meta, _ = dataset_meta(cfg.data.path)
-    if cfg.data.num_blocks > meta.num_rows:
-        raise BadInput(f"data.num_blocks={cfg.data.num_blocks} exceeds the {meta.num_rows} training rows")
-    model = build_model(cfg.model.name, (meta.height, meta.width, meta.channels), len(meta.classes), cfg.run.seed)
-    spec = build_spec(cfg, run_id, train_dir, test_dir, meta, model)
+    train_f, test_f = frames if frames is not None else resolve_frames(cfg, backend)
+    model = build_model(cfg.model.name, tuple(train_f.shape), len(train_f.classes), cfg.run.seed)
+    spec = build_spec(cfg, run_id, train_f, test_f, model)
+    t0 = time.perf_counter()
+    rows = backend.place("train", train_f, spec.num_blocks, spec)
+    if spec.test_blocks:
+        backend.place("test", test_f, spec.test_blocks, spec)
     cls = AsyncEngine if cfg.engine.mode == "async" else SyncEngine
-    engine = cls(cfg, backend, spec, block_sizes(meta.num_rows, cfg.data.num_blocks),
-                        flat_weights(model), sink=sink, progress=progress, run_dir=run_dir)
+    engine = cls(cfg, backend, spec, rows, flat_weights(model), sink=sink, progress=progress, run_dir=run_dir)
+    engine.warmup_s = time.perf_counter() - t0
+    engine.frames = (train_f, test_f)
     return engine, model
 
 
@@ -157,30 +152,42 @@ def resume_config(run_dir: str, overrides=()):
     return config_mod.load(path, overrides)
 
 
-def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: bool = False) -> dict:
+def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: bool = False,
+          data=None, test_data=None, spark=None) -> dict:
     """Run a whole training; returns the summary (also written to summary.json).
 
+    ``data``/``test_data``: what to train and evaluate on (see :mod:`sparkcnn.data.source`;
+    default ``cfg.data``); ``spark``: the session to use (default: the active or launcher's).
     ``resume``: continue ``run_dir`` from its latest checkpoint (same run id).
+    Bad input raises :class:`BadInput` before anything is written.
     """
-    _, _, meta, _ = dataset_meta(cfg.data.path)  # fail on bad data before creating anything
-    if cfg.data.num_blocks > meta.num_rows:
-        raise BadInput(f"data.num_blocks={cfg.data.num_blocks} exceeds the {meta.num_rows} training rows")
     if run_dir is None:
         run_id = new_run_id(cfg.run.name)
         run_dir = os.path.join(cfg.run.out_dir, run_id)
     else:
         run_id = os.path.basename(os.path.normpath(run_dir))
-    # the model builder is validated before anything is created or Spark starts
+    # bad data, model builder or run dir fail before anything is written; a prepared dataset on a
+    # local path is checked before Spark starts, other inputs through the session
+    from sparkcnn.data.source import local_prepared
     from sparkcnn.models import build_model
 
-    build_model(cfg.model.name, (meta.height, meta.width, meta.channels), len(meta.classes), cfg.run.seed)
+    local = local_prepared(cfg.data) if data is None and test_data is None else None
+    if local is not None:
+        _check_blocks(cfg, local[0])
+        frames = local
+    else:
+        backend = backend if backend is not None else make_backend(cfg, run_id, spark)
+        frames = resolve_frames(cfg, backend, data, test_data)
+    build_model(cfg.model.name, tuple(frames[0].shape), len(frames[0].classes), cfg.run.seed)
     trackers = tracking.trackers(cfg)  # a tracker's missing package fails here, before anything is written
     try:
         os.makedirs(run_dir, exist_ok=True)
     except OSError as e:
         raise BadInput(f"run.out_dir {cfg.run.out_dir!r}: cannot create run directory ({e.strerror})") from None
     if backend is None:
-        backend = make_backend(cfg, run_id)
+        backend = make_backend(cfg, run_id, spark)
+    if local is not None:
+        frames = resolve_frames(cfg, backend, local=local)
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     ckpt = None
     if resume and _has_checkpoint(run_dir):
@@ -190,30 +197,37 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
     elif resume:  # stopped before its first checkpoint: the same run id starts over
         log.warning("resume %s: no checkpoint yet; starting again from round 0", run_id)
         _truncate_metrics(metrics_path, 0)
-    engine, model = build_engine(cfg, backend, run_id, progress=progress, run_dir=run_dir)
-    start = 0
-    if ckpt is not None:
-        start = engine.restore(ckpt)
-        engine.driver.history, engine.driver.epoch_history = _truncate_metrics(
-            metrics_path, int(ckpt.state["records"]))
-        log.info("resuming %s at round %s", run_id, start)
-    else:
-        atomic_write_text(os.path.join(run_dir, "config.yaml"), config_mod.dump(cfg))
-    sink = engine.driver.sink = tracking.FanOut(JsonlSink(metrics_path), *trackers).start(cfg, run_dir)
     try:
-        warm_s = warm_up(backend, engine.spec)
-        summary = engine.run(start_round=start)
-    except BaseException as e:
-        sink.finish(None, run_dir, e)  # trackers mark the run failed
+        engine, model = build_engine(cfg, backend, run_id, progress=progress, run_dir=run_dir, frames=frames)
+        start = 0
+        if ckpt is not None:
+            start = engine.restore(ckpt)
+            engine.driver.history, engine.driver.epoch_history = _truncate_metrics(
+                metrics_path, int(ckpt.state["records"]))
+            log.info("resuming %s at round %s", run_id, start)
+        else:
+            atomic_write_text(os.path.join(run_dir, "config.yaml"), config_mod.dump(cfg))
+        sink = engine.driver.sink = tracking.FanOut(JsonlSink(metrics_path), *trackers).start(cfg, run_dir)
+        try:
+            summary = engine.run(start_round=start)
+        except BaseException as e:
+            sink.finish(None, run_dir, e)  # trackers mark the run failed
+            raise
+        finally:
+            sink.close()
+    except KeyboardInterrupt:
+        backend.stop()  # cancel the run's Spark jobs; the last checkpoint stays for --resume
         raise
     finally:
-        sink.close()
         backend.close()  # unpersist the block placement RDDs
     set_flat_weights(model, engine.W)
     model.save(os.path.join(run_dir, "model.keras"))
-    summary.update(run_id=run_id, run_dir=run_dir, warmup_s=warm_s, params=int(engine.W.size),
+    train_f, test_f = frames
+    summary.update(run_id=run_id, run_dir=run_dir, warmup_s=engine.warmup_s, params=int(engine.W.size),
                    model=cfg.model.name, num_blocks=cfg.data.num_blocks, mode=cfg.engine.mode,
-                   steps_per_round=cfg.train.steps_per_round, **backend.session_info())
+                   steps_per_round=cfg.train.steps_per_round, data=train_f.origin, train_rows=train_f.num_rows,
+                   test_rows=test_f.num_rows if test_f is not None else 0, classes=list(train_f.classes),
+                   image_shape=list(train_f.shape), **backend.session_info())
     atomic_write_text(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=2))
     try:
         from sparkcnn.report import write_report

@@ -117,8 +117,8 @@ def test_duplicate_results_are_dropped_and_counted(tiny_cfg):
     """A speculative or retried duplicate of a (round, block) result is applied once."""
 
     class Duplicating(LocalBackend):
-        def gather_blocks(self, fn, blocks, description="", depth=2, universe=None):
-            acc = super().gather_blocks(fn, blocks, description, depth, universe)
+        def gather_blocks(self, fn, blocks, description="", depth=2, universe=None, split="train"):
+            acc = super().gather_blocks(fn, blocks, description, depth, universe, split)
             return acc + [acc[0]]
 
     backend = Duplicating("t-dup")

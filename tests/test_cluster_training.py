@@ -134,11 +134,10 @@ def _run(driver: Driver, results: dict, name: str):
 
 def _sync_rounds(data: str, epochs: int, steps_per_round: int, blocks: int = 2) -> int:
     """Rounds of a sync run: ceil(steps of the largest block / H) per epoch."""
-    from sparkcnn.blockstore import block_range
     from sparkcnn.data.parquet_io import read_meta
 
     n = read_meta(os.path.join(data, "train")).num_rows
-    steps = max((hi - lo) // BATCH for lo, hi in (block_range(n, blocks, k) for k in range(blocks)))
+    steps = -(-n // blocks) // BATCH  # the largest block: ceil(n / blocks) rows (round-robin placement)
     return epochs * math.ceil(steps / steps_per_round)
 
 

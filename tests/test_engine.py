@@ -38,17 +38,17 @@ def test_sync_training_loss_falls_and_run_dir_complete(spark, tiny_cfg):
 class RecordingBackend(SparkBackend):
     """Spark backend that keeps the raw task results of the last gather job."""
 
-    def gather_blocks(self, fn, blocks, description="", depth=2, universe=None):
-        out = super().gather_blocks(fn, blocks, description, depth, universe)
+    def gather_blocks(self, fn, blocks, description="", depth=2, universe=None, split="train"):
+        out = super().gather_blocks(fn, blocks, description, depth, universe, split)
         self.last = list(out)
         return out
 
 
 def _engine(cfg, backend):
-    from sparkcnn.train import build_engine, dataset_meta
+    from sparkcnn.train import build_engine
 
     engine, _ = build_engine(cfg, backend, backend.run_id)
-    return engine, engine.spec, dataset_meta(cfg.data.path)[2]
+    return engine, engine.spec, engine.frames[0]
 
 
 def test_aggregated_delta_equals_numpy_reference(spark, tiny_cfg):

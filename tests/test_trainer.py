@@ -18,7 +18,7 @@ def trainer():
     from sparkcnn.protocol import TaskSpec
     from sparkcnn.worker.trainer import Trainer
 
-    spec = TaskSpec(run_id="t", train_dir="", test_dir="", num_blocks=1, test_blocks=1,
+    spec = TaskSpec(run_id="t", num_blocks=1, test_blocks=1,
                     model_name="tests.test_trainer:tiny_bn", input_shape=(8, 8, 1), num_classes=3, seed=0,
                     batch_size=4, momentum=0.9, weight_decay=0.0, layout=())
     return Trainer(spec)

@@ -39,6 +39,7 @@ META_CLASSES = "sparkcnn.classes"
 META_VERSION = "sparkcnn.format_version"
 _DIM_KEYS = {"height": META_HEIGHT, "width": META_WIDTH, "channels": META_CHANNELS}
 _MAX_INT32_OFFSET = 2**31 - 1
+SIDECAR = "_sparkcnn_meta.json"  # the schema metadata again, as JSON: Spark ignores files named _*
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +92,11 @@ def write_split(out_dir: str, images: np.ndarray, labels: np.ndarray,
         path = os.path.join(out_dir, f"part-{part:05d}.parquet")
         pq.write_table(table, path)
         paths.append(path)
+    # the same metadata beside the files, for readers that reach the split only through Spark (URIs)
+    sidecar = {"height": h, "width": w, "channels": c, "classes": classes, "rows": int(len(images)),
+               "format_version": FORMAT_VERSION}
+    with open(os.path.join(out_dir, SIDECAR), "w", encoding="utf-8") as fh:
+        json.dump(sidecar, fh)
     log.debug("wrote %d rows to %d files in %s", len(images), len(paths), out_dir)
     return paths
 

@@ -34,16 +34,24 @@ class Backend(abc.ABC):
     def parallelism(self) -> int:
         """Task slots the engines plan for (Spark: ``defaultParallelism``)."""
 
+    spark = None  # the SparkSession the run uses (None: no Spark)
+
     @abc.abstractmethod
-    def map_blocks(self, fn, blocks, description: str = "", universe: int | None = None) -> list:
+    def place(self, split: str, frame, num_blocks: int, spec) -> dict[int, int]:
+        """Cut ``frame`` (:class:`~sparkcnn.data.source.Frame`) into ``num_blocks`` blocks of
+        ``split`` and keep each resident where its tasks will run; returns block -> rows."""
+
+    @abc.abstractmethod
+    def map_blocks(self, fn, blocks, description: str = "", universe: int | None = None,
+                   split: str = "train") -> list:
         """``[fn(block, ctx) for block in blocks]``, one task per block, as one job.
 
-        ``universe``: the run's block count; blocks then run at their home executor.
+        ``universe``: the block count of ``split``; blocks then run where :meth:`place` put them.
         """
 
     @abc.abstractmethod
     def gather_blocks(self, fn, blocks, description: str = "", depth: int = 2,
-                      universe: int | None = None) -> list:
+                      universe: int | None = None, split: str = "train") -> list:
         """Like :meth:`map_blocks` (one job, one result per block), gathered through a tree of ``depth``."""
 
     @abc.abstractmethod
@@ -123,12 +131,29 @@ class LocalBackend(Backend):
         with self._jobs_cv:
             return self._jobs_cv.wait_for(lambda: self._jobs > mark, timeout)
 
-    def map_blocks(self, fn, blocks, description="", universe=None):
+    def place(self, split, frame, num_blocks, spec):
+        """Read a prepared split (``frame.df`` is its directory) into this process's block store."""
+        from sparkcnn import blockstore
+        from sparkcnn.data.parquet_io import read_split_numpy
+        from sparkcnn.worker.blocks import split_arrays
+        from sparkcnn.worker.round import local_root
+
+        if not isinstance(frame.df, str):
+            raise TypeError("the in-process backend places prepared splits only")
+        root = local_root(spec, TaskContextInfo(local_dir=self._local_dir))
+        images, labels = read_split_numpy(frame.df)
+        sizes = {}
+        for k, (x, y) in enumerate(split_arrays(images, labels, num_blocks)):
+            blockstore.put_block(root, spec.run_id, split, num_blocks, k, x, y)
+            sizes[k] = len(y)
+        return sizes
+
+    def map_blocks(self, fn, blocks, description="", universe=None, split="train"):
         self._enter_job()
         return [self._task(fn, b) for b in blocks]
 
-    def gather_blocks(self, fn, blocks, description="", depth=2, universe=None):
-        return self.map_blocks(fn, blocks, description, universe)
+    def gather_blocks(self, fn, blocks, description="", depth=2, universe=None, split="train"):
+        return self.map_blocks(fn, blocks, description, universe, split)
 
     def broadcast(self, value):
         return _LocalBroadcast(value)
@@ -188,12 +213,21 @@ def _gather_both(a: list, b: list) -> list:
     return a
 
 
+def _chunk_pair(row):
+    """A packed chunk row -> (block, (part, seq, images, labels)) for the shuffle by block."""
+    return row[0], (row[1], row[2], row[3], row[4])
+
+
+def _block_partition(block: int) -> int:
+    return block
+
+
 class SparkBackend(Backend):
     """One Spark job per call over a small RDD of block ids.
 
-    With ``universe`` the jobs derive from a block-id marker RDD persisted in memory,
-    so each block has a home executor (see :meth:`_markers`); the blocks' data and
-    state stay resident in the Python workers, not in Spark's block manager.
+    With ``universe`` the jobs derive from the persisted marker RDD of :meth:`place`,
+    so each block has a home executor; the blocks' data and state stay resident in
+    the Python workers, not in Spark's block manager.
     """
 
     def __init__(self, spark, run_id: str, pool: str | None = None):
@@ -214,40 +248,78 @@ class SparkBackend(Backend):
         if self.pool:
             self.sc.setLocalProperty("spark.scheduler.pool", self.pool)
 
-    def _markers(self, universe: int):
-        """A persisted RDD whose partition k holds block id k.
+    def place(self, split, frame, num_blocks, spec):
+        """Blocks through Spark itself, no shared path: the frame's rows are packed per block on
+        the executors (``worker.blocks.pack``), shuffled so that partition k holds block k's
+        chunks, and stored there (``worker.blocks.store``) by the partition's task, whose
+        output, one ``(k, rows)`` marker, is persisted.
 
-        Its cached partitions give every block a home executor: jobs derived from it
-        run block k where its data and state live (PROCESS_LOCAL), instead of
-        wherever Spark's shuffled offers put an unplaced task. If that executor is
-        lost, Spark recomputes the partition elsewhere and the block moves (its
-        state restart is counted by the worker).
+        The cached markers give every block a home executor: jobs derived from them run
+        block k where its data and state live (PROCESS_LOCAL) and read only the tiny
+        marker, not the data, so a round costs what it did over a plain marker RDD. If
+        that executor is lost, Spark recomputes the marker elsewhere from the shuffle
+        (or the source), which stores the block there, and the block's state restart is
+        counted by the worker.
         """
-        rdd = self._marker_rdds.get(universe)
+        from pyspark import StorageLevel
+
+        from sparkcnn.worker.blocks import SPARK_CHUNK_SCHEMA
+
+        kind, shape = frame.kind, tuple(frame.shape)
+
+        def packer(batches):
+            from pyspark import TaskContext
+
+            from sparkcnn.worker.blocks import pack
+
+            return pack(batches, TaskContext.get().partitionId(), kind, shape, num_blocks)
+
+        def store(k, it):
+            from sparkcnn.worker.blocks import store as store_block
+
+            yield store_block(spec, split, num_blocks, k, [v for _, v in it], _spark_task_context(), shape)
+
+        self._describe(f"sparkcnn {self.run_id} place {split} blocks")
+        chunks = frame.df.mapInArrow(packer, SPARK_CHUNK_SCHEMA)
+        pairs = chunks.rdd.map(_chunk_pair).partitionBy(num_blocks, _block_partition)
+        rdd = pairs.mapPartitionsWithIndex(store).persist(StorageLevel.MEMORY_ONLY)
+        rdd.setName(f"sparkcnn {self.run_id} {split} blocks")
+        sizes = dict(rdd.collect())
+        old = self._marker_rdds.pop((split, num_blocks), None)
+        if old is not None:
+            old.unpersist()
+        self._marker_rdds[(split, num_blocks)] = rdd
+        return sizes
+
+    def _markers(self, universe: int, split: str = "train"):
+        """The persisted marker RDD of ``split`` (see :meth:`place`); where nothing was placed,
+        one whose partition k holds block id k, which still gives each block a home."""
+        rdd = self._marker_rdds.get((split, universe))
         if rdd is None:
             from pyspark import StorageLevel
 
             self._describe(f"sparkcnn {self.run_id} place {universe} blocks")
             rdd = self.sc.parallelize(range(universe), universe).persist(StorageLevel.MEMORY_ONLY)
             rdd.count()
-            self._marker_rdds[universe] = rdd
+            self._marker_rdds[(split, universe)] = rdd
         return rdd
 
     @staticmethod
     def _part(fn, wanted):
         def part(it):
             ctx = _spark_task_context()
-            for b in it:
+            for item in it:
+                b = item[0] if isinstance(item, tuple) else item  # (block, rows) from place()
                 if wanted is None or b in wanted:
                     yield fn(b, ctx)
 
         return part
 
-    def _rdd(self, fn, blocks, universe=None):
+    def _rdd(self, fn, blocks, universe=None, split="train"):
         if universe is None:
             return self.sc.parallelize(blocks, len(blocks)).mapPartitions(self._part(fn, None))
         wanted = None if sorted(blocks) == list(range(universe)) else set(blocks)
-        return self._markers(universe).mapPartitions(self._part(fn, wanted))
+        return self._markers(universe, split).mapPartitions(self._part(fn, wanted))
 
     def _group(self) -> str:
         return f"sparkcnn-{self.run_id}"
@@ -289,20 +361,20 @@ class SparkBackend(Backend):
             pause = min(0.005, pause * 1.5)
         return False
 
-    def map_blocks(self, fn, blocks, description="", universe=None):
+    def map_blocks(self, fn, blocks, description="", universe=None, split="train"):
         blocks = list(blocks)
         if universe is not None and sorted(blocks) != list(range(universe)):
             # a subset (async: one block per job): run only those partitions, still at home
-            rdd = self._markers(universe).mapPartitions(self._part(fn, set(blocks)))
+            rdd = self._markers(universe, split).mapPartitions(self._part(fn, set(blocks)))
             self._describe(description)
             return self.sc.runJob(rdd, lambda it: list(it), partitions=sorted(blocks))
-        rdd = self._rdd(fn, blocks, universe)  # may run the placement job, under its own name
+        rdd = self._rdd(fn, blocks, universe, split)  # may run the placement job, under its own name
         self._describe(description)
         return rdd.collect()
 
-    def gather_blocks(self, fn, blocks, description="", depth=2, universe=None):
+    def gather_blocks(self, fn, blocks, description="", depth=2, universe=None, split="train"):
         blocks = list(blocks)
-        rdd = self._rdd(fn, blocks, universe)
+        rdd = self._rdd(fn, blocks, universe, split)
         self._describe(description)
         return rdd.treeAggregate([], _gather_one, _gather_both, depth=depth)
 
@@ -336,7 +408,7 @@ class SparkBackend(Backend):
 
     def block_homes(self, universe: int) -> dict[int, str]:
         """Block k -> the executor caching partition k of the marker RDD ({} before it exists)."""
-        rdd = self._marker_rdds.get(universe)
+        rdd = self._marker_rdds.get(("train", universe))
         if rdd is None or self._fallback_cores is not None:
             return {}
         try:

@@ -266,9 +266,11 @@ class RoundDriver:
 
     def evaluate(self, epoch: int) -> dict:
         spec = self.spec
+        if not spec.test_blocks:  # no test data given
+            return {"test_loss": None, "test_accuracy": None, "test_samples": 0}
         desc = f"sparkcnn {spec.run_id} epoch {epoch + 1} evaluate"
         res = self.backend.map_blocks(eval_task(spec, self.W.tobytes()), list(range(spec.test_blocks)), desc,
-                                      universe=spec.test_blocks)
+                                      universe=spec.test_blocks, split="test")
         n = sum(r.samples for r in res)
         return {"test_loss": sum(r.loss_sum for r in res) / max(1, n),
                 "test_accuracy": sum(r.correct for r in res) / max(1, n), "test_samples": n}

@@ -188,3 +188,17 @@ def _properties(path: str) -> dict[str, str]:
     except OSError:
         return {}
     return out
+
+
+def is_connect(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect session (its client has no SparkContext or RDDs)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def require_classic(spark) -> None:
+    """BadInput unless ``spark`` is a classic session: training with the jobs transport runs RDD jobs."""
+    if is_connect(spark):
+        from sparkcnn.errors import BadInput
+
+        raise BadInput("training needs a classic SparkSession: the jobs transport runs RDD jobs, which "
+                       "Spark Connect does not offer (inference with sparkcnn.ml works on Connect)")

@@ -32,11 +32,6 @@ def eval_task(spec: TaskSpec, weights: bytes):
     return _on_worker("run_block_eval", spec, weights)
 
 
-def load_task(spec: TaskSpec, split: str):
-    """Warm-up: load a block of ``split`` and build the model in the worker -> the block id."""
-    return _on_worker("load_block", spec, split)
-
-
 def state_task(spec: TaskSpec, tags: dict):
     """Checkpoint: each block's state as left by exchange ``tags[block]`` -> (block, state or None)."""
     return _on_worker("load_block_state", spec, tags)

@@ -78,7 +78,7 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, ctx: TaskCont
     """Train ``block`` for its steps of ``order``; return its encoded delta and stats (module docstring)."""
     t0 = time.perf_counter()
     root = local_root(spec, ctx)
-    images, labels = blockstore.get_block(root, spec.run_id, spec.train_dir, "train", spec.num_blocks, block)
+    images, labels = blockstore.get_block(root, spec.run_id, "train", spec.num_blocks, block)
     trainer = get_trainer(spec, ctx)
     state, state_reset, state_stale = _block_state(spec, order, root, block)
     w, resynced, view_bytes = _weights(spec, order)
@@ -221,7 +221,7 @@ def clear_replicas() -> None:
 def run_block_eval(spec: TaskSpec, weights: bytes, block: int, ctx: TaskContextInfo) -> EvalResult:
     """Loss and correct predictions of test block ``block`` at ``weights`` (float32 bytes)."""
     root = local_root(spec, ctx)
-    images, labels = blockstore.get_block(root, spec.run_id, spec.test_dir, "test", spec.test_blocks, block)
+    images, labels = blockstore.get_block(root, spec.run_id, "test", spec.test_blocks, block)
     trainer = get_trainer(spec, ctx)
     trainer.set_flat(np.frombuffer(weights, np.float32))
     loss_sum, correct, n = trainer.evaluate(images, labels)
@@ -231,11 +231,3 @@ def run_block_eval(spec: TaskSpec, weights: bytes, block: int, ctx: TaskContextI
 def load_block_state(spec: TaskSpec, tags: dict, block: int, ctx: TaskContextInfo):
     """(block, the state its exchange ``tags[block]`` left, or None when it is gone): for checkpoints."""
     return block, blockstore.load_state(local_root(spec, ctx), spec.run_id, block, tags[block])
-
-
-def load_block(spec: TaskSpec, split: str, block: int, ctx: TaskContextInfo) -> int:
-    """Warm-up: read ``block`` of ``split`` into this worker and build its model (TF import, tracing)."""
-    split_dir, n = (spec.train_dir, spec.num_blocks) if split == "train" else (spec.test_dir, spec.test_blocks)
-    blockstore.get_block(local_root(spec, ctx), spec.run_id, split_dir, split, n, block)
-    get_trainer(spec, ctx)
-    return block

@@ -1,0 +1,286 @@
+"""What users train on, resolved to a :class:`Frame`: a DataFrame of images and labels.
+
+Accepted inputs (``data=`` of :func:`sparkcnn.fit`, or ``data.path``):
+
+- a prepared dataset (``sparkcnn prepare``): a path or URI holding ``train/`` and
+  ``test/`` Parquet splits; shape and classes from its metadata;
+- a Parquet dataset, a table name or a DataFrame with an image column and a label
+  column (``data.image_col``, ``data.label_col``); the image column is binary uint8
+  HWC, ``array<float>`` in [0, 1] or Spark's image struct
+  (:mod:`sparkcnn.data.frames`); shape from ``data.image_shape`` or the column's
+  metadata (``{"sparkcnn": {"shape": [H, W, C]}}``), classes from ``data.classes``,
+  the label column's ML attribute, or ``max(label) + 1``;
+- a folder of JPEG/PNG images in one sub-folder per class, read with Spark's
+  ``image`` source; classes are the sub-folder names, sorted.
+
+Everything is validated by one aggregate query in Spark before anything is
+written: a missing or mistyped column, images of unequal size, labels outside
+``[0, classes)``, an empty input, a missing table and an image file that does
+not decode each raise :class:`BadInput` naming the column, value or file.
+Spark reads the data; the driver never needs a path the executors share.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from sparkcnn.data.frames import image_kind
+from sparkcnn.data.parquet_io import SIDECAR
+from sparkcnn.errors import BadInput
+
+FORMATS = ("auto", "prepared", "parquet", "table", "images")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+
+
+@dataclasses.dataclass(frozen=True)
+class Frame:
+    """Images and labels to train or evaluate on, checked."""
+
+    df: object                     # DataFrame with columns ``image`` and ``label`` (int)
+    kind: str                      # image column kind: binary | floats | struct
+    shape: tuple[int, int, int]    # (H, W, C)
+    classes: tuple[str, ...]       # class names, indexed by label
+    num_rows: int
+    origin: str                    # what the user gave, for messages and the summary
+
+
+def is_dataframe(x) -> bool:
+    """A pyspark DataFrame, classic or Connect (checked without importing either module eagerly)."""
+    return type(x).__name__ == "DataFrame" and type(x).__module__.startswith("pyspark.sql")
+
+
+def training_frames(spark, dcfg, data=None, test_data=None) -> tuple[Frame, Frame | None]:
+    """(train, test or None) for ``data`` (default ``dcfg.path``) and ``test_data`` (default
+    ``dcfg.test_path``, else a prepared dataset's test split)."""
+    data = dcfg.path if data is None else data
+    test_data = (dcfg.test_path or None) if test_data is None else test_data
+    if not is_dataframe(data) and _format(spark, dcfg, data) == "prepared":
+        train = _prepared(spark, data, "train")
+        test = _prepared(spark, data, "test") if test_data is None else frame(spark, dcfg, test_data, "test_data")
+        return train, _same_shape(train, test)
+    train = frame(spark, dcfg, data, "data")
+    test = frame(spark, dcfg, test_data, "test_data", classes=train.classes) if test_data is not None else None
+    return train, _same_shape(train, test)
+
+
+def local_prepared(dcfg) -> tuple[Frame, Frame] | None:
+    """``dcfg.path`` as a prepared dataset on a local path, read without Spark (the frames' ``df``
+    is the split directory until :func:`attach`); None when it names something else.
+
+    So the common case, ``sparkcnn train`` on a prepared dataset, rejects a bad path
+    before a Spark session starts.
+    """
+    path = dcfg.path
+    if dcfg.test_path or dcfg.format not in ("auto", "prepared") or _is_uri(path):
+        return None
+    if not os.path.exists(path):
+        if os.sep in path or dcfg.format == "prepared":  # meant as a path, not a table name
+            raise BadInput(f"data.path {path!r}: no prepared split at {os.path.join(path, 'train')} "
+                           "(run 'sparkcnn prepare' first)")
+        return None
+    if not os.path.isdir(os.path.join(path, "train")):
+        return None
+    return _prepared(None, path, "train"), _prepared(None, path, "test")
+
+
+def attach(spark, fr: Frame | None) -> Frame | None:
+    """A frame of :func:`local_prepared` with its split read as a DataFrame (no-op for others)."""
+    if fr is None or spark is None or not isinstance(fr.df, str):
+        return fr
+    return dataclasses.replace(fr, df=spark.read.parquet(fr.df).select("image", "label"))
+
+
+def frame(spark, dcfg, src, role: str = "data", classes: tuple[str, ...] | None = None) -> Frame:
+    """One input of any accepted kind as a checked :class:`Frame`."""
+    if is_dataframe(src):
+        return _checked(src, dcfg, f"{role} DataFrame", classes)
+    if not isinstance(src, str) or not src:
+        raise BadInput(f"{role}: expected a DataFrame, a path, a URI or a table name, got {src!r}")
+    fmt = _format(spark, dcfg, src)
+    if fmt == "prepared":
+        return _prepared(spark, src, "test" if role == "test_data" else "train")
+    if fmt == "table":
+        return _checked(spark.table(src), dcfg, f"table {src!r}", classes)
+    if fmt == "images":
+        return _images(spark, src, dcfg, classes)
+    return _checked(_read_parquet(spark, src), dcfg, src, classes)
+
+
+# -- formats ---------------------------------------------------------------------------------
+
+def _is_uri(s: str) -> bool:
+    return "://" in s or s.startswith(("file:", "hdfs:", "s3a:", "gs:", "abfs:", "dbfs:"))
+
+
+def _format(spark, dcfg, src: str) -> str:
+    if dcfg.format != "auto":
+        return dcfg.format
+    if not _is_uri(src) and not os.path.exists(src):
+        if spark is not None and _table_exists(spark, src):
+            return "table"
+        raise BadInput(f"data {src!r}: no such path, and no table of that name")
+    if not _is_uri(src):
+        if os.path.isdir(os.path.join(src, "train")):
+            return "prepared"
+        if os.path.isdir(src) and _has_images(src):
+            return "images"
+        return "parquet"
+    try:  # a URI: prepared when its train split has our metadata
+        _sidecar(spark, src.rstrip("/") + "/train")
+        return "prepared"
+    except BadInput:
+        return "parquet"
+
+
+def _table_exists(spark, name: str) -> bool:
+    try:
+        return bool(spark.catalog.tableExists(name))
+    except Exception:  # noqa: BLE001 - an unparsable name is no table
+        return False
+
+
+def _has_images(root: str) -> bool:
+    for _, _, files in os.walk(root):
+        if any(f.lower().endswith(IMAGE_SUFFIXES) for f in files):
+            return True
+    return False
+
+
+def _read_parquet(spark, path: str):
+    try:
+        return spark.read.parquet(path)
+    except Exception as e:  # noqa: BLE001 - AnalysisException and friends: the path is what is wrong
+        raise BadInput(f"data {path!r}: not readable as Parquet ({_first_line(e)})") from None
+
+
+def _sidecar(spark, split: str) -> dict:
+    try:
+        text = spark.read.text(split.rstrip("/") + "/" + SIDECAR, wholetext=True).first()[0]
+        return json.loads(text)
+    except Exception:  # noqa: BLE001
+        raise BadInput(f"{split}: no {SIDECAR} (not a prepared split)") from None
+
+
+def _prepared(spark, path: str, split: str) -> Frame:
+    """A split of a prepared dataset: metadata from its footer (local) or sidecar (URIs)."""
+    split_dir = path.rstrip("/") + "/" + split
+    if _is_uri(path):
+        m = _sidecar(spark, split_dir)
+        shape, classes, rows = (m["height"], m["width"], m["channels"]), tuple(m["classes"]), int(m["rows"])
+    else:
+        from sparkcnn.data.parquet_io import read_meta
+
+        if not os.path.isdir(split_dir):
+            raise BadInput(f"data.path {path!r}: no prepared split at {split_dir} (run 'sparkcnn prepare' first)")
+        meta = read_meta(split_dir)
+        shape, classes, rows = (meta.height, meta.width, meta.channels), meta.classes, meta.num_rows
+        split_dir = os.path.abspath(split_dir)
+    if split == "train" and rows == 0:
+        raise BadInput(f"data.path {path!r}: the train split is empty")
+    df = spark.read.parquet(split_dir).select("image", "label") if spark is not None else split_dir
+    return Frame(df, "binary", tuple(int(v) for v in shape), tuple(classes), rows, split_dir)
+
+
+def _images(spark, root: str, dcfg, classes) -> Frame:
+    """A folder of JPEG/PNG files, one sub-folder per class (Spark's image source decodes them)."""
+    from pyspark.sql import functions as F
+
+    df = (spark.read.format("image").option("dropInvalid", False).option("recursiveFileLookup", True)
+          .load(root))
+    folder = F.element_at(F.split(F.col("image.origin"), "/"), -2)
+    names = classes or tuple(sorted(r[0] for r in df.select(folder).distinct().collect()))
+    if not names:
+        raise BadInput(f"data {root!r}: no images found")
+    label = F.array_position(F.array(*[F.lit(n) for n in names]), folder).cast("int") - 1
+    df = df.select(F.col("image"), label.alias("label"))
+    return _checked(df, dataclasses.replace(dcfg, image_col="image", label_col="label"), root, names)
+
+
+# -- checks ----------------------------------------------------------------------------------
+
+def _checked(df, dcfg, origin: str, classes) -> Frame:
+    """Select, type-check and aggregate-check the image and label columns (one Spark job)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    cols = df.columns
+    for role, name in (("data.image_col", dcfg.image_col), ("data.label_col", dcfg.label_col)):
+        if name not in cols:
+            raise BadInput(f"{origin}: no column {name!r} ({role}; columns: {', '.join(cols) or 'none'})")
+    fields = {f.name: f for f in df.schema.fields}
+    kind = image_kind(fields[dcfg.image_col].dataType, dcfg.image_col)
+    if not isinstance(fields[dcfg.label_col].dataType, T.IntegralType):
+        raise BadInput(f"{origin}: column {dcfg.label_col!r} has type "
+                       f"{fields[dcfg.label_col].dataType.simpleString()}, expected an integer type")
+    img, lab = F.col(dcfg.image_col), F.col(dcfg.label_col)
+    if kind == "struct":
+        size = [F.min(img.height), F.max(img.height), F.min(img.width), F.max(img.width),
+                F.min(img.nChannels), F.max(img.nChannels)]
+    else:
+        length = F.length(img) if kind == "binary" else F.size(img)
+        size = [F.min(length), F.max(length)]
+    row = df.agg(F.count(F.lit(1)), F.min(lab), F.max(lab), F.count(lab), F.count(img), *size).first()
+    n, lo, hi, n_lab, n_img, *sz = row
+    if n == 0:
+        raise BadInput(f"{origin}: no rows")
+    if n_lab < n:
+        raise BadInput(f"{origin}: column {dcfg.label_col!r} has {n - n_lab} null label(s)")
+    if n_img < n:
+        raise BadInput(f"{origin}: column {dcfg.image_col!r} has {n - n_img} null image(s)")
+    shape = _shape(df, dcfg, fields[dcfg.image_col], kind, sz, origin)
+    names = _classes(dcfg, fields[dcfg.label_col], classes, hi)
+    if lo < 0 or hi >= len(names):
+        bad = lo if lo < 0 else hi
+        raise BadInput(f"{origin}: column {dcfg.label_col!r}: label {bad} outside [0, {len(names)})")
+    out = df.select(img.alias("image"), lab.cast("int").alias("label"))
+    return Frame(out, kind, shape, names, int(n), origin)
+
+
+def _shape(df, dcfg, field, kind: str, sz: list, origin: str) -> tuple[int, int, int]:
+    from pyspark.sql import functions as F
+
+    name = dcfg.image_col
+    if kind == "struct":
+        if sz[0] < 1:
+            bad = df.filter(F.col(name).height < 1).select(F.col(name).origin).first()[0]
+            raise BadInput(f"{bad}: image file does not decode (column {name!r})")
+        if sz[0] != sz[1] or sz[2] != sz[3] or sz[4] != sz[5]:
+            raise BadInput(f"{origin}: column {name!r}: images of unequal size "
+                           f"({sz[0]}..{sz[1]} x {sz[2]}..{sz[3]} x {sz[4]}..{sz[5]})")
+        return int(sz[0]), int(sz[2]), int(sz[4])
+    given = tuple(dcfg.image_shape) or tuple((field.metadata.get("sparkcnn") or {}).get("shape", ()))
+    if len(given) != 3 or not all(isinstance(v, int) and v > 0 for v in given):
+        raise BadInput(f"{origin}: column {name!r} holds {kind} images of unknown shape: "
+                       f"set data.image_shape to [H, W, C]" + (f" (got {list(given)})" if given else ""))
+    if sz[0] != sz[1]:
+        raise BadInput(f"{origin}: column {name!r}: images of unequal size ({sz[0]} to {sz[1]} "
+                       f"{'bytes' if kind == 'binary' else 'values'})")
+    if sz[0] != given[0] * given[1] * given[2]:
+        raise BadInput(f"{origin}: column {name!r}: images have {sz[0]} {'bytes' if kind == 'binary' else 'values'}, "
+                       f"data.image_shape {list(given)} needs {given[0] * given[1] * given[2]}")
+    return tuple(int(v) for v in given)
+
+
+def _classes(dcfg, field, given, max_label) -> tuple[str, ...]:
+    if given:
+        return tuple(given)
+    if dcfg.classes:
+        return tuple(str(c) for c in dcfg.classes)
+    attr = (field.metadata.get("ml_attr") or {})
+    if attr.get("vals"):  # StringIndexer's nominal attribute
+        return tuple(str(v) for v in attr["vals"])
+    return tuple(str(i) for i in range(int(max_label) + 1))
+
+
+def _same_shape(train: Frame, test: Frame | None) -> Frame | None:
+    if test is not None and test.shape != train.shape:
+        raise BadInput(f"{test.origin}: test images are {'x'.join(map(str, test.shape))}, "
+                       f"training images {'x'.join(map(str, train.shape))}")
+    return test
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
