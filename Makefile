@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	@command -v java >/dev/null || { echo "sparkcnn: Java 17+ is required by Spark (apt-get install openjdk-17-jre-headless)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev,viz]"
+	$(PY) -m pip install -q -e ".[dev,viz,mlflow]"
 	touch $(STAMP)
 
 setup: $(STAMP)
