@@ -1,4 +1,4 @@
-"""Per-round and per-epoch records: JSONL sink and a console progress bar.
+"""Per-round and per-epoch records: JSONL sink and progress (tqdm).
 
 Library code never prints; the CLI passes a :class:`ProgressBar` in.
 """
@@ -6,7 +6,6 @@ Library code never prints; the CLI passes a :class:`ProgressBar` in.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -49,35 +48,83 @@ def fmt_bytes(n: float) -> str:
 
 
 class ProgressBar:
-    """One self-overwriting line on a TTY, a line every ``every`` rounds otherwise."""
+    """Progress of a run through ``tqdm.auto``: a widget in notebooks, a bar on a terminal,
+    and on any other stream (a log file, a pipe) plain lines: one each time another
+    ``1/lines`` of the run's rounds is done, plus one per epoch, so a whole run prints at
+    most ``lines`` round lines and ``epochs`` epoch lines.
 
-    def __init__(self, stream=None, width: int = 24, every: int = 10):
-        self.stream = stream or sys.stderr
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.width = width
-        self.every = every
-        self.t0 = time.time()
+    The engine calls ``round(record, total_rounds)`` after every round (async: every job,
+    with ``round`` scaled to ``total_rounds`` = 1000) and ``epoch(record)`` after every epoch.
+    """
+
+    def __init__(self, stream=None, lines: int = 20, notebook: bool | None = None):
+        from tqdm.auto import tqdm
+
+        self.stream = stream  # None: sys.stderr when written (a notebook's, a test's capture)
+        self.lines = max(1, lines)
+        self._tqdm = tqdm
+        if notebook is None:  # tqdm.auto picked its widget class: an IPython kernel with ipywidgets
+            notebook = any(c.__module__ == "tqdm.notebook" for c in tqdm.__mro__)
+        out = self._out()
+        self.mode = "notebook" if notebook else "tty" if hasattr(out, "isatty") and out.isatty() else "lines"
+        self._bar = None
+        self._first = None      # rounds done before the first round seen (a resumed run starts late)
+        self._t0 = None
+        self._printed = 0       # lines mode: the last 1/lines step printed
+
+    def _out(self):
+        return self.stream or sys.stderr
 
     def round(self, rec: dict, total_rounds: int) -> None:
-        done = rec["round"] + 1
-        frac = done / max(1, total_rounds)
-        bar = "#" * int(frac * self.width) + "-" * (self.width - int(frac * self.width))
-        eta = (time.time() - self.t0) / frac * (1 - frac) if frac > 0 else math.nan
-        line = (f"epoch {rec['epoch'] + 1} round {done}/{total_rounds} [{bar}] "
-                f"loss {rec['loss']:.4f} acc {rec['accuracy']:.3f} {rec['images_per_s']:.0f} img/s "
-                f"up {fmt_bytes(rec['bytes_up'])} eta {eta:.0f}s")
-        if self.tty:
-            self.stream.write("\r" + line[:160].ljust(160))
-        elif done % self.every == 0 or done == total_rounds:
-            self.stream.write(line + "\n")
-        self.stream.flush()
+        done, total = rec["round"] + 1, max(1, total_rounds)
+        if self._t0 is None:
+            self._t0, self._first = time.monotonic(), done - 1
+            self._printed = (done - 1) * self.lines // total
+        postfix = (f"loss={rec['loss']:.4f}, acc={rec['accuracy']:.3f}, "
+                   f"{rec['images_per_s']:.0f} img/s, up={fmt_bytes(rec['bytes_up'])}")
+        desc = f"epoch {rec['epoch'] + 1}"
+        if self.mode == "lines":
+            step = done * self.lines // total
+            if step > self._printed:
+                self._printed = step
+                line = self._tqdm.format_meter(
+                    done, total, time.monotonic() - self._t0, initial=self._first, unit="round", prefix=desc,
+                    postfix=postfix, bar_format="{desc}: {n_fmt}/{total_fmt} rounds ({percentage:.0f}%) "
+                                                "[{elapsed}<{remaining}, {rate_fmt}{postfix}]")
+                self._out().write(line + "\n")
+                self._out().flush()
+            return
+        if self._bar is None:
+            self._bar = self._open(total)
+            if self._bar is None:  # no widget after all (ipywidgets missing): lines
+                self.mode = "lines"
+                return self.round(rec, total_rounds)
+        self._bar.set_description(desc, refresh=False)
+        self._bar.set_postfix_str(postfix, refresh=False)
+        self._bar.update(max(0, done - self._bar.n))
+        if done >= total:
+            self.close()
+
+    def _open(self, total: int):
+        kw = {} if self.mode == "notebook" else {"file": self._out(), "dynamic_ncols": True}
+        try:
+            return self._tqdm(total=total, initial=self._first, unit="round", leave=True, mininterval=0.2, **kw)
+        except ImportError:
+            return None
 
     def epoch(self, rec: dict) -> None:
-        if self.tty:
-            self.stream.write("\n")
-        self.stream.write(f"epoch {rec['epoch'] + 1}: test loss {rec['test_loss']:.4f} "
-                          f"test accuracy {rec['test_accuracy']:.4f} ({rec['wall_s']:.1f}s)\n")
-        self.stream.flush()
+        line = (f"epoch {rec['epoch'] + 1}: test loss {rec['test_loss']:.4f} "
+                f"test accuracy {rec['test_accuracy']:.4f} ({rec['wall_s']:.1f}s)")
+        if self.mode == "lines" or self._bar is None and self.mode == "tty":
+            self._out().write(line + "\n")
+            self._out().flush()
+        else:  # above the bar, which is drawn again below it
+            self._tqdm.write(line, file=None if self.mode == "notebook" else self._out())
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
 
 
 def atomic_write_text(path: str, text: str) -> None:
