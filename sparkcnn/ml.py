@@ -1,0 +1,415 @@
+"""Spark ML: :class:`SparkCNNClassifier` (an Estimator) and :class:`SparkCNNModel` (its Transformer).
+
+They read like Spark's own classifiers: the shared column Params
+(``featuresCol`` is the image column), ``@keyword_only`` constructors,
+setters and getters, ``save``/``load``, and they work in a ``Pipeline``, with
+``MulticlassClassificationEvaluator`` and in a ``CrossValidator``::
+
+    clf = SparkCNNClassifier(featuresCol="image", labelCol="label", epochs=1, imageShape=[28, 28, 1])
+    model = clf.fit(train_df)                      # sparkcnn.fit on the DataFrame
+    scored = model.transform(test_df)              # + rawPrediction, probability, prediction
+
+``fit`` trains with :func:`sparkcnn.fit`; the Params map onto config keys
+(``epochs`` → ``train.epochs``, ...; :data:`CONFIG_KEYS`). ``transform`` runs
+the Arrow UDF of :mod:`sparkcnn.inference` on the executors; the model goes
+with it as the bytes of its ``.keras`` file. A saved model is a directory with
+the Params in ``metadata/`` (Spark's own format) and ``model.keras`` beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from pyspark import keyword_only
+from pyspark.ml import Estimator, Model
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import (HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbabilityCol,
+                                     HasRawPredictionCol, HasSeed)
+from pyspark.ml.util import (DefaultParamsReadable, DefaultParamsReader, DefaultParamsWritable,
+                             DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter)
+
+from sparkcnn.errors import BadInput
+
+MODEL_FILE = "model.keras"
+
+# Param name -> config key. Chaos and engine internals stay out of the Estimator.
+CONFIG_KEYS = {
+    "modelName": "model.name",
+    "epochs": "train.epochs",
+    "batchSize": "train.batch_size",
+    "lr": "train.lr",
+    "lrSchedule": "train.lr_schedule",
+    "lrWarmupEpochs": "train.lr_warmup_epochs",
+    "momentum": "train.momentum",
+    "weightDecay": "train.weight_decay",
+    "stepsPerRound": "train.steps_per_round",
+    "compression": "compression.method",
+    "density": "compression.density",
+    "initialDensity": "compression.initial_density",
+    "densityWarmupEpochs": "compression.warmup_epochs",
+    "densityDown": "compression.density_down",
+    "compressionMomentum": "compression.momentum",
+    "engineMode": "engine.mode",
+    "numBlocks": "data.num_blocks",
+    "imageShape": "data.image_shape",
+    "classes": "data.classes",
+    "outDir": "run.out_dir",
+    "seed": "run.seed",
+}
+
+
+class _SparkCNNParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol, HasRawPredictionCol):
+    """Params the Estimator and the Model share: the columns and the inference batch size."""
+
+    inferenceBatchSize = Param(Params._dummy(), "inferenceBatchSize",
+                               "images per model call in transform (bounds executor memory)",
+                               typeConverter=TypeConverters.toInt)
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self._setDefault(featuresCol="image", inferenceBatchSize=256)
+
+    def getInferenceBatchSize(self) -> int:
+        return self.getOrDefault(self.inferenceBatchSize)
+
+
+class _ClassifierParams(_SparkCNNParams, HasLabelCol, HasSeed):
+    """The training Params; each maps onto one config key (:data:`CONFIG_KEYS`)."""
+
+    configFile = Param(Params._dummy(), "configFile",
+                       "YAML config the other Params override ('' = built-in defaults)",
+                       typeConverter=TypeConverters.toString)
+    modelName = Param(Params._dummy(), "modelName",
+                      "model builder: fmnist_cnn, resnet20 or package.module:function (model.name)",
+                      typeConverter=TypeConverters.toString)
+    epochs = Param(Params._dummy(), "epochs", "passes over the training set (train.epochs)",
+                   typeConverter=TypeConverters.toInt)
+    batchSize = Param(Params._dummy(), "batchSize", "images per local SGD step per block (train.batch_size)",
+                      typeConverter=TypeConverters.toInt)
+    lr = Param(Params._dummy(), "lr", "peak learning rate per block (train.lr)",
+               typeConverter=TypeConverters.toFloat)
+    lrSchedule = Param(Params._dummy(), "lrSchedule", "constant | cosine | step (train.lr_schedule)",
+                       typeConverter=TypeConverters.toString)
+    lrWarmupEpochs = Param(Params._dummy(), "lrWarmupEpochs", "linear lr warm-up, in epochs (train.lr_warmup_epochs)",
+                           typeConverter=TypeConverters.toFloat)
+    momentum = Param(Params._dummy(), "momentum", "SGD momentum in [0, 1) (train.momentum)",
+                     typeConverter=TypeConverters.toFloat)
+    weightDecay = Param(Params._dummy(), "weightDecay", "L2 coefficient (train.weight_decay)",
+                        typeConverter=TypeConverters.toFloat)
+    stepsPerRound = Param(Params._dummy(), "stepsPerRound",
+                          "local steps between exchanges, H (train.steps_per_round)",
+                          typeConverter=TypeConverters.toInt)
+    compression = Param(Params._dummy(), "compression", "none | threshold | topk (compression.method)",
+                        typeConverter=TypeConverters.toString)
+    density = Param(Params._dummy(), "density", "target uplink density in (0, 1] (compression.density)",
+                    typeConverter=TypeConverters.toFloat)
+    initialDensity = Param(Params._dummy(), "initialDensity",
+                           "density at the start of the warm-up (compression.initial_density)",
+                           typeConverter=TypeConverters.toFloat)
+    densityWarmupEpochs = Param(Params._dummy(), "densityWarmupEpochs",
+                                "epochs of density warm-up (compression.warmup_epochs)",
+                                typeConverter=TypeConverters.toFloat)
+    densityDown = Param(Params._dummy(), "densityDown",
+                        "downlink density; 0 = dense weights (compression.density_down)",
+                        typeConverter=TypeConverters.toFloat)
+    compressionMomentum = Param(Params._dummy(), "compressionMomentum",
+                                "correction | sparsification_aware (compression.momentum)",
+                                typeConverter=TypeConverters.toString)
+    engineMode = Param(Params._dummy(), "engineMode", "sync | async (engine.mode)",
+                       typeConverter=TypeConverters.toString)
+    numBlocks = Param(Params._dummy(), "numBlocks", "data blocks = Spark partitions (data.num_blocks)",
+                      typeConverter=TypeConverters.toInt)
+    imageShape = Param(Params._dummy(), "imageShape",
+                       "[H, W, C] of binary or array<float> images without shape metadata (data.image_shape)",
+                       typeConverter=TypeConverters.toListInt)
+    classes = Param(Params._dummy(), "classes", "class names indexed by label (data.classes)",
+                    typeConverter=TypeConverters.toListString)
+    outDir = Param(Params._dummy(), "outDir", "where run directories go (run.out_dir)",
+                   typeConverter=TypeConverters.toString)
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self._setDefault(labelCol="label", configFile="")
+
+    def config_overrides(self) -> list[str]:
+        """``section.key=value`` strings for every Param set that maps to a config key.
+
+        Values are written as JSON, which YAML reads back with the same type.
+        """
+        return [f"{key}={json.dumps(self.getOrDefault(name))}" for name, key in CONFIG_KEYS.items()
+                if self.isSet(self.getParam(name))]
+
+
+class SparkCNNClassifier(Estimator, _ClassifierParams, DefaultParamsReadable, DefaultParamsWritable):
+    """Trains a CNN with :func:`sparkcnn.fit` on a DataFrame of images and labels.
+
+    Unset training Params keep the values of ``configFile`` (or the built-in
+    defaults); ``seed`` applies only when set.
+    """
+
+    @keyword_only
+    def __init__(self, *, featuresCol="image", labelCol="label", predictionCol="prediction",
+                 probabilityCol="probability", rawPredictionCol="rawPrediction", configFile="",
+                 modelName=None, epochs=None, batchSize=None, lr=None, lrSchedule=None, lrWarmupEpochs=None,
+                 momentum=None, weightDecay=None, stepsPerRound=None, compression=None, density=None,
+                 initialDensity=None, densityWarmupEpochs=None, densityDown=None, compressionMomentum=None,
+                 engineMode=None, numBlocks=None, imageShape=None, classes=None, outDir=None, seed=None,
+                 inferenceBatchSize=256):
+        super().__init__()
+        self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
+
+    @keyword_only
+    def setParams(self, *, featuresCol="image", labelCol="label", predictionCol="prediction",
+                  probabilityCol="probability", rawPredictionCol="rawPrediction", configFile="",
+                  modelName=None, epochs=None, batchSize=None, lr=None, lrSchedule=None, lrWarmupEpochs=None,
+                  momentum=None, weightDecay=None, stepsPerRound=None, compression=None, density=None,
+                  initialDensity=None, densityWarmupEpochs=None, densityDown=None, compressionMomentum=None,
+                  engineMode=None, numBlocks=None, imageShape=None, classes=None, outDir=None, seed=None,
+                  inferenceBatchSize=256):
+        """Set any of the constructor's Params (None leaves one unchanged)."""
+        return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
+
+    def _fit(self, dataset) -> "SparkCNNModel":
+        import sparkcnn
+        from sparkcnn import config
+
+        require_classic(dataset)
+        image_col, label_col = self.getFeaturesCol(), self.getLabelCol()
+        for name in (image_col, label_col):
+            if name not in dataset.columns:
+                raise BadInput(f"SparkCNNClassifier: column {name!r} not found "
+                               f"(columns: {', '.join(dataset.columns) or 'none'})")
+        overrides = [*self.config_overrides(), f"data.image_col={json.dumps(image_col)}",
+                     f"data.label_col={json.dumps(label_col)}"]
+        cfg = config.load(self.getOrDefault(self.configFile) or None, overrides)
+        result = sparkcnn.fit(cfg, data=dataset.select(image_col, label_col), spark=dataset.sparkSession,
+                              progress=False)
+        model = SparkCNNModel.from_keras(result.model)
+        model._set(runDir=str(result.run_dir or ""))
+        return self._copyValues(model)
+
+    # setters and getters, in Spark's style
+    def setFeaturesCol(self, value): return self._set(featuresCol=value)
+    def setLabelCol(self, value): return self._set(labelCol=value)
+    def setPredictionCol(self, value): return self._set(predictionCol=value)
+    def setProbabilityCol(self, value): return self._set(probabilityCol=value)
+    def setRawPredictionCol(self, value): return self._set(rawPredictionCol=value)
+    def setInferenceBatchSize(self, value): return self._set(inferenceBatchSize=value)
+    def setConfigFile(self, value): return self._set(configFile=value)
+    def setModelName(self, value): return self._set(modelName=value)
+    def setEpochs(self, value): return self._set(epochs=value)
+    def setBatchSize(self, value): return self._set(batchSize=value)
+    def setLr(self, value): return self._set(lr=value)
+    def setLrSchedule(self, value): return self._set(lrSchedule=value)
+    def setLrWarmupEpochs(self, value): return self._set(lrWarmupEpochs=value)
+    def setMomentum(self, value): return self._set(momentum=value)
+    def setWeightDecay(self, value): return self._set(weightDecay=value)
+    def setStepsPerRound(self, value): return self._set(stepsPerRound=value)
+    def setCompression(self, value): return self._set(compression=value)
+    def setDensity(self, value): return self._set(density=value)
+    def setInitialDensity(self, value): return self._set(initialDensity=value)
+    def setDensityWarmupEpochs(self, value): return self._set(densityWarmupEpochs=value)
+    def setDensityDown(self, value): return self._set(densityDown=value)
+    def setCompressionMomentum(self, value): return self._set(compressionMomentum=value)
+    def setEngineMode(self, value): return self._set(engineMode=value)
+    def setNumBlocks(self, value): return self._set(numBlocks=value)
+    def setImageShape(self, value): return self._set(imageShape=value)
+    def setClasses(self, value): return self._set(classes=value)
+    def setOutDir(self, value): return self._set(outDir=value)
+    def setSeed(self, value): return self._set(seed=value)
+
+    def getConfigFile(self): return self.getOrDefault(self.configFile)
+    def getModelName(self): return self.getOrDefault(self.modelName)
+    def getEpochs(self): return self.getOrDefault(self.epochs)
+    def getBatchSize(self): return self.getOrDefault(self.batchSize)
+    def getLr(self): return self.getOrDefault(self.lr)
+    def getLrSchedule(self): return self.getOrDefault(self.lrSchedule)
+    def getLrWarmupEpochs(self): return self.getOrDefault(self.lrWarmupEpochs)
+    def getMomentum(self): return self.getOrDefault(self.momentum)
+    def getWeightDecay(self): return self.getOrDefault(self.weightDecay)
+    def getStepsPerRound(self): return self.getOrDefault(self.stepsPerRound)
+    def getCompression(self): return self.getOrDefault(self.compression)
+    def getDensity(self): return self.getOrDefault(self.density)
+    def getInitialDensity(self): return self.getOrDefault(self.initialDensity)
+    def getDensityWarmupEpochs(self): return self.getOrDefault(self.densityWarmupEpochs)
+    def getDensityDown(self): return self.getOrDefault(self.densityDown)
+    def getCompressionMomentum(self): return self.getOrDefault(self.compressionMomentum)
+    def getEngineMode(self): return self.getOrDefault(self.engineMode)
+    def getNumBlocks(self): return self.getOrDefault(self.numBlocks)
+    def getImageShape(self): return self.getOrDefault(self.imageShape)
+    def getClasses(self): return self.getOrDefault(self.classes)
+    def getOutDir(self): return self.getOrDefault(self.outDir)
+
+
+class SparkCNNModel(Model, _SparkCNNParams, MLReadable, MLWritable):
+    """Adds ``rawPrediction`` (logits), ``probability`` (softmax; both ML dense Vectors) and
+    ``prediction`` (argmax, double) to a DataFrame with an image column."""
+
+    runDir = Param(Params._dummy(), "runDir", "run directory of the training run ('' = none)",
+                   typeConverter=TypeConverters.toString)
+
+    @keyword_only
+    def __init__(self, *, featuresCol="image", predictionCol="prediction", probabilityCol="probability",
+                 rawPredictionCol="rawPrediction", inferenceBatchSize=256, runDir=""):
+        super().__init__()
+        self._setDefault(runDir="")
+        self._set(**self._input_kwargs)
+        self._keras_bytes: bytes | None = None
+        self._input_shape: tuple[int, ...] | None = None
+        self._num_classes: int | None = None
+
+    @classmethod
+    def from_keras(cls, model, **params) -> "SparkCNNModel":
+        """A Transformer for a ``keras.Model``, a ``.keras`` path or ``.keras`` file bytes."""
+        from sparkcnn.inference import model_bytes
+
+        out = cls(**params)
+        out._set_model_bytes(model_bytes(model))
+        return out
+
+    def _set_model_bytes(self, data: bytes, name: str = "model") -> None:
+        from sparkcnn.inference import load_model_bytes
+
+        model = load_model_bytes(data, name)  # validates on the driver and gives the shapes
+        self._keras_bytes = data
+        self._input_shape = tuple(int(d) for d in model.input_shape[1:])
+        self._num_classes = int(model.output_shape[-1])
+
+    @property
+    def keras_model(self):
+        """A fresh ``keras.Model`` of this Transformer's weights (loaded on the driver)."""
+        from sparkcnn.inference import load_model_bytes
+
+        return load_model_bytes(self._model_bytes())
+
+    @property
+    def numClasses(self) -> int:
+        self._model_bytes()
+        return self._num_classes
+
+    def _model_bytes(self) -> bytes:
+        if self._keras_bytes is None:
+            raise BadInput("SparkCNNModel has no Keras model (build it with fit, from_keras or load)")
+        return self._keras_bytes
+
+    def _transform(self, dataset):
+        from sparkcnn.inference import add_predictions
+
+        return add_predictions(dataset, self._model_bytes(), self._input_shape,
+                               features_col=self.getFeaturesCol(), prediction_col=self.getPredictionCol(),
+                               probability_col=self.getProbabilityCol(),
+                               raw_prediction_col=self.getRawPredictionCol(),
+                               batch_size=self.getInferenceBatchSize())
+
+    def setFeaturesCol(self, value): return self._set(featuresCol=value)
+    def setPredictionCol(self, value): return self._set(predictionCol=value)
+    def setProbabilityCol(self, value): return self._set(probabilityCol=value)
+    def setRawPredictionCol(self, value): return self._set(rawPredictionCol=value)
+    def setInferenceBatchSize(self, value): return self._set(inferenceBatchSize=value)
+    def getRunDir(self): return self.getOrDefault(self.runDir)
+
+    def write(self) -> "MLWriter":
+        return _ModelWriter(self)
+
+    @classmethod
+    def read(cls) -> "MLReader":
+        return _ModelReader(cls)
+
+
+class _ModelWriter(MLWriter):
+    """``<path>/metadata`` (Spark's Params JSON) and ``<path>/model.keras``."""
+
+    def __init__(self, instance: SparkCNNModel):
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        data = self.instance._model_bytes()
+        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession)
+        write_bytes(self.sparkSession, _join(path, MODEL_FILE), data)
+
+
+class _ModelReader(MLReader):
+    def __init__(self, cls):
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path: str) -> SparkCNNModel:
+        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        model = self.cls()
+        model._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(model, metadata)
+        where = _join(path, MODEL_FILE)
+        model._set_model_bytes(read_bytes(self.sparkSession, where), where)
+        return model
+
+
+def is_connect(obj) -> bool:
+    """True for a Spark Connect DataFrame or session (checked without importing Connect)."""
+    return type(obj).__module__.startswith("pyspark.sql.connect")
+
+
+def require_classic(dataset) -> None:
+    """Training with the jobs transport runs Spark jobs over RDDs, which Spark Connect lacks."""
+    if is_connect(dataset):
+        raise BadInput("SparkCNNClassifier.fit: training with the jobs transport needs a classic "
+                       "SparkSession (RDDs); this DataFrame belongs to a Spark Connect session "
+                       "(use a classic session, or the streaming transport)")
+
+
+# -- model file I/O: local paths directly, other URIs through Hadoop's FileSystem (classic sessions)
+
+def _join(path: str, name: str) -> str:
+    return path.rstrip("/") + "/" + name
+
+
+def _local(path: str) -> str | None:
+    if path.startswith("file://"):
+        return path[len("file://"):]
+    if path.startswith("file:"):
+        return path[len("file:"):]
+    return None if "://" in path else path
+
+
+def write_bytes(spark, path: str, data: bytes) -> None:
+    local = _local(path)
+    if local is not None:
+        os.makedirs(os.path.dirname(os.path.abspath(local)), exist_ok=True)
+        tmp = local + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, local)
+        return
+    fs, p = _hadoop(spark, path)
+    out = fs.create(p, True)
+    try:
+        out.write(bytearray(data))
+    finally:
+        out.close()
+
+
+def read_bytes(spark, path: str) -> bytes:
+    local = _local(path)
+    if local is not None:
+        if not os.path.isfile(local):
+            raise BadInput(f"{path}: no such model file")
+        with open(local, "rb") as f:
+            return f.read()
+    fs, p = _hadoop(spark, path)
+    if not fs.exists(p):
+        raise BadInput(f"{path}: no such model file")
+    jvm = spark.sparkContext._jvm
+    stream = fs.open(p)
+    try:
+        return bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+    finally:
+        stream.close()
+
+
+def _hadoop(spark, path: str):
+    if is_connect(spark):
+        raise BadInput(f"{path}: a Spark Connect session saves and loads models on local paths only")
+    sc = spark.sparkContext
+    p = sc._jvm.org.apache.hadoop.fs.Path(path)
+    return p.getFileSystem(sc._jsc.hadoopConfiguration()), p
