@@ -46,50 +46,50 @@ def _parser() -> argparse.ArgumentParser:
                     help="train in DIR: a new run there, or, once DIR holds a run (config.yaml), resume it "
                          "with its own config (a scheduler's retry passes the same arguments)")
 
-    ev = sub.add_parser("evaluate", help="test loss and accuracy of a saved model on a prepared split")
-    ev.add_argument("--model", required=True, help="model.keras file or run directory")
-    ev.add_argument("--data", required=True, help="prepared split directory (e.g. data/fashion-mnist/test)")
-
-    pd = sub.add_parser("predict", help="write predicted classes of a prepared split as CSV")
-    pd.add_argument("--model", required=True, help="model.keras file or run directory")
-    pd.add_argument("--data", required=True, help="prepared split directory")
-    pd.add_argument("--out", required=True, help="CSV file: row,label,predicted,class")
+    ev = sub.add_parser("evaluate", help="accuracy, loss and confusion matrix of a saved model, on the executors")
+    pd = sub.add_parser("predict", help="predicted classes of (unlabelled) images as Parquet, on the executors")
+    for sp in (ev, pd):
+        sp.add_argument("--model", required=True, help="model.keras file or run directory")
+        src = sp.add_mutually_exclusive_group(required=True)
+        src.add_argument("--data", help="Parquet file, split or URI (e.g. data/fashion-mnist/test)"
+                         + (", or a folder of JPEG/PNG images" if sp is pd else ""))
+        src.add_argument("--table", help="table name (instead of --data)")
+        sp.add_argument("--image-col", default="image", help="image column (default: image)")
+        sp.add_argument("--id-cols", default="", metavar="A,B", help="columns passed through to the output")
+        sp.add_argument("--batch-size", type=int, default=256, help="images per model call on an executor")
+    ev.add_argument("--label-col", default="label", help="label column (default: label)")
+    ev.add_argument("--out", help="directory for predictions/ (Parquet), confusion_matrix.png and metrics.json")
+    pd.add_argument("--out", required=True, help="Parquet output directory (replaced when complete)")
 
     rp = sub.add_parser("report", help="plots (PNG) and a markdown report from a run directory")
     rp.add_argument("run_dir")
     return p
 
 
-def _model_path(path: str) -> str:
-    if os.path.isdir(path):
-        path = os.path.join(path, "model.keras")
-    if not os.path.isfile(path):
-        raise BadInput(f"--model: no model file at {path}")
-    return path
+def _scoring_setup(a):
+    """What predict and evaluate check before Spark starts: (model bytes, input shape, classes, ids)."""
+    from sparkcnn import scoring
+    from sparkcnn.inference import load_model_bytes, model_bytes
+
+    path = scoring.model_path(a.model)
+    data = model_bytes(path)
+    model = load_model_bytes(data, path)
+    shape = tuple(int(d) for d in model.input_shape[1:])
+    classes = None
+    if a.data:
+        a.data, classes = scoring.local_input(a.data, shape)
+    if a.out:
+        scoring.check_out(a.out)
+    if a.batch_size < 1:
+        raise BadInput(f"--batch-size must be >= 1, got {a.batch_size}")
+    ids = [c.strip() for c in a.id_cols.split(",") if c.strip()]
+    return data, shape, int(model.output_shape[-1]), classes, ids
 
 
-def _load_model(path: str):
-    import keras
+def _scoring_spark():
+    from sparkcnn.engine import session
 
-    path = _model_path(path)
-    try:
-        return keras.saving.load_model(path, safe_mode=True)
-    except Exception as e:
-        raise BadInput(f"{path}: not a loadable Keras model ({type(e).__name__})") from None
-
-
-def _predict(model, split_dir: str):
-    import numpy as np
-    from sparkcnn.data.parquet_io import read_meta, read_split_numpy
-
-    meta = read_meta(split_dir)
-    x, y = read_split_numpy(split_dir)
-    want = tuple(model.input_shape[1:])
-    if want != (meta.height, meta.width, meta.channels):
-        raise BadInput(f"{split_dir}: images are {meta.height}x{meta.width}x{meta.channels}, "
-                       f"the model expects {'x'.join(map(str, want))}")
-    logits = model.predict(x, batch_size=1000, verbose=0)
-    return meta, y, logits, np.argmax(logits, axis=-1)
+    return session.get_or_create_spark(app_name="sparkcnn-score")
 
 
 def cmd_prepare(a) -> int:
@@ -126,30 +126,27 @@ def cmd_train(a) -> int:
 
 
 def cmd_evaluate(a) -> int:
-    import numpy as np
+    from sparkcnn import scoring
 
-    model = _load_model(a.model)
-    _, y, logits, pred = _predict(model, a.data)
-    z = logits - logits.max(axis=1, keepdims=True)
-    logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-    loss = float(-logp[np.arange(len(y)), y].mean()) if len(y) else float("nan")
-    print(json.dumps({"samples": int(len(y)), "test_loss": loss,
-                      "test_accuracy": float((pred == y).mean()) if len(y) else float("nan")}))
+    data, shape, num_classes, classes, ids = _scoring_setup(a)
+    if classes is not None and len(classes) != num_classes:
+        raise BadInput(f"{a.data}: {len(classes)} classes, the model outputs {num_classes}")
+    if a.out and "://" in a.out:
+        raise BadInput(f"--out {a.out}: evaluate writes its report to a local directory")
+    result = scoring.evaluate(_scoring_spark(), data, a.data, shape, num_classes, table=a.table,
+                              image_col=a.image_col, label_col=a.label_col, id_cols=ids, classes=classes,
+                              out=a.out, batch_size=a.batch_size)
+    print(json.dumps(result))
     return 0
 
 
 def cmd_predict(a) -> int:
-    from sparkcnn.metrics import atomic_write_text
+    from sparkcnn import scoring
 
-    model = _load_model(a.model)
-    meta, y, _, pred = _predict(model, a.data)
-    out_dir = os.path.dirname(os.path.abspath(a.out))
-    if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
-        raise BadInput(f"--out {a.out}: directory {out_dir} is missing or not writable")
-    lines = ["row,label,predicted,class"]
-    lines += [f"{i},{t},{p},{meta.classes[p]}" for i, (t, p) in enumerate(zip(y.tolist(), pred.tolist()))]
-    atomic_write_text(a.out, "\n".join(lines) + "\n")
-    print(json.dumps({"rows": len(y), "out": a.out}))
+    data, shape, _, classes, ids = _scoring_setup(a)
+    print(json.dumps(scoring.predict(_scoring_spark(), data, a.data, shape, out=a.out, table=a.table,
+                                     image_col=a.image_col, id_cols=ids, classes=classes,
+                                     batch_size=a.batch_size)))
     return 0
 
 

@@ -565,24 +565,3 @@ def test_prepare_ok_prints_json(capsys, tmp_path):
     assert summary["splits"]["train"]["rows"] == N_TRAIN and summary["splits"]["test"]["rows"] == N_TEST
     assert (summary["height"], summary["width"], summary["channels"]) == (28, 28, 1)
     assert sorted(os.listdir(tmp_path / "ds")) == ["test", "train"]
-
-
-def test_evaluate_ok_prints_json(capsys, saved_model, tiny_prepared):
-    assert main(["evaluate", "--model", str(saved_model), "--data", str(tiny_prepared / "test")]) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert result["samples"] == N_TEST
-    assert 0.0 <= result["test_accuracy"] <= 1.0 and np.isfinite(result["test_loss"])
-
-
-def test_predict_ok_writes_csv(capsys, tmp_path, saved_model, tiny_prepared):
-    out = tmp_path / "p.csv"
-    assert main(["predict", "--model", str(saved_model), "--data", str(tiny_prepared / "test"),
-                 "--out", str(out)]) == 0
-    assert json.loads(capsys.readouterr().out) == {"rows": N_TEST, "out": str(out)}
-    lines = out.read_text().splitlines()
-    assert lines[0] == "row,label,predicted,class" and len(lines) == N_TEST + 1
-    for i, line in enumerate(lines[1:]):
-        row, label, predicted, name = line.split(",")
-        assert int(row) == i and 0 <= int(label) < 10
-        assert name == idx.FASHION_MNIST_CLASSES[int(predicted)]
-
