@@ -30,17 +30,18 @@ def new_run_id(name: str) -> str:
 
 def build_spec(cfg, run_id: str, train, test, model) -> TaskSpec:
     """The run's constants for the executors; ``train``/``test``: :class:`~sparkcnn.data.source.Frame`."""
+    from sparkcnn.compression.plan import plan
+
     sizes = tuple(int(np.prod(w.shape)) for w in model.weights)
+    c = plan(cfg.compression.method, cfg.compression.value_dtype, cfg.train.steps_per_round)
     return TaskSpec(
         run_id=run_id, num_blocks=cfg.data.num_blocks,
         test_blocks=min(cfg.data.test_blocks, test.num_rows) if test is not None else 0,
         model_name=cfg.model.name, input_shape=tuple(train.shape),
         num_classes=len(train.classes), seed=cfg.run.seed, batch_size=cfg.train.batch_size,
         momentum=cfg.train.momentum, weight_decay=cfg.train.weight_decay, layout=sizes,
-        value_dtype="float32" if cfg.compression.method == "none" else cfg.compression.value_dtype,
-        method=cfg.compression.method, dense_below=cfg.compression.dense_below,
-        momentum_mode=cfg.compression.momentum,
-        per_step=cfg.compression.method != "none" and cfg.train.steps_per_round == 1,
+        value_dtype=c.value_dtype, method=c.method, dense_below=cfg.compression.dense_below,
+        momentum_mode=cfg.compression.momentum, per_step=c.per_step,
         sparse_downlink=cfg.compression.density_down > 0,
         chaos_fail_p=cfg.chaos.fail_task_probability, chaos_kill_p=cfg.chaos.kill_worker_probability,
         chaos_slow=cfg.chaos.slow_executor, chaos_nan_seq=cfg.chaos.nan_round,

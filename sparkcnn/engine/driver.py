@@ -30,6 +30,8 @@ import numpy as np
 
 from sparkcnn.compression import codec
 from sparkcnn.compression.feedback import server_scale
+from sparkcnn.compression.plan import density as plan_density
+from sparkcnn.compression.plan import plan
 from sparkcnn.compression.sparsify import Sparsifier
 from sparkcnn.compression.warmup import density_at, lr_at
 from sparkcnn.engine.apply import Applied, apply_deltas
@@ -53,11 +55,12 @@ class RoundDriver:
                  sink=None, progress=None, run_dir: str | None = None):
         self.cfg, self.backend, self.spec = cfg, backend, spec
         c = cfg.compression
+        self.plan = plan(c.method, c.value_dtype, cfg.train.steps_per_round)
         self.sparse_down = spec.sparse_downlink
         self.ps = ParameterServer(
             np.array(weights, np.float32, copy=True), spec.layout,
             density_down=c.density_down if self.sparse_down else None,
-            sparsifier=Sparsifier("topk" if c.method == "topk" else "threshold", c.dense_below),
+            sparsifier=Sparsifier(self.plan.selector, c.dense_below),
             value_dtype=spec.value_dtype)
         self.guard = DivergenceGuard(cfg.guard.max_norm_factor, cfg.guard.loss_spike_factor)
         self.lr_factor = 1.0        # halved by the guard on a loss spike
@@ -100,8 +103,7 @@ class RoundDriver:
         t, c = self.cfg.train, self.cfg.compression
         lr = lr_at(epoch, base_lr=t.lr, warmup_epochs=t.lr_warmup_epochs, total_epochs=t.epochs,
                    schedule=t.lr_schedule) * self.lr_factor
-        density = (1.0 if c.method == "none"
-                   else min(1.0, self.density_factor * self._warmed_density(epoch, c.density)))
+        density = plan_density(self.plan, self.density_factor * self._warmed_density(epoch, c.density))
         return lr, density
 
     def downlink_density(self, epoch: float) -> float:
