@@ -39,7 +39,7 @@ META_CLASSES = "sparkcnn.classes"
 META_VERSION = "sparkcnn.format_version"
 _DIM_KEYS = {"height": META_HEIGHT, "width": META_WIDTH, "channels": META_CHANNELS}
 _MAX_INT32_OFFSET = 2**31 - 1
-SIDECAR = "_sparkcnn_meta.json"  # the schema metadata again, as JSON: Spark ignores files named _*
+SIDECAR = "sparkcnn.json"  # beside the splits: their metadata for readers that reach them only through Spark
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,13 +92,24 @@ def write_split(out_dir: str, images: np.ndarray, labels: np.ndarray,
         path = os.path.join(out_dir, f"part-{part:05d}.parquet")
         pq.write_table(table, path)
         paths.append(path)
-    # the same metadata beside the files, for readers that reach the split only through Spark (URIs)
-    sidecar = {"height": h, "width": w, "channels": c, "classes": classes, "rows": int(len(images)),
-               "format_version": FORMAT_VERSION}
-    with open(os.path.join(out_dir, SIDECAR), "w", encoding="utf-8") as fh:
-        json.dump(sidecar, fh)
     log.debug("wrote %d rows to %d files in %s", len(images), len(paths), out_dir)
     return paths
+
+
+def write_sidecar(out: str, splits: dict) -> None:
+    """``<out>/sparkcnn.json``: each split's shape, classes and rows, as in its schema metadata.
+
+    Spark (hence a reader of a URI) does not expose Parquet footers' key-value
+    metadata, and skips files named ``_*`` even when asked for them by name; a
+    file beside the split directories is read as text without touching them.
+    """
+    doc = {"format_version": FORMAT_VERSION, "splits": {}}
+    for split, (images, classes) in splits.items():
+        _, h, w, c = images.shape
+        doc["splits"][split] = {"height": h, "width": w, "channels": c, "classes": [str(x) for x in classes],
+                                "rows": int(len(images))}
+    with open(os.path.join(out, SIDECAR), "w", encoding="utf-8") as fh:
+        json.dump(doc, fh)
 
 
 def parquet_files(path: str) -> list[str]:

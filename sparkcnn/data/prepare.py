@@ -64,6 +64,7 @@ def prepare(format: str, source, out, *, height: int | None = None,
         files = {split: parquet_io.write_split(os.path.join(tmp, split), images, labels,
                                                classes, rows_per_file)
                  for split, (images, labels) in splits.items()}
+        parquet_io.write_sidecar(tmp, {split: (images, classes) for split, (images, _) in splits.items()})
         _replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -127,8 +127,8 @@ def _format(spark, dcfg, src: str) -> str:
         if os.path.isdir(src) and _has_images(src):
             return "images"
         return "parquet"
-    try:  # a URI: prepared when its train split has our metadata
-        _sidecar(spark, src.rstrip("/") + "/train")
+    try:  # a URI: prepared when it has our metadata
+        _sidecar(spark, src, "train")
         return "prepared"
     except BadInput:
         return "parquet"
@@ -155,19 +155,20 @@ def _read_parquet(spark, path: str):
         raise BadInput(f"data {path!r}: not readable as Parquet ({_first_line(e)})") from None
 
 
-def _sidecar(spark, split: str) -> dict:
+def _sidecar(spark, path: str, split: str) -> dict:
+    """A split's metadata from ``<path>/sparkcnn.json`` (written by ``prepare``), read through Spark."""
+    where = path.rstrip("/") + "/" + SIDECAR
     try:
-        text = spark.read.text(split.rstrip("/") + "/" + SIDECAR, wholetext=True).first()[0]
-        return json.loads(text)
-    except Exception:  # noqa: BLE001
-        raise BadInput(f"{split}: no {SIDECAR} (not a prepared split)") from None
+        return json.loads(spark.read.text(where, wholetext=True).first()[0])["splits"][split]
+    except Exception:  # noqa: BLE001 - missing, unreadable or without that split: not prepared
+        raise BadInput(f"data {path!r}: no {split} split described in {where} (not a prepared dataset)") from None
 
 
 def _prepared(spark, path: str, split: str) -> Frame:
     """A split of a prepared dataset: metadata from its footer (local) or sidecar (URIs)."""
     split_dir = path.rstrip("/") + "/" + split
     if _is_uri(path):
-        m = _sidecar(spark, split_dir)
+        m = _sidecar(spark, path, split)
         shape, classes, rows = (m["height"], m["width"], m["channels"]), tuple(m["classes"]), int(m["rows"])
     else:
         from sparkcnn.data.parquet_io import read_meta
