@@ -38,3 +38,22 @@ def tiny_cfg(tiny_data, tmp_path):
     return config.load(None, [f"data.path={tiny_data}", f"run.out_dir={tmp_path / 'runs'}", "train.epochs=2",
                               "train.batch_size=32", "train.steps_per_round=5", "train.lr=0.05",
                               "train.lr_warmup_epochs=0", "train.lr_schedule=constant"])
+
+
+@pytest.fixture(scope="session")
+def standalone_cluster():
+    """A standalone master and 2 workers of 1 core on 127.0.0.1, shared by the cluster tests
+    that leave it intact (tests that kill workers start their own). One SparkContext per
+    process: drive it from a subprocess (``spark-submit``, or ``session`` after ``attach``)."""
+    from sparkcnn.engine.standalone import StandaloneCluster
+
+    with StandaloneCluster(workers=2, cores_per_worker=1).start(timeout=180) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def executor_python(tmp_path_factory):
+    """An interpreter with sparkcnn's dependencies but not sparkcnn (``tests/cluster_env.py``)."""
+    from tests.cluster_env import deps_only_python
+
+    return deps_only_python(str(tmp_path_factory.mktemp("deps-only-venv")))

@@ -1,0 +1,133 @@
+"""What cluster acceptance tests give their executors, and what they read back.
+
+- :func:`deps_only_python`: an interpreter that has sparkcnn's dependencies but not sparkcnn,
+  for executors (and drivers) that must receive the package through ``spark-submit``.
+- :func:`audit_conf`: Spark settings that install ``tests/audit_hook/sitecustomize.py`` in
+  the executors' Python workers; it fails a task that opens a data file outside Spark's own
+  directories (see that file). :func:`refused_opens` reads what it refused,
+  :func:`audit_installs` where it was installed (proof that it ran at all).
+- :func:`spark_submit_route_a`: the README's ``--py-files`` spark-submit command, as argv.
+- :func:`event_log_tasks`: successful tasks per executor, from a Spark event log.
+
+Usage, with the session-scoped ``standalone_cluster`` fixture of ``tests/conftest.py``::
+
+    conf = {**audit_conf(tmp_path / "audit.log"), "spark.pyspark.python": deps_only_python(...)}
+    ... session(standalone_cluster, "no-shared-path", conf=conf)  # in a subprocess
+    assert refused_opens(tmp_path / "audit.log") == [] and audit_installs(tmp_path / "audit.log")
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import sysconfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+AUDIT_DIR = os.path.join(REPO, "tests", "audit_hook")  # holds the hook's sitecustomize.py
+
+
+def deps_only_python(root: str) -> str:
+    """A virtual environment at ``root`` that sees this interpreter's packages but not sparkcnn.
+
+    ``python -m venv`` plus a ``.pth`` file whose lines are this environment's site-packages
+    directories. Python adds such plain lines to ``sys.path`` but does not process the
+    ``.pth`` files found in those directories, among them the editable install's finder,
+    so ``import sparkcnn`` fails there (outside the repository root) while TensorFlow,
+    pyspark and numba import. Returns the new interpreter's path.
+    """
+    python = os.path.join(root, "bin", "python")
+    if not os.path.exists(python):
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", root], check=True)
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+    with open(os.path.join(site, "sparkcnn_deps.pth"), "w", encoding="utf-8") as fh:
+        fh.write("".join(f"{p}\n" for p in ours))
+    return python
+
+
+def clean_env(**extra: str) -> dict:
+    """This process's environment without what would hand a child our packages or our JVM."""
+    drop = ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYSPARK_SUBMIT_ARGS", "SPARK_CONF_DIR")
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("PYSPARK_GATEWAY_")}
+    env.update(extra)
+    return env
+
+
+def audit_conf(log_path, allow: tuple[str, ...] = ()) -> dict[str, str]:
+    """Spark settings that install the audit hook in the executors' Python workers.
+
+    Refusals are appended to ``log_path`` (one ``<pid> <what> <path>`` line each); ``allow``
+    adds directories where data files may be opened besides Spark's own. Other
+    ``spark.executorEnv.PYTHONPATH`` entries must be merged by the caller.
+    """
+    conf = {"spark.executorEnv.PYTHONPATH": AUDIT_DIR, "spark.executorEnv.SPARKCNN_AUDIT_LOG": str(log_path)}
+    if allow:
+        conf["spark.executorEnv.SPARKCNN_AUDIT_ALLOW"] = os.pathsep.join(map(str, allow))
+    return conf
+
+
+def _audit_lines(log_path) -> list[tuple[str, str, str]]:
+    if not os.path.exists(log_path):
+        return []
+    with open(log_path, encoding="utf-8") as fh:
+        return [tuple(line.rstrip("\n").split(" ", 2)) for line in fh if line.strip()]
+
+
+def refused_opens(log_path) -> list[str]:
+    """The hook's refusals logged to ``log_path``, ``"<what> <path>"`` each (``[]`` when none)."""
+    return [f"{what} {path}" for _, what, path in _audit_lines(log_path) if what != "installed"]
+
+
+def audit_installs(log_path) -> list[str]:
+    """Working directories of the processes that installed the hook (executors' Python
+    daemons and workers: the executor's work directory)."""
+    return [path for _, what, path in _audit_lines(log_path) if what == "installed"]
+
+
+def readme_commands(marker: str) -> list[str]:
+    """The README's fenced shell commands that contain ``marker``, continuation lines joined."""
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
+        blocks = re.findall(r"^```[a-z]*\n(.*?)^```", fh.read(), re.DOTALL | re.MULTILINE)
+    commands = [c.strip() for b in blocks for c in re.sub(r"\\\n\s*", " ", b).splitlines()]
+    return [c for c in commands if marker in c]
+
+
+def spark_submit_route_a(master: str, zip_path: str, *args: str) -> list[str]:
+    """The README's ``--py-files`` spark-submit command as argv: its master replaced by
+    ``master``, ``dist/sparkcnn.zip`` by ``zip_path``, ``spark-submit`` by pyspark's own, and
+    ``args`` appended (e.g. ``--set`` overrides)."""
+    import pyspark
+
+    found = [c for c in readme_commands("--py-files dist/sparkcnn.zip") if c.startswith("spark-submit ")]
+    assert len(found) == 1, f"README: expected one spark-submit command with --py-files, found {found}"
+    argv = shlex.split(found[0])
+    assert "--master" in argv, found[0]
+    argv[argv.index("--master") + 1] = master
+    argv[argv.index("--py-files") + 1] = zip_path
+    argv[0] = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit")
+    return argv + list(args)
+
+
+def event_log_tasks(event_dir: str, app_id: str) -> dict[str, int]:
+    """Executor id -> successful tasks, from the Spark event log of ``app_id`` in ``event_dir``
+    (one file, or Spark 4's rolling ``eventlog_v2_<app id>/events_<n>_...`` files; not compressed)."""
+    paths = glob.glob(os.path.join(event_dir, app_id)) + sorted(
+        glob.glob(os.path.join(event_dir, f"eventlog_v2_{app_id}", "events_*")),
+        key=lambda p: int(os.path.basename(p).split("_")[1]))
+    assert paths, f"no event log of {app_id} in {event_dir}: {os.listdir(event_dir)}"
+    tasks: dict[str, int] = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                event = json.loads(line)
+                if event.get("Event") == "SparkListenerTaskEnd" and \
+                        event.get("Task End Reason", {}).get("Reason") == "Success":
+                    executor = event["Task Info"]["Executor ID"]
+                    tasks[executor] = tasks.get(executor, 0) + 1
+    return tasks
