@@ -185,7 +185,8 @@ class SparkCNNClassifier(Estimator, _ClassifierParams, DefaultParamsReadable, De
         cfg = config.load(self.getOrDefault(self.configFile) or None, overrides)
         result = sparkcnn.fit(cfg, data=dataset.select(image_col, label_col), spark=dataset.sparkSession,
                               progress=False)
-        model = SparkCNNModel.from_keras(result.model)
+        saved = os.path.join(str(result.run_dir), MODEL_FILE)
+        model = SparkCNNModel.from_keras(saved if os.path.isfile(saved) else result.model)
         model._set(runDir=str(result.run_dir or ""))
         return self._copyValues(model)
 

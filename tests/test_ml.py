@@ -69,6 +69,8 @@ def test_transform_equals_driver_predict_with_ml_types(spark, keras_path, test_d
     assert isinstance(types["prediction"], T.DoubleType)
     assert isinstance(types["probability"], VectorUDT) and isinstance(types["rawPrediction"], VectorUDT)
     assert out.columns == ["image", "label", "rawPrediction", "probability", "prediction"]
+    plan = out._jdf.queryExecution().executedPlan().toString()
+    assert plan.count("ArrowEvalPython") == 1, plan  # one UDF call per row feeds all three columns
     rows = out.collect()
     assert len(rows) == 400
     _assert_same_as_driver(keras_path, rows)
