@@ -173,8 +173,9 @@ class SparkCNNClassifier(Estimator, _ClassifierParams, DefaultParamsReadable, De
     def _fit(self, dataset) -> "SparkCNNModel":
         import sparkcnn
         from sparkcnn import config
+        from sparkcnn.engine.session import require_classic
 
-        require_classic(dataset)
+        require_classic(dataset.sparkSession)  # before any work: Connect has no RDDs for the jobs
         image_col, label_col = self.getFeaturesCol(), self.getLabelCol()
         for name in (image_col, label_col):
             if name not in dataset.columns:
@@ -346,19 +347,6 @@ class _ModelReader(MLReader):
         return model
 
 
-def is_connect(obj) -> bool:
-    """True for a Spark Connect DataFrame or session (checked without importing Connect)."""
-    return type(obj).__module__.startswith("pyspark.sql.connect")
-
-
-def require_classic(dataset) -> None:
-    """Training with the jobs transport runs Spark jobs over RDDs, which Spark Connect lacks."""
-    if is_connect(dataset):
-        raise BadInput("SparkCNNClassifier.fit: training with the jobs transport needs a classic "
-                       "SparkSession (RDDs); this DataFrame belongs to a Spark Connect session "
-                       "(use a classic session, or the streaming transport)")
-
-
 # -- model file I/O: local paths directly, other URIs through Hadoop's FileSystem (classic sessions)
 
 def _join(path: str, name: str) -> str:
@@ -409,6 +397,8 @@ def read_bytes(spark, path: str) -> bytes:
 
 
 def _hadoop(spark, path: str):
+    from sparkcnn.engine.session import is_connect
+
     if is_connect(spark):
         raise BadInput(f"{path}: a Spark Connect session saves and loads models on local paths only")
     sc = spark.sparkContext

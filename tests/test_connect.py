@@ -67,7 +67,7 @@ def test_transformer_on_local_connect_session(tmp_path, tiny_data):
 
     msg = got["fit_error"]
     assert msg.startswith("BadInput: ") and "\n" not in msg
-    assert "needs a classic SparkSession" in msg and "streaming transport" in msg
+    assert "needs a classic SparkSession" in msg and "Spark Connect" in msg
 
 
 def _connect_main(keras_path: str, split: str, result: str, save_dir: str) -> None:
