@@ -9,11 +9,22 @@
 - :func:`spark_submit_route_a`: the README's ``--py-files`` spark-submit command, as argv.
 - :func:`event_log_tasks`: successful tasks per executor, from a Spark event log.
 
-Usage, with the session-scoped ``standalone_cluster`` fixture of ``tests/conftest.py``::
+Usage, with the session-scoped fixtures ``standalone_cluster`` and ``executor_python`` of
+``tests/conftest.py``; one SparkContext per process, so the driver runs in a subprocess
+(``tests/test_dist.py``'s ``AUDIT_CLIENT`` is a complete example)::
 
-    conf = {**audit_conf(tmp_path / "audit.log"), "spark.pyspark.python": deps_only_python(...)}
-    ... session(standalone_cluster, "no-shared-path", conf=conf)  # in a subprocess
-    assert refused_opens(tmp_path / "audit.log") == [] and audit_installs(tmp_path / "audit.log")
+    log = tmp_path / "audit.log"
+    env = clean_env(SPARKCNN_CLUSTER=standalone_cluster.to_json(),
+                    PYSPARK_PYTHON=sys.executable)  # executors' Python (a plain-Python driver
+                                                    # reads only this variable for it)
+    # in the subprocess:
+    #   spark = session(StandaloneCluster.attach(os.environ["SPARKCNN_CLUSTER"]), "no-shared-path",
+    #                   conf=audit_conf(log))
+    #   ... SparkCNNClassifier().fit(df) ...
+    assert refused_opens(log) == [] and audit_installs(log)  # nothing refused, and the hook ran
+
+With ``PYSPARK_PYTHON=executor_python`` instead, the executors lack sparkcnn and need it
+shipped (``spark.submit.pyFiles`` or ``sc.addPyFile`` of ``make dist``'s zip).
 """
 
 from __future__ import annotations
