@@ -564,4 +564,7 @@ def test_prepare_ok_prints_json(capsys, tmp_path):
     summary = json.loads(capsys.readouterr().out)
     assert summary["splits"]["train"]["rows"] == N_TRAIN and summary["splits"]["test"]["rows"] == N_TEST
     assert (summary["height"], summary["width"], summary["channels"]) == (28, 28, 1)
-    assert sorted(os.listdir(tmp_path / "ds")) == ["test", "train"]
+    assert sorted(os.listdir(tmp_path / "ds")) == ["sparkcnn.json", "test", "train"]
+    with open(tmp_path / "ds" / "sparkcnn.json") as fh:
+        meta = json.load(fh)["splits"]
+    assert (meta["train"]["rows"], meta["test"]["rows"], meta["train"]["height"]) == (N_TRAIN, N_TEST, 28)

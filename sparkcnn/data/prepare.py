@@ -142,8 +142,10 @@ def _validate(source: str, splits: Splits, classes, given: dict) -> tuple[int, i
 
 
 def _looks_prepared(out: str) -> bool:
-    """True if `out` is empty or holds only split dirs of part-*.parquet files."""
+    """True if `out` is empty or holds only split dirs of part-*.parquet files (and sparkcnn.json)."""
     for entry in os.scandir(out):
+        if entry.name == parquet_io.SIDECAR and entry.is_file(follow_symlinks=False):
+            continue
         if entry.name not in SPLITS or not entry.is_dir(follow_symlinks=False):
             return False
         for f in os.scandir(entry.path):
