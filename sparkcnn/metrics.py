@@ -68,7 +68,7 @@ class ProgressBar:
         out = self._out()
         self.mode = "notebook" if notebook else "tty" if hasattr(out, "isatty") and out.isatty() else "lines"
         self._bar = None
-        self._first = None      # rounds done before the first round seen (a resumed run starts late)
+        self._first = None      # rounds done when the first round is seen (a resumed run starts late)
         self._t0 = None
         self._printed = 0       # lines mode: the last 1/lines step printed
 
@@ -77,8 +77,8 @@ class ProgressBar:
 
     def round(self, rec: dict, total_rounds: int) -> None:
         done, total = rec["round"] + 1, max(1, total_rounds)
-        if self._t0 is None:
-            self._t0, self._first = time.monotonic(), done - 1
+        if self._t0 is None:  # the rate counts from the first round seen (not from a resume's start)
+            self._t0, self._first = time.monotonic(), done
             self._printed = (done - 1) * self.lines // total
         postfix = (f"loss={rec['loss']:.4f}, acc={rec['accuracy']:.3f}, "
                    f"{rec['images_per_s']:.0f} img/s, up={fmt_bytes(rec['bytes_up'])}")
