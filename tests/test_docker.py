@@ -66,13 +66,12 @@ def test_gpu_image_installs_every_runtime_dependency_but_tensorflow():
     tomllib = pytest.importorskip("tomllib")
     with open(os.path.join(REPO, "pyproject.toml"), "rb") as fh:
         project = tomllib.load(fh)["project"]
-    wanted = {re.match(r"[A-Za-z0-9_.-]+", d).group(0).lower()
-              for d in project["dependencies"] + project["optional-dependencies"]["viz"]}
-    wanted = {n for n in wanted if not n.startswith("tensorflow")}
+    wanted = [d.split(";")[0].strip() for d in project["dependencies"] + project["optional-dependencies"]["viz"]]
+    wanted = [d for d in wanted if not d.startswith("tensorflow")]
     with open(os.path.join(DOCKER, "Dockerfile.gpu"), encoding="utf-8") as fh:
         gpu = fh.read()
-    installed = {n.lower() for n in re.findall(r'"([A-Za-z0-9_.-]+)[<>=!~]', gpu)}
-    assert "numba" in wanted and wanted <= installed, sorted(wanted - installed)
+    assert any(d.startswith("numba") for d in wanted)
+    assert [d for d in wanted if f'"{d}"' not in gpu] == []  # same names, same version bounds
     with open(os.path.join(DOCKER, "Dockerfile.cpu"), encoding="utf-8") as fh:
         assert 'pip install --no-cache-dir "./[viz]"' in fh.read()  # all of pyproject's dependencies
 
