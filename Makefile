@@ -6,6 +6,8 @@ FMNIST_SRC ?= /usr/share/datasets/fashion-mnist
 DATA   ?= data/fashion-mnist
 DIST   ?= dist
 STAMP  := $(VENV)/.installed
+# the DAG's SparkSubmitOperator; without its pyspark-client requirement (see pyproject's airflow extra)
+AIRFLOW_SPARK_PROVIDER ?= apache-airflow-providers-apache-spark>=6,<7
 
 .PHONY: setup dataset-package data train test bench dist clean
 
@@ -13,7 +15,8 @@ $(STAMP): pyproject.toml
 	@command -v java >/dev/null || { echo "sparkcnn: Java 17+ is required by Spark (apt-get install openjdk-17-jre-headless)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev,viz,mlflow]"
+	$(PY) -m pip install -q -e ".[dev,viz,mlflow,airflow]"
+	$(PY) -m pip install -q --no-deps "$(AIRFLOW_SPARK_PROVIDER)"
 	touch $(STAMP)
 
 setup: $(STAMP)
