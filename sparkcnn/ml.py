@@ -51,6 +51,7 @@ CONFIG_KEYS = {
     "densityDown": "compression.density_down",
     "compressionMomentum": "compression.momentum",
     "engineMode": "engine.mode",
+    "transport": "engine.transport",
     "numBlocks": "data.num_blocks",
     "imageShape": "data.image_shape",
     "classes": "data.classes",
@@ -118,6 +119,9 @@ class _ClassifierParams(_SparkCNNParams, HasLabelCol, HasSeed):
                                 typeConverter=TypeConverters.toString)
     engineMode = Param(Params._dummy(), "engineMode", "sync | async (engine.mode)",
                        typeConverter=TypeConverters.toString)
+    transport = Param(Params._dummy(), "transport",
+                      "jobs (a Spark job per exchange; classic sessions) | stream (engine.transport)",
+                      typeConverter=TypeConverters.toString)
     numBlocks = Param(Params._dummy(), "numBlocks", "data blocks = Spark partitions (data.num_blocks)",
                       typeConverter=TypeConverters.toInt)
     imageShape = Param(Params._dummy(), "imageShape",
@@ -154,8 +158,8 @@ class SparkCNNClassifier(Estimator, _ClassifierParams, DefaultParamsReadable, De
                  modelName=None, epochs=None, batchSize=None, lr=None, lrSchedule=None, lrWarmupEpochs=None,
                  momentum=None, weightDecay=None, stepsPerRound=None, compression=None, density=None,
                  initialDensity=None, densityWarmupEpochs=None, densityDown=None, compressionMomentum=None,
-                 engineMode=None, numBlocks=None, imageShape=None, classes=None, outDir=None, seed=None,
-                 inferenceBatchSize=256):
+                 engineMode=None, transport=None, numBlocks=None, imageShape=None, classes=None, outDir=None,
+                 seed=None, inferenceBatchSize=256):
         super().__init__()
         self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
@@ -165,8 +169,8 @@ class SparkCNNClassifier(Estimator, _ClassifierParams, DefaultParamsReadable, De
                   modelName=None, epochs=None, batchSize=None, lr=None, lrSchedule=None, lrWarmupEpochs=None,
                   momentum=None, weightDecay=None, stepsPerRound=None, compression=None, density=None,
                   initialDensity=None, densityWarmupEpochs=None, densityDown=None, compressionMomentum=None,
-                  engineMode=None, numBlocks=None, imageShape=None, classes=None, outDir=None, seed=None,
-                  inferenceBatchSize=256):
+                  engineMode=None, transport=None, numBlocks=None, imageShape=None, classes=None, outDir=None,
+                  seed=None, inferenceBatchSize=256):
         """Set any of the constructor's Params (None leaves one unchanged)."""
         return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
@@ -175,15 +179,16 @@ class SparkCNNClassifier(Estimator, _ClassifierParams, DefaultParamsReadable, De
         from sparkcnn import config
         from sparkcnn.engine.session import require_classic
 
-        require_classic(dataset.sparkSession)  # before any work: Connect has no RDDs for the jobs
         image_col, label_col = self.getFeaturesCol(), self.getLabelCol()
+        overrides = [*self.config_overrides(), f"data.image_col={json.dumps(image_col)}",
+                     f"data.label_col={json.dumps(label_col)}"]
+        cfg = config.load(self.getOrDefault(self.configFile) or None, overrides)
+        if getattr(cfg.engine, "transport", "jobs") == "jobs":
+            require_classic(dataset.sparkSession)  # before any work: Connect has no RDDs for the jobs
         for name in (image_col, label_col):
             if name not in dataset.columns:
                 raise BadInput(f"SparkCNNClassifier: column {name!r} not found "
                                f"(columns: {', '.join(dataset.columns) or 'none'})")
-        overrides = [*self.config_overrides(), f"data.image_col={json.dumps(image_col)}",
-                     f"data.label_col={json.dumps(label_col)}"]
-        cfg = config.load(self.getOrDefault(self.configFile) or None, overrides)
         result = sparkcnn.fit(cfg, data=dataset.select(image_col, label_col), spark=dataset.sparkSession,
                               progress=False)
         saved = os.path.join(str(result.run_dir), MODEL_FILE)
@@ -215,6 +220,7 @@ class SparkCNNClassifier(Estimator, _ClassifierParams, DefaultParamsReadable, De
     def setDensityDown(self, value): return self._set(densityDown=value)
     def setCompressionMomentum(self, value): return self._set(compressionMomentum=value)
     def setEngineMode(self, value): return self._set(engineMode=value)
+    def setTransport(self, value): return self._set(transport=value)
     def setNumBlocks(self, value): return self._set(numBlocks=value)
     def setImageShape(self, value): return self._set(imageShape=value)
     def setClasses(self, value): return self._set(classes=value)
@@ -238,6 +244,7 @@ class SparkCNNClassifier(Estimator, _ClassifierParams, DefaultParamsReadable, De
     def getDensityDown(self): return self.getOrDefault(self.densityDown)
     def getCompressionMomentum(self): return self.getOrDefault(self.compressionMomentum)
     def getEngineMode(self): return self.getOrDefault(self.engineMode)
+    def getTransport(self): return self.getOrDefault(self.transport)
     def getNumBlocks(self): return self.getOrDefault(self.numBlocks)
     def getImageShape(self): return self.getOrDefault(self.imageShape)
     def getClasses(self): return self.getOrDefault(self.classes)
