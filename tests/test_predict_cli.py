@@ -238,8 +238,8 @@ def test_bad_input_exits_2_and_writes_nothing(spark, capsys, keras_path, tiny_da
     rc = main([command, "--model", keras_path, *map(str, args), "--out", str(outputs / "old")])
     err = capsys.readouterr().err
     assert rc == 2, err
-    lines = [line for line in err.splitlines() if line.startswith("sparkcnn ")]
-    assert len(lines) == 1 and re.search(pattern, lines[0]), err
+    assert err.startswith(f"sparkcnn {command}: error: ") and err.count("\n") == 1, err
+    assert re.search(pattern, err), err
     assert tree_digest(outputs) == before
 
 
