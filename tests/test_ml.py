@@ -219,18 +219,28 @@ def _classifier(tmp_path, **kw):
 
 
 @pytest.mark.skipif(not _fit_available(), reason="sparkcnn.fit not available yet")
-def test_estimator_fit_transform(spark, train_df, test_df, tmp_path):
+def test_estimator_fit_in_pipeline_transform_save_load(spark, train_df, test_df, tmp_path):
+    from pyspark.ml import Pipeline, PipelineModel
     from pyspark.ml.evaluation import MulticlassClassificationEvaluator
 
     from sparkcnn.ml import SparkCNNModel
 
-    model = _classifier(tmp_path, predictionCol="pred").fit(train_df)
+    pipeline = Pipeline(stages=[_classifier(tmp_path, predictionCol="pred")])
+    pipeline.save(str(tmp_path / "unfitted"))  # the Estimator persists as Params
+    fitted = Pipeline.load(str(tmp_path / "unfitted")).fit(train_df)
+    model = fitted.stages[0]
     assert isinstance(model, SparkCNNModel) and model.getPredictionCol() == "pred"
     assert os.path.isfile(os.path.join(model.getRunDir(), "model.keras"))
-    out = model.transform(test_df)
+    out = fitted.transform(test_df)
     acc = MulticlassClassificationEvaluator(metricName="accuracy", predictionCol="pred").evaluate(out)
     assert acc > 0.3  # 10 learnable classes after one short epoch; chance is 0.1
-    _assert_same_as_driver(os.path.join(model.getRunDir(), "model.keras"), out.limit(40).collect(), pred="pred")
+    rows = out.limit(40).collect()
+    _assert_same_as_driver(os.path.join(model.getRunDir(), "model.keras"), rows, pred="pred")
+    fitted.save(str(tmp_path / "fitted"))
+    again = PipelineModel.load(str(tmp_path / "fitted")).transform(test_df).limit(40).collect()
+    assert [r["pred"] for r in again] == [r["pred"] for r in rows]
+    np.testing.assert_array_equal([r["probability"].toArray() for r in again],
+                                  [r["probability"].toArray() for r in rows])
 
 
 @pytest.mark.skipif(not _fit_available(), reason="sparkcnn.fit not available yet")
