@@ -43,7 +43,10 @@ def _is_uri(path: str) -> bool:
 
 
 def local_input(path: str, shape) -> tuple[str, tuple[str, ...] | None]:
-    """Check a local ``--data`` path; returns (path, class names of a prepared split or None)."""
+    """Check a local ``--data`` path; returns (path, class names of a prepared split or None).
+
+    A prepared dataset (``train/`` and ``test/``) stands for its test split.
+    """
     from sparkcnn.data.parquet_io import read_meta
 
     if _is_uri(path):
@@ -52,7 +55,8 @@ def local_input(path: str, shape) -> tuple[str, tuple[str, ...] | None]:
         raise BadInput(f"{path}: no such Parquet file or directory")
     if os.path.isdir(os.path.join(path, "test")) and not any(
             n.endswith(".parquet") for n in os.listdir(path)):
-        raise BadInput(f"{path}: a prepared dataset; give one split, e.g. {os.path.join(path, 'test')}")
+        log.info("%s is a prepared dataset: using its test split", path)
+        path = os.path.join(path, "test")
     try:
         meta = read_meta(path)
     except BadInput:

@@ -151,8 +151,8 @@ def test_evaluate_prints_accuracy_and_writes_confusion_png(spark, capsys, keras_
 
 def test_evaluate_without_out_prints_json_only(spark, capsys, keras_path, tiny_data, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    result = run_json(capsys, ["evaluate", "--model", keras_path, "--data", os.path.join(tiny_data, "test")])
-    assert result["samples"] == 400 and 0.0 <= result["test_accuracy"] <= 1.0 and np.isfinite(result["test_loss"])
+    result = run_json(capsys, ["evaluate", "--model", keras_path, "--data", tiny_data])  # the test split
+    assert result["samples"] == 400 and result["classes"] == list(idx.FASHION_MNIST_CLASSES) and 0.0 <= result["test_accuracy"] <= 1.0 and np.isfinite(result["test_loss"])
     assert os.listdir(tmp_path) == []
 
 
