@@ -66,12 +66,61 @@ def _block_state(spec: TaskSpec, order: RoundOrder, root: str, block: int) -> tu
     return state or {}, reset, stale
 
 
+def block_state_at(spec: TaskSpec, root: str, block: int, tag: int) -> tuple[dict, bool]:
+    """(state left by exchange ``tag``, reset): a missing state restarts from zero (counted)."""
+    state = blockstore.load_state(root, spec.run_id, block, tag) if tag >= 0 else None
+    if tag >= 0 and state is None:
+        log.warning("block %s: state of exchange %s gone; restarting from zero momentum and residual", block, tag)
+        return {}, True
+    return state or {}, False
+
+
 def _weights(spec: TaskSpec, order: RoundOrder) -> tuple[np.ndarray, bool, int]:
     """(weights the block starts from, replica resynced, dense bytes read)."""
     if not spec.sparse_downlink:
         data = order.weights.value
         return np.frombuffer(data, np.float32), False, len(data)
     return replica_view(spec, order)
+
+
+def block_batches(spec: TaskSpec, block: int, rows: int, start: int, steps: int) -> list[np.ndarray]:
+    """The full minibatches of steps ``start .. start + steps - 1`` of ``block`` (its cursor runs
+    across epochs: step c is minibatch ``c mod per_epoch`` of the block's pass ``c // per_epoch``)."""
+    per_epoch = max(1, steps_per_epoch(rows, spec.batch_size))
+    batches = [batch_indices(rows, spec.batch_size, spec.seed, c // per_epoch, block, c % per_epoch)
+               for c in range(start, start + steps)]
+    return [b for b in batches if len(b) == spec.batch_size]
+
+
+def compute(spec: TaskSpec, trainer, policy, state: dict, w: np.ndarray, images, labels, batches,
+            lr: float, density: float):
+    """One exchange's local work from weights ``w``: (sent delta, new state, loss sum, correct, samples).
+
+    H local steps (or, per-step form, one gradient) then the momentum policy's
+    sparsification; the module docstring gives the rule. No full minibatch: the
+    state carries over and nothing is sent.
+    """
+    if not batches:
+        return SparseDelta.empty(int(sum(spec.layout))), state, 0.0, 0, 0
+    if spec.per_step:
+        # gradient only; non-trainable entries (BN statistics) carry their forward-pass
+        # change / lr, so that the server's ``W -= lr * S`` averages them
+        g, loss_sum, correct, seen = trainer.gradient(images, labels, batches[0])
+        nt = trainer.non_trainable_mask
+        if nt.any():
+            g[nt] = (w[nt] - trainer.get_flat()[nt]) / lr
+        _load_policy(policy, state)
+        sent = policy.step(g, density, lr=lr, weights=w)
+        return sent, _policy_state(policy), loss_sum, correct, seen
+    trainer.set_momentum(state.get("momentum"))
+    loss_sum, correct, seen = trainer.train(images, labels, batches, lr)
+    delta = w - trainer.get_flat()
+    momentum = trainer.get_momentum()
+    if policy is None:  # dense
+        return SparseDelta.from_dense(delta), {"momentum": momentum}, loss_sum, correct, seen
+    _load_policy(policy, state)
+    sent = policy.step(delta, density, lr=lr, weights=w)
+    return sent, {"momentum": mask_momentum(momentum, sent), **_policy_state(policy)}, loss_sum, correct, seen
 
 
 def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, ctx: TaskContextInfo) -> RoundResult:
@@ -87,38 +136,12 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, ctx: TaskCont
     executor = f"{socket.gethostname()}:{os.path.realpath(root)}"
     h = int(order.steps_by_executor.get(executor, order.steps.get(block, 0)))
     start = order.step_offset.get(block, 0)
-    per_epoch = max(1, steps_per_epoch(len(labels), spec.batch_size))
-    batches = [batch_indices(len(labels), spec.batch_size, spec.seed, c // per_epoch, block, c % per_epoch)
-               for c in range(start, start + h)]
-    batches = [b for b in batches if len(b) == spec.batch_size]
+    batches = block_batches(spec, block, len(labels), start, h)
     policy = make_policy(spec.method, spec.momentum_mode, spec.per_step, spec.layout, spec.value_dtype,
                          spec.dense_below, spec.momentum)
-    loss_sum, correct, seen = 0.0, 0, 0
     t1 = time.perf_counter()
-    if not batches:  # no full minibatch left for this block this epoch: carry its state over
-        sent, new_state = SparseDelta.empty(int(sum(spec.layout))), state
-    elif spec.per_step:
-        # gradient only; non-trainable entries (BN statistics) carry their forward-pass
-        # change / lr, so that the server's ``W -= lr * S`` averages them
-        g, loss_sum, correct, seen = trainer.gradient(images, labels, batches[0])
-        nt = trainer.non_trainable_mask
-        if nt.any():
-            g[nt] = (w[nt] - trainer.get_flat()[nt]) / order.lr
-        _load_policy(policy, state)
-        sent = policy.step(g, order.density, lr=order.lr, weights=w)
-        new_state = _policy_state(policy)
-    else:
-        trainer.set_momentum(state.get("momentum"))
-        loss_sum, correct, seen = trainer.train(images, labels, batches, order.lr)
-        delta = w - trainer.get_flat()
-        momentum = trainer.get_momentum()
-        if policy is None:  # dense
-            sent = SparseDelta.from_dense(delta)
-            new_state = {"momentum": momentum}
-        else:
-            _load_policy(policy, state)
-            sent = policy.step(delta, order.density, lr=order.lr, weights=w)
-            new_state = {"momentum": mask_momentum(momentum, sent), **_policy_state(policy)}
+    sent, new_state, loss_sum, correct, seen = compute(spec, trainer, policy, state, w, images, labels, batches,
+                                                       order.lr, order.density)
     t2 = _chaos_slow(spec, block, t1, time.perf_counter()) if batches else time.perf_counter()
     nan_drill = order.seq == spec.chaos_nan_seq
     if nan_drill and block == 0 and sent.nnz:
