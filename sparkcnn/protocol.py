@@ -138,6 +138,16 @@ class RoundResult:
 
 
 @dataclass(frozen=True)
+class StreamTicket:
+    """Where a stream task finds the driver's parameter server, and its per-run secret."""
+
+    host: str                # the driver's address (spark.driver.host)
+    port: int
+    token: str = field(repr=False)   # never logged: the task sends it as a bearer token
+    timeout_s: float = 60.0  # a reply slower than this means the server is gone
+
+
+@dataclass(frozen=True)
 class EvalResult:
     """One test block evaluated at the given weights."""
 

@@ -115,7 +115,10 @@ def build_engine(cfg, backend, run_id: str, sink=None, progress=None, run_dir: s
     rows = backend.place("train", train_f, spec.num_blocks, spec)
     if spec.test_blocks:
         backend.place("test", test_f, spec.test_blocks, spec)
-    cls = AsyncEngine if cfg.engine.mode == "async" else SyncEngine
+    if cfg.engine.transport == "stream":
+        from sparkcnn.engine.stream import StreamEngine as cls
+    else:
+        cls = AsyncEngine if cfg.engine.mode == "async" else SyncEngine
     engine = cls(cfg, backend, spec, rows, flat_weights(model), sink=sink, progress=progress, run_dir=run_dir)
     engine.warmup_s = time.perf_counter() - t0
     engine.frames = (train_f, test_f)

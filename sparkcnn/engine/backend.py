@@ -55,6 +55,22 @@ class Backend(abc.ABC):
         """Like :meth:`map_blocks` (one job, one result per block), gathered through a tree of ``depth``."""
 
     @abc.abstractmethod
+    def run_stage(self, fn, universe: int, description: str = "") -> list:
+        """``fn(block, ctx)`` for every placed block, all at once (a barrier stage), as one job."""
+
+    @abc.abstractmethod
+    def driver_host(self) -> str:
+        """The one address of the driver that executors reach (the stream's server binds it)."""
+
+    def dynamic_allocation(self) -> bool:
+        """Whether executors come and go (barrier stages refuse it)."""
+        return False
+
+    def stage_slots(self) -> int | None:
+        """Tasks a barrier stage can run at once (None: no limit, tasks run in turn)."""
+        return None
+
+    @abc.abstractmethod
     def broadcast(self, value):
         """A handle whose ``.value`` is ``value`` in every task."""
 
@@ -154,6 +170,12 @@ class LocalBackend(Backend):
 
     def gather_blocks(self, fn, blocks, description="", depth=2, universe=None, split="train"):
         return self.map_blocks(fn, blocks, description, universe, split)
+
+    def run_stage(self, fn, universe, description=""):
+        return self.map_blocks(fn, list(range(universe)), description, universe)  # one slot: in turn
+
+    def driver_host(self) -> str:
+        return "127.0.0.1"
 
     def broadcast(self, value):
         return _LocalBroadcast(value)
@@ -377,6 +399,33 @@ class SparkBackend(Backend):
         rdd = self._rdd(fn, blocks, universe, split)
         self._describe(description)
         return rdd.treeAggregate([], _gather_one, _gather_both, depth=depth)
+
+    def run_stage(self, fn, universe, description=""):
+        """One barrier stage over the placed blocks: every task starts together, where its block
+        lives; Spark retries the stage as a whole. Its UI name is ``description``."""
+        from pyspark.traceback_utils import SCCallSiteSync
+
+        rdd = self._markers(universe).barrier().mapPartitions(self._part(fn, None))
+        self._describe(description)
+        # the stage's UI name is the job's call site, which PySpark sets from the Python stack
+        # at the outermost action; set it ourselves and keep collect() from replacing it
+        self.sc._jsc.setCallSite(description)
+        SCCallSiteSync._spark_stack_depth += 1
+        try:
+            return rdd.collect()
+        finally:
+            SCCallSiteSync._spark_stack_depth -= 1
+            self.sc._jsc.setCallSite(None)
+
+    def driver_host(self) -> str:
+        return self.sc.getConf().get("spark.driver.host") or "127.0.0.1"
+
+    def dynamic_allocation(self) -> bool:
+        return (self.sc.getConf().get("spark.dynamicAllocation.enabled") or "false").lower() == "true"
+
+    def stage_slots(self) -> int | None:
+        cpus = int(self.sc.getConf().get("spark.task.cpus") or 1)
+        return sum(e.cores for e in self.executor_samples()) // max(1, cpus)
 
     def broadcast(self, value):
         return self.sc.broadcast(value)

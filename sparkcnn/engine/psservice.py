@@ -1,0 +1,136 @@
+"""The parameter server as a network service on the driver: the one listener sparkcnn opens.
+
+One Arrow Flight ``DoExchange`` stream per stream task (block); every message
+is a :mod:`sparkcnn.streamwire` buffer sent as Flight app metadata::
+
+    task  -> server   descriptor {"block", "attempt"}; then push, push, ..., done
+    server -> task    start (plan and weights); then one reply per push
+
+Rules of the listener:
+- it binds one address the executors reach (``spark.driver.host``), never all
+  interfaces, on a free port;
+- every call must carry ``authorization: Bearer <token>``, a per-run secret from
+  :mod:`secrets` handed to the tasks in the job closure; the middleware refuses
+  any other call when it starts, before the handler reads a message (counted);
+- a message longer than ``max_message_bytes`` is refused before it is parsed,
+  decoded or applied (counted) and the stream goes on. Flight (gRPC) offers no
+  cap before a message is read into memory: gRPC's own receive limit is not
+  exposed by pyarrow's server, so the cap acts after the read, before any use;
+- :meth:`close` shuts it down; the engine calls it in ``finally`` when the run
+  ends or fails.
+
+The token is never logged and never written anywhere by this module.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import secrets
+import threading
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from sparkcnn.streamwire import WireError, pack, unpack
+
+log = logging.getLogger(__name__)
+
+
+class _Auth(flight.ServerMiddlewareFactory):
+    def __init__(self, token: str, service):
+        super().__init__()
+        self._expected = f"Bearer {token}".encode()
+        self._service = service
+
+    def start_call(self, info, headers):
+        got = headers.get("authorization") or headers.get(b"authorization") or []
+        given = got[0] if got else ""
+        given = given.encode() if isinstance(given, str) else bytes(given)
+        if not hmac.compare_digest(given, self._expected):
+            self._service.count("unauthenticated_refused")
+            raise flight.FlightUnauthenticatedError("sparkcnn parameter server: missing or wrong token")
+        return None
+
+
+class _Server(flight.FlightServerBase):
+    def __init__(self, location: str, service, middleware):
+        super().__init__(location, middleware=middleware)
+        self._service = service
+
+    def do_exchange(self, context, descriptor, reader, writer):
+        try:
+            self._service.serve_stream(descriptor.command, reader, writer)
+        except flight.FlightError:
+            raise
+        except Exception as e:  # the task sees a Flight error; the driver keeps the cause
+            log.error("parameter server: stream failed: %s", e, exc_info=True)
+            raise flight.FlightServerError(f"sparkcnn parameter server: {type(e).__name__}") from None
+
+
+class PSService:
+    """Flight front of a stream engine: ``handler.open(hello) -> (header, blobs)`` and
+    ``handler.push(block, header, blobs) -> (header, blobs)``; messages it refuses never reach it."""
+
+    def __init__(self, host: str, handler, max_message_bytes: int):
+        self.token = secrets.token_urlsafe(32)
+        self.host = host
+        self.handler = handler
+        self.max_message_bytes = int(max_message_bytes)
+        self.counters = {"unauthenticated_refused": 0, "oversize_refused": 0, "malformed_refused": 0,
+                         "streams": 0}
+        self._lock = threading.Lock()
+        self._server = _Server(f"grpc+tcp://{host}:0", self, {"auth": _Auth(self.token, self)})
+        self.port = int(self._server.port)
+        self._closed = False
+        log.info("parameter server listening on %s:%s", host, self.port)
+
+    @property
+    def location(self) -> str:
+        return f"grpc+tcp://{self.host}:{self.port}"
+
+    def count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self.counters[key] = self.counters.get(key, 0) + n
+
+    def serve_stream(self, command: bytes, reader, writer) -> None:
+        try:
+            hello = json.loads(command)
+            block = int(hello["block"])
+        except (ValueError, KeyError, TypeError):
+            self.count("malformed_refused")
+            raise flight.FlightServerError("sparkcnn parameter server: bad stream descriptor") from None
+        self.count("streams")
+        header, blobs = self.handler.open(hello)
+        writer.write_metadata(pa.py_buffer(pack(header, *blobs)))
+        while True:
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                return
+            md = chunk.app_metadata
+            if md is None:
+                continue
+            if md.size > self.max_message_bytes:  # refused before it is parsed, decoded or applied
+                self.count("oversize_refused")
+                log.warning("block %s: message of %d bytes over engine.max_message_bytes=%d refused",
+                            block, md.size, self.max_message_bytes)
+                reply = self.handler.refused(block, f"message of {md.size} bytes over the cap")
+            else:
+                try:
+                    header, blobs = unpack(md)
+                    if header.get("op") == "done":
+                        return
+                    reply = self.handler.push(block, header, blobs)
+                except (WireError, KeyError, TypeError, ValueError) as e:
+                    self.count("malformed_refused")
+                    log.warning("block %s: malformed message refused (%s)", block, e)
+                    reply = self.handler.refused(block, "malformed message")
+            writer.write_metadata(pa.py_buffer(pack(reply[0], *reply[1])))
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._server.shutdown()
+            log.info("parameter server on %s:%s closed", self.host, self.port)

@@ -1,0 +1,263 @@
+"""The streaming transport: one long-lived barrier task per block per epoch, exchanging with the
+driver's parameter-server service every H steps, instead of one Spark job per exchange.
+
+    for each epoch (a stage):
+        plan every block: first seq, step offset, steps, the state it continues from
+        one barrier job over the placed blocks: worker.stream.run_stream_task per block
+        each push -> RoundDriver (dedup (block, seq) -> staleness rule -> decode + guard -> apply
+                     -> downlink), exactly as the async jobs transport; the reply carries the
+                     downlink since the worker's replica (or a dense resync), lr and density
+        stage done: evaluate, record, checkpoint
+
+ASGD: a push is applied on arrival, ``W -= lambda(tau) * S_k / N``. Spark still
+places, retries (a barrier stage restarts as a whole; pushes already applied
+come back as duplicates and are dropped by their key) and shows every stage.
+The service (:mod:`sparkcnn.engine.psservice`) is closed when the run ends or fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from sparkcnn.engine.driver import DriverShorthands, RoundDriver
+from sparkcnn.engine.psservice import PSService
+from sparkcnn.errors import BadInput
+from sparkcnn.protocol import RoundOrder, RoundResult, StreamTicket, steps_per_epoch
+from sparkcnn.staleness import staleness_scale
+
+log = logging.getLogger(__name__)
+
+
+def stream_task(spec, ticket: StreamTicket, initial: dict):
+    """``fn(block, ctx)`` running :func:`sparkcnn.worker.stream.run_stream_task` on the executor."""
+
+    def fn(block, ctx):
+        from sparkcnn.worker.stream import run_stream_task
+
+        return run_stream_task(spec, ticket, initial, block, ctx)
+
+    return fn
+
+
+class StreamEngine(DriverShorthands):
+    """Async (ASGD) over the streaming transport, on the same RoundDriver as the jobs transport."""
+
+    def __init__(self, cfg, backend, spec, block_rows: dict[int, int], weights, sink=None, progress=None,
+                 run_dir: str | None = None):
+        if cfg.engine.mode != "async":
+            raise BadInput("engine.transport=stream runs engine.mode=async (sync over the stream is not built yet)")
+        self.cfg, self.backend, self.spec, self.block_rows = cfg, backend, spec, block_rows
+        self.num_blocks = len(block_rows)
+        self.block_steps = {k: steps_per_epoch(n, cfg.train.batch_size) for k, n in block_rows.items()}
+        self.n_train = sum(self.block_steps.values()) * cfg.train.batch_size
+        self.total_samples = cfg.train.epochs * self.n_train
+        self.h = cfg.train.steps_per_round
+        self.driver = RoundDriver(cfg, backend, spec, weights, keep_broadcasts=2, sink=sink, progress=progress,
+                                  run_dir=run_dir)
+        # a replica may trail by the other blocks' pushes in flight: keep their downlinks
+        self.driver.inline_downlinks = 4 * self.num_blocks + 4
+        self.max_message_bytes = cfg.engine.max_message_bytes or 8 * int(self.W.size) + (1 << 20)
+        self.lock = threading.Lock()
+        self.next_seq = {k: 0 for k in block_rows}     # the block's next exchange number
+        self.last_seq = {k: -1 for k in block_rows}    # its last applied exchange (its state's tag)
+        self.block_epoch = {k: 0 for k in block_rows}
+        self.block_step = {k: 0 for k in block_rows}
+        self.resync: set[int] = set()
+        self.initial_states: dict = {}
+        self.samples_done = 0
+        self.exchanges = 0
+        self.next_epoch = 0
+        self.plans: dict[int, dict] = {}
+        self.failure: BaseException | None = None
+        self.staleness_hist: dict[int, int] = {}
+        self.exposed_s = 0.0
+        self.service: PSService | None = None
+
+    @property
+    def epoch_float(self) -> float:
+        return self.samples_done / self.n_train
+
+    # -- the service's handler ----------------------------------------------------------------
+    def open(self, hello: dict):
+        block = int(hello["block"])
+        with self.lock:
+            plan = self.plans[block]
+            lr, density = self.driver.schedule(min(self.epoch_float, self.cfg.train.epochs))
+            header = {"op": "start", "plan": {**plan, "lr": lr, "density": density}}
+            return self._weights_reply(header, block, have=-1)
+
+    def refused(self, block: int, why: str):
+        with self.lock:
+            self.driver.counters["rejected_deltas"] += 1
+            lr, density = self.driver.schedule(min(self.epoch_float, self.cfg.train.epochs))
+            return self._weights_reply({"op": "reply", "lr": lr, "density": density, "refused": why}, block,
+                                       have=-1)
+
+    def push(self, block: int, h: dict, blobs: list[bytes]):
+        with self.lock:
+            try:
+                return self._push(block, h, blobs[0] if blobs else b"")
+            except BaseException as e:  # noqa: BLE001 - the engine loop raises it when the stage ends
+                if self.failure is None:
+                    self.failure = e
+                self.backend.stop()
+                raise
+
+    def _push(self, block: int, h: dict, payload: bytes):
+        d = self.driver
+        r = RoundResult(block=block, seq=int(h["seq"]), attempt=int(h["attempt"]),
+                        base_version=int(h["base_version"]), payload=payload, samples=int(h["samples"]),
+                        steps=int(h["steps"]), loss_sum=float(h["loss_sum"]), correct=int(h["correct"]),
+                        nnz=int(h["nnz"]), prep_s=0.0, compute_s=float(h["compute_s"]), encode_s=0.0,
+                        task_s=float(h["compute_s"]) + float(h["wait_s"]), state_reset=bool(h["state_reset"]),
+                        state_stale=False, replica_resync=False, view_bytes=int(h["down_bytes"]),
+                        pid=int(h["pid"]), executor=str(h["executor"]))
+        lr, density = d.schedule(min(self.epoch_float, self.cfg.train.epochs))
+        have = int(h.get("have", r.base_version))
+        fresh = d.take_fresh([r])
+        if fresh:
+            self._apply(r, lr, density, float(h["wait_s"]))
+        lr, density = d.schedule(min(self.epoch_float, self.cfg.train.epochs))
+        return self._weights_reply({"op": "reply", "lr": lr, "density": density}, block, have)
+
+    def _apply(self, r: RoundResult, lr: float, density: float, wait_s: float) -> None:
+        d, t0 = self.driver, time.perf_counter()
+        tau = d.staleness(r)
+        self.staleness_hist[tau] = self.staleness_hist.get(tau, 0) + 1
+        if d.too_stale(r):
+            self.resync.add(r.block)
+            return
+        scale = staleness_scale(tau, self.cfg.ps.staleness) / self.num_blocks
+        out = d.apply([r], lr, factor=scale)
+        nnz_down = d.send_downlink(self.epoch_float)
+        d.count_flags([r])
+        order = RoundOrder(seq=r.seq, steps={r.block: r.steps}, step_offset={}, lr=lr, density=density,
+                           base_version=r.base_version)
+        rec = {"kind": "round", "round": self.exchanges, "seq": r.seq, "block": r.block,
+               "block_epoch": self.block_epoch[r.block], "block_step": self.block_step[r.block],
+               "staleness": tau, "scale": scale, "steps": r.steps, **d.exchange_record(order, [r], out, nnz_down)}
+        self.exchanges += 1
+        self.last_seq[r.block] = r.seq
+        self.samples_done += r.samples
+        self.block_step[r.block] += r.steps
+        if self.block_step[r.block] >= self.block_steps[r.block]:
+            self.block_epoch[r.block] += 1
+            self.block_step[r.block] = 0
+        self.exposed_s += wait_s
+        d.check_loss(f"block {r.block} exchange {r.seq}", rec["loss"])
+        rec.update(epoch=min(int(self.epoch_float - 1e-9) if self.samples_done else 0, self.cfg.train.epochs - 1),
+                   compute_s=r.compute_s, exposed_comm_s=wait_s, round_overhead_s=wait_s,
+                   apply_s=time.perf_counter() - t0,
+                   images_per_s=r.samples / max(1e-9, r.compute_s + wait_s), transport="stream")
+        d.record(rec)
+        if d.progress:
+            total = max(1, self.total_samples // max(1, self.cfg.train.batch_size * self.h))
+            d.progress.round(rec, total)
+
+    def _weights_reply(self, header: dict, block: int, have: int):
+        """The reply's weights part: W (dense downlink), or the downlinks since ``have``, or a
+        dense copy of U when the replica cannot follow them (a start, a drop, a long lag)."""
+        d = self.driver
+        if not self.spec.sparse_downlink:
+            return {**header, "dense": True, "weights_version": d.version}, [d.W.tobytes()]
+        v = d.ps.view_version
+        if have == v and block not in self.resync:
+            return header, []
+        dls = [m for m in d.downlinks if m.version > have]
+        if have >= 0 and block not in self.resync and dls and dls[0].base_version == have:
+            meta = [{"version": m.version, "base_version": m.base_version, "checksum": m.checksum_after,
+                     "assign": m.assign} for m in dls]
+            return {**header, "downlinks": meta}, [m.payload for m in dls]
+        self.resync.discard(block)
+        return {**header, "dense": True, "weights_version": v}, [d.ps.U.tobytes()]
+
+    # -- the loop -----------------------------------------------------------------------------
+    def _plan_stage(self) -> None:
+        self.plans = {}
+        for k in self.block_rows:
+            self.plans[k] = {"seq0": self.next_seq[k], "offset": self.block_epoch[k] * self.block_steps[k]
+                             + self.block_step[k], "steps": self.block_steps[k] - self.block_step[k],
+                             "h": self.h, "expect_state": self.last_seq[k]}
+            self.next_seq[k] += -(-self.plans[k]["steps"] // self.h)
+
+    def check_limits(self) -> None:
+        """A barrier stage needs a slot per block at once and no dynamic allocation (one-line errors)."""
+        if self.backend.dynamic_allocation():
+            raise BadInput("engine.transport=stream runs barrier stages, which Spark refuses under dynamic "
+                           "allocation: set spark.dynamicAllocation.enabled=false")
+        slots = self.backend.stage_slots()
+        if slots is not None and self.num_blocks > slots:
+            raise BadInput(f"engine.transport=stream runs one barrier task per block at once: data.num_blocks="
+                           f"{self.num_blocks} exceeds the {slots} task slots of this session")
+
+    def run(self, start_round: int = 0, on_epoch=None) -> dict:
+        self.check_limits()
+        t_start = time.perf_counter()
+        d = self.driver
+        self.service = PSService(self.backend.driver_host(), self, self.max_message_bytes)
+        ticket = StreamTicket(self.service.host, self.service.port, self.service.token,
+                              self.cfg.engine.stream_timeout_s)
+        try:
+            while self.next_epoch < self.cfg.train.epochs:
+                e = self.next_epoch
+                self._plan_stage()
+                initial, self.initial_states = self.initial_states, {}
+                desc = f"sparkcnn {self.spec.run_id} epoch {e + 1} stream"
+                try:
+                    totals = self.backend.run_stage(stream_task(self.spec, ticket, initial), self.num_blocks, desc)
+                except BaseException:
+                    if self.failure is not None:
+                        raise self.failure from None
+                    raise
+                if self.failure is not None:
+                    raise self.failure
+                missing = [k for k in self.block_rows if self.block_step[k] or self.block_epoch[k] <= e]
+                if missing:
+                    log.warning("epoch %s: blocks %s did not finish their steps", e + 1, missing)
+                d.write_epoch(e, time.perf_counter() - t_start, on_epoch,
+                              staleness_histogram={str(k): v for k, v in sorted(self.staleness_hist.items())},
+                              exposed_comm_s=sum(t["exposed_comm_s"] for t in totals))
+                self.next_epoch = e + 1
+                if d.run_dir is not None:
+                    self.save_checkpoint()
+        finally:
+            self.service.close()
+        out = d.summary(time.perf_counter() - t_start)
+        steps = max(1, sum(r.get("steps", 0) for r in d.history))
+        out.update(transport="stream", exposed_comm_ms_per_step=1000 * self.exposed_s / steps,
+                   stream={k: v for k, v in self.service.counters.items()})
+        return out
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def save_checkpoint(self) -> str:
+        """At a stage end every block's state is spilled with its last exchange's tag: read them."""
+        from sparkcnn.engine.tasks import state_task
+
+        tags = {k: v for k, v in self.last_seq.items() if v >= 0}
+        blocks = {}
+        if tags:
+            desc = f"sparkcnn {self.spec.run_id} checkpoint block states"
+            for block, state in self.backend.map_blocks(state_task(self.spec, tags), sorted(tags), desc,
+                                                        universe=self.num_blocks):
+                if state is not None:
+                    blocks[block] = state
+        st = {"next_epoch": self.next_epoch, "samples_done": self.samples_done, "exchanges": self.exchanges,
+              "next_seq": {str(k): v for k, v in self.next_seq.items()},
+              "last_seq": {str(k): v for k, v in self.last_seq.items()},
+              "block_epoch": {str(k): v for k, v in self.block_epoch.items()},
+              "block_step": {str(k): v for k, v in self.block_step.items()},
+              "staleness_hist": {str(k): v for k, v in self.staleness_hist.items()}}
+        return self.driver.save_checkpoint(self.next_epoch, st, blocks)
+
+    def restore(self, ckpt) -> int:
+        st = self.driver.restore(ckpt)
+        self.next_epoch, self.samples_done = int(st["next_epoch"]), int(st["samples_done"])
+        self.exchanges = int(st["exchanges"])
+        for name in ("next_seq", "last_seq", "block_epoch", "block_step"):
+            setattr(self, name, {int(k): int(v) for k, v in st[name].items()})
+        self.staleness_hist = {int(k): int(v) for k, v in st["staleness_hist"].items()}
+        self.initial_states = {int(k): v for k, v in ckpt.blocks.items()}
+        return self.next_epoch
+

@@ -1,0 +1,213 @@
+"""Executor side of the streaming transport: one long-lived task trains its block and talks to
+the driver's parameter server every H steps (H may be 1).
+
+    start  <- plan (seq0, step offset, steps, H, lr, density) + weights (W, or the view U)
+    loop:  V = replica;  S = compute(V, next H minibatches)    # worker.round.compute
+           wait for the previous push's reply; apply its downlink to the replica
+           push (seq, base version, S) on the background thread    # overlaps the next compute
+    end:   wait for the last reply; keep the block state for the next stage
+
+The push of exchange t and the reply that follows travel on a background thread
+while exchange t+1 computes, so each exchange starts from a replica one reply
+old (bounded staleness 1, measured by the server as usual). The time the task
+waits for a reply is the exposed communication, reported per exchange.
+Nothing here imports Spark.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+import numpy as np
+
+from sparkcnn import blockstore
+from sparkcnn.compression import codec
+from sparkcnn.compression.feedback import make_policy
+from sparkcnn.protocol import StreamTicket, TaskContextInfo, TaskSpec
+from sparkcnn.streamwire import pack, unpack
+from sparkcnn.worker.round import _chaos_draw, block_batches, block_state_at, compute, local_root
+from sparkcnn.worker.trainer import get_trainer
+
+log = logging.getLogger(__name__)
+
+
+class ServerGone(RuntimeError):
+    """The parameter server did not answer in time or closed the stream."""
+
+
+class _Link:
+    """One DoExchange stream to the parameter server; every call bounded by ``timeout_s``."""
+
+    def __init__(self, ticket: StreamTicket, block: int, attempt: int):
+        import pyarrow as pa
+        import pyarrow.flight as flight
+
+        self._pa, self.ticket = pa, ticket
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="sparkcnn-push")
+        where = f"{ticket.host}:{ticket.port}"
+        try:
+            self.client = flight.FlightClient(f"grpc+tcp://{where}")
+            opts = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {ticket.token}".encode())])
+            desc = flight.FlightDescriptor.for_command(json.dumps({"block": block, "attempt": attempt}).encode())
+            self.writer, self.reader = self.client.do_exchange(desc, opts)
+        except Exception as e:  # noqa: BLE001 - any failure to reach it means the same to the task
+            raise ServerGone(f"parameter server at {where} unreachable ({type(e).__name__})") from None
+
+    def _read(self):
+        try:
+            chunk = self.reader.read_chunk()
+        except StopIteration:
+            raise ServerGone("the parameter server closed the stream") from None
+        except Exception as e:  # noqa: BLE001 - Flight raises per gRPC status; all mean the server is gone
+            raise ServerGone(f"parameter server stream failed ({type(e).__name__})") from None
+        return unpack(chunk.app_metadata)
+
+    def start(self):
+        return self._wait(self._pool.submit(self._read))
+
+    def send(self, header: dict, *blobs: bytes):
+        """Push on the background thread; returns a future of the reply."""
+        buf = pack(header, *blobs)
+
+        def roundtrip():
+            self.writer.write_metadata(self._pa.py_buffer(buf))
+            return self._read()
+
+        return self._pool.submit(roundtrip)
+
+    def _wait(self, fut):
+        try:
+            return fut.result(timeout=self.ticket.timeout_s)
+        except FutureTimeout:
+            raise ServerGone(f"parameter server at {self.ticket.host}:{self.ticket.port} did not answer "
+                             f"within {self.ticket.timeout_s:g} s") from None
+
+    def wait(self, fut):
+        return self._wait(fut)
+
+    def close(self) -> None:
+        try:
+            self.writer.write_metadata(self._pa.py_buffer(pack({"op": "done"})))
+            self.writer.done_writing()
+            self.writer.close()
+        except Exception:  # noqa: BLE001 - closing a stream to a server that is gone
+            pass
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _View:
+    """The weights this block computes from: W (dense downlink) or a checksummed replica of U."""
+
+    def __init__(self, sparse: bool, layout):
+        from sparkcnn.replica import Replica
+
+        self.sparse, self.layout = sparse, layout
+        self.replica = Replica() if sparse else None
+        self.w: np.ndarray | None = None
+        self.version = 0
+        self.resyncs = 0
+
+    def take(self, header: dict, blobs: list[bytes]) -> int:
+        """Apply a start or reply message's weights part; returns the bytes it carried."""
+        from sparkcnn.replica import Downlink
+
+        nbytes = sum(len(b) for b in blobs)
+        if header.get("dense"):  # W itself, or a dense copy of U (start, resync)
+            w = np.frombuffer(blobs[0], np.float32)
+            if self.sparse:
+                self.replica.load_snapshot(int(header["weights_version"]), w.copy())
+                if header.get("op") != "start":
+                    self.resyncs += 1
+            else:
+                self.w = w
+            self.version = int(header["weights_version"])
+            blobs = blobs[1:]
+        if self.sparse and header.get("downlinks"):
+            dls = [Downlink(d["version"], codec.decode(b, self.layout), d["checksum"], d["base_version"],
+                            d["assign"]) for d, b in zip(header["downlinks"], blobs)]
+            self.replica.apply(dls)
+            self.version = self.replica.version
+        return nbytes
+
+    @property
+    def weights(self) -> np.ndarray:
+        return self.replica.U if self.sparse else self.w
+
+
+def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: int,
+                    ctx: TaskContextInfo) -> dict:
+    """Train ``block`` through one stage of the stream (module docstring); returns the task's totals.
+
+    ``initial``: block -> state arrays from a checkpoint (a resumed run's first stage)."""
+    t_task = time.perf_counter()
+    root = local_root(spec, ctx)
+    images, labels = blockstore.get_block(root, spec.run_id, "train", spec.num_blocks, block)
+    trainer = get_trainer(spec, ctx)
+    link = _Link(ticket, block, ctx.attempt)
+    try:
+        start, blobs = link.start()
+        plan = start["plan"]
+        view = _View(spec.sparse_downlink, spec.layout)
+        view.take(start, blobs)
+        state, reset = _stage_state(spec, plan, root, block, initial)
+        policy = make_policy(spec.method, spec.momentum_mode, spec.per_step, spec.layout, spec.value_dtype,
+                             spec.dense_below, spec.momentum)
+        lr, density = float(plan["lr"]), float(plan["density"])
+        seq, offset, left, h = int(plan["seq0"]), int(plan["offset"]), int(plan["steps"]), int(plan["h"])
+        executor = f"{socket.gethostname()}:{os.path.realpath(root)}"
+        pending, exposed, exchanges, samples, last_seq, wait_s, down_bytes = None, 0.0, 0, 0, -1, 0.0, 0
+        while left > 0:
+            n = min(h, left)
+            batches = block_batches(spec, block, len(labels), offset, n)
+            base = view.version
+            trainer.set_flat(view.weights)
+            t0 = time.perf_counter()
+            sent, state, loss_sum, correct, seen = compute(spec, trainer, policy, state, view.weights,
+                                                           images, labels, batches, lr, density)
+            payload = codec.encode(sent, spec.layout, value_dtype=spec.value_dtype)
+            t1 = time.perf_counter()
+            if pending is not None:  # the previous push's reply: its downlink, the next lr and density
+                tw = time.perf_counter()
+                reply, rblobs = link.wait(pending)
+                wait_s = time.perf_counter() - tw
+                exposed += wait_s
+                down_bytes = view.take(reply, rblobs)
+                lr, density = float(reply["lr"]), float(reply["density"])
+            header = {"op": "push", "seq": seq, "base_version": base, "have": view.version,
+                      "attempt": ctx.attempt, "samples": seen,
+                      "steps": len(batches), "loss_sum": loss_sum, "correct": correct, "nnz": int(sent.nnz),
+                      "compute_s": t1 - t0, "wait_s": wait_s, "down_bytes": down_bytes, "state_reset": reset,
+                      "resyncs": view.resyncs, "pid": os.getpid(), "executor": executor}
+            pending = link.send(header, payload)
+            if ctx.attempt == 0 and _chaos_draw(spec, seq, block, 1) < spec.chaos_kill_p:
+                link.wait(pending)  # the push has landed: its retry must be a duplicate
+                log.warning("chaos: killing the Python worker (block %s exchange %s)", block, seq)
+                os._exit(17)
+            reset = False
+            last_seq, seq, offset, left = seq, seq + 1, offset + n, left - n
+            exchanges += 1
+            samples += seen
+        if pending is not None:
+            tw = time.perf_counter()
+            reply, rblobs = link.wait(pending)
+            exposed += time.perf_counter() - tw
+            view.take(reply, rblobs)
+        if last_seq >= 0:
+            blockstore.save_state(root, spec.run_id, block, last_seq, state)
+    finally:
+        link.close()
+    return {"block": block, "exchanges": exchanges, "samples": samples, "last_seq": last_seq,
+            "exposed_comm_s": exposed, "task_s": time.perf_counter() - t_task}
+
+
+def _stage_state(spec: TaskSpec, plan: dict, root: str, block: int, initial: dict) -> tuple[dict, bool]:
+    """The block state the stage continues from: the checkpoint's, or the previous stage's spill."""
+    if block in initial:
+        return dict(initial[block]), False
+    return block_state_at(spec, root, block, int(plan["expect_state"]))

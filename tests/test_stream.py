@@ -1,0 +1,178 @@
+"""The streaming transport: barrier tasks exchanging with the driver's parameter-server service."""
+
+import os
+import socket
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+
+from sparkcnn.engine.psservice import PSService
+from sparkcnn.errors import BadInput
+from sparkcnn.metrics import read_jsonl
+from sparkcnn.protocol import StreamTicket
+from sparkcnn.streamwire import pack, unpack
+
+def _cfg(tiny_cfg, **kw):
+    """Async over the stream, H = 1, sparse both ways (uplink 0.01, downlink 0.05)."""
+    opts = dict(engine__mode="async", engine__transport="stream", train__steps_per_round=1,
+                compression__method="threshold", compression__density=0.01, compression__density_down=0.05)
+    return tiny_cfg.replace(**{**opts, **kw})
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+class _Recorder:
+    """A stand-in engine: records what reaches it."""
+
+    def __init__(self):
+        self.pushes = []
+
+    def open(self, hello):
+        return {"op": "start", "plan": {}}, []
+
+    def push(self, block, header, blobs):
+        self.pushes.append((block, header, blobs))
+        return {"op": "reply", "n": len(self.pushes)}, []
+
+    def refused(self, block, why):
+        return {"op": "reply", "refused": why}, []
+
+
+def _exchange(port, token, block=0):
+    client = flight.FlightClient(f"grpc+tcp://127.0.0.1:{port}")
+    opts = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {token}".encode())], timeout=10)
+    writer, reader = client.do_exchange(flight.FlightDescriptor.for_command(b'{"block": %d}' % block), opts)
+    return client, writer, reader
+
+
+def test_service_refuses_strangers_caps_and_rejects_bad_messages():
+    rec = _Recorder()
+    svc = PSService("127.0.0.1", rec, max_message_bytes=1000)
+    try:
+        # no token, and a wrong one: refused when the call starts, nothing reaches the engine
+        for token in (None, "not-the-token"):
+            client = flight.FlightClient(f"grpc+tcp://127.0.0.1:{svc.port}")
+            headers = [] if token is None else [(b"authorization", f"Bearer {token}".encode())]
+            with pytest.raises(flight.FlightUnauthenticatedError):
+                w, r = client.do_exchange(flight.FlightDescriptor.for_command(b'{"block": 0}'),
+                                          flight.FlightCallOptions(headers=headers, timeout=10))
+                w.write_metadata(pa.py_buffer(pack({"op": "push", "seq": 0}, b"x")))
+                r.read_chunk()
+            client.close()
+        assert svc.counters["unauthenticated_refused"] == 2 and rec.pushes == []
+        # with the token: an oversized message and a malformed one are refused, a good one goes through
+        client, w, r = _exchange(svc.port, svc.token)
+        assert unpack(r.read_chunk().app_metadata)[0]["op"] == "start"
+        w.write_metadata(pa.py_buffer(b"\0" * 5000))
+        assert "over the cap" in unpack(r.read_chunk().app_metadata)[0]["refused"]
+        w.write_metadata(pa.py_buffer(b"SCW1 garbage"))
+        assert unpack(r.read_chunk().app_metadata)[0]["refused"] == "malformed message"
+        w.write_metadata(pa.py_buffer(pack({"op": "push", "seq": 1}, b"payload")))
+        assert unpack(r.read_chunk().app_metadata)[0] == {"op": "reply", "n": 1}
+        assert svc.counters["oversize_refused"] == 1 and svc.counters["malformed_refused"] == 1
+        assert rec.pushes == [(0, {"op": "push", "seq": 1}, [b"payload"])]
+        w.close()
+        client.close()
+    finally:
+        svc.close()
+    assert not _listening(svc.port)
+
+
+def test_worker_stops_when_the_server_is_gone(tiny_cfg):
+    """A stream task whose server does not answer fails within its timeout, with a clear error."""
+    from sparkcnn.worker.stream import ServerGone, _Link
+
+    with socket.socket() as s:  # a port that was free: nobody listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(ServerGone, match=r"parameter server .* (unreachable|stream failed|did not answer)"):
+        _Link(StreamTicket("127.0.0.1", port, "t", timeout_s=2.0), 0, 0).start()
+    assert time.monotonic() - t0 < 10
+
+    class Silent(_Recorder):
+        def open(self, hello):
+            time.sleep(4)  # longer than the task's timeout
+            return super().open(hello)
+
+    svc = PSService("127.0.0.1", Silent(), 1000)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ServerGone, match=r"did not answer within 1 s"):
+            _Link(StreamTicket("127.0.0.1", svc.port, svc.token, timeout_s=1.0), 0, 0).start()
+        assert time.monotonic() - t0 < 4
+    finally:
+        svc.close()
+
+
+def test_stream_run_in_process(tiny_cfg, tmp_path):
+    """H = 1, sparse both ways: every push applied once, the listener closed, the token nowhere."""
+    from sparkcnn.train import train
+
+    cfg = _cfg(tiny_cfg, engine__master="inprocess")
+    seen = {}
+    import sparkcnn.engine.stream as stream_mod
+
+    real = stream_mod.PSService
+
+    def spy(*a, **kw):
+        svc = real(*a, **kw)
+        seen["svc"] = svc
+        return svc
+
+    stream_mod.PSService = spy
+    try:
+        summary = train(cfg)
+    finally:
+        stream_mod.PSService = real
+    svc = seen["svc"]
+    assert summary["transport"] == "stream" and summary["epochs"] == 2
+    assert summary["test_accuracy"] > 0.6
+    rounds = [r for r in read_jsonl(os.path.join(summary["run_dir"], "metrics.jsonl")) if r["kind"] == "round"]
+    keys = [(r["block"], r["seq"]) for r in rounds]
+    assert len(keys) == len(set(keys)) and summary["duplicates_dropped"] == 0
+    assert sum(r["samples"] for r in rounds) == 2 * 2 * (600 // 32) * 32  # epochs x blocks x full batches
+    assert all(r["transport"] == "stream" and r["exposed_comm_s"] >= 0 for r in rounds)
+    assert summary["exposed_comm_ms_per_step"] >= 0
+    assert summary["bytes_down"] < summary["dense_bytes_down"] / 5  # sparse downlink
+    assert not _listening(svc.port)
+    token = svc.token.encode()
+    for dirpath, _, files in os.walk(summary["run_dir"]):
+        for f in files:
+            with open(os.path.join(dirpath, f), "rb") as fh:
+                assert token not in fh.read(), f
+
+
+@pytest.mark.spark
+def test_stream_on_spark_names_its_stages_and_checks_slots(spark, tiny_cfg):
+    from sparkcnn.engine.backend import SparkBackend
+    from sparkcnn.train import train
+
+    cfg = _cfg(tiny_cfg, train__epochs=1, train__steps_per_round=4)
+    backend = SparkBackend(spark, "t-stream")
+    summary = train(cfg, backend=backend)
+    assert summary["transport"] == "stream" and summary["test_accuracy"] > 0.3
+    assert summary["stream"]["streams"] == 2 and summary["rounds"] > 0
+    tracker = spark.sparkContext.statusTracker()
+    stages = [s for j in tracker.getJobIdsForGroup("sparkcnn-t-stream") for s in tracker.getJobInfo(j).stageIds]
+    names = [tracker.getStageInfo(s).name for s in stages if tracker.getStageInfo(s) is not None]
+    assert f"sparkcnn {summary['run_id']} epoch 1 stream" in names, names  # the barrier stage, by name
+
+    with pytest.raises(BadInput, match=r"^engine\.transport=stream runs one barrier task per block at once: "
+                                       r"data\.num_blocks=3 exceeds the 2 task slots of this session$"):
+        train(_cfg(tiny_cfg, data__num_blocks=3), backend=SparkBackend(spark, "t-stream-slots"))
+
+
+def test_stream_config_is_checked():
+    from sparkcnn import config
+
+    with pytest.raises(BadInput, match=r"engine\.transport must be one of jobs, stream, got 'carrier'"):
+        config.load(None, ["engine.transport=carrier"])
+    assert np.isfinite(config.load(None, ["engine.stream_timeout_s=5"]).engine.stream_timeout_s)
