@@ -30,6 +30,7 @@ def test_quickstart_notebook_runs_headless(tiny_data, tmp_path, monkeypatch):
     monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--conf spark.ui.enabled=false "
                        "--conf spark.ui.showConsoleProgress=false pyspark-shell")
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)  # the notebook must pick its workers' Python itself
     client = NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}})
     client.execute()  # raises CellExecutionError, with the cell and its traceback, on any failure
