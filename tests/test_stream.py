@@ -176,3 +176,21 @@ def test_stream_config_is_checked():
     with pytest.raises(BadInput, match=r"engine\.transport must be one of jobs, stream, got 'carrier'"):
         config.load(None, ["engine.transport=carrier"])
     assert np.isfinite(config.load(None, ["engine.stream_timeout_s=5"]).engine.stream_timeout_s)
+
+
+@pytest.mark.spark
+def test_sync_stream_applies_rounds_together(spark, tiny_cfg):
+    """BSP over the stream: one record per round with every block's push in it, nothing dropped."""
+    from sparkcnn.engine.backend import SparkBackend
+    from sparkcnn.train import train
+
+    cfg = _cfg(tiny_cfg, engine__mode="sync", train__steps_per_round=4)
+    summary = train(cfg, backend=SparkBackend(spark, "t-stream-sync"))
+    rounds = [r for r in read_jsonl(os.path.join(summary["run_dir"], "metrics.jsonl")) if r["kind"] == "round"]
+    per_stage = -(-(600 // 32) // 4)  # ceil(18 steps / H) rounds per epoch
+    assert len(rounds) == 2 * per_stage and all(r["blocks"] == 2 for r in rounds)
+    assert [r["stage_round"] for r in rounds] == list(range(per_stage)) * 2
+    assert summary["duplicates_dropped"] == 0 and summary["test_accuracy"] > 0.6
+
+    with pytest.raises(BadInput, match=r"engine\.mode=sync needs every block running at once"):
+        train(cfg.replace(engine__master="inprocess"))

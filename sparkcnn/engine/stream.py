@@ -9,7 +9,11 @@ driver's parameter-server service every H steps, instead of one Spark job per ex
                      downlink since the worker's replica (or a dense resync), lr and density
         stage done: evaluate, record, checkpoint
 
-ASGD: a push is applied on arrival, ``W -= lambda(tau) * S_k / N``. Spark still
+ASGD: a push is applied on arrival, ``W -= lambda(tau) * S_k / N``. BSP (sync): a push's
+reply waits until every block's push of that round has arrived, and the last arrival
+applies them together (``W -= sum_k w_k S_k``); as every exchange computes while the
+previous push travels, each round starts from the weights one round old (like
+``engine.pipeline`` of the jobs transport). Spark still
 places, retries (a barrier stage restarts as a whole; pushes already applied
 come back as duplicates and are dropped by their key) and shows every stage.
 The service (:mod:`sparkcnn.engine.psservice`) is closed when the run ends or fails.
@@ -46,12 +50,12 @@ class StreamEngine(DriverShorthands):
 
     def __init__(self, cfg, backend, spec, block_rows: dict[int, int], weights, sink=None, progress=None,
                  run_dir: str | None = None):
-        if cfg.engine.mode != "async":
-            raise BadInput("engine.transport=stream runs engine.mode=async (sync over the stream is not built yet)")
         self.cfg, self.backend, self.spec, self.block_rows = cfg, backend, spec, block_rows
         self.num_blocks = len(block_rows)
         self.block_steps = {k: steps_per_epoch(n, cfg.train.batch_size) for k, n in block_rows.items()}
-        self.n_train = sum(self.block_steps.values()) * cfg.train.batch_size
+        # samples in one stage (full minibatches; sync: every block the smallest block's steps)
+        self.n_train = (self.num_blocks * min(self.block_steps.values()) if cfg.engine.mode == "sync"
+                        else sum(self.block_steps.values())) * cfg.train.batch_size
         self.total_samples = cfg.train.epochs * self.n_train
         self.h = cfg.train.steps_per_round
         self.driver = RoundDriver(cfg, backend, spec, weights, keep_broadcasts=2, sink=sink, progress=progress,
@@ -60,6 +64,10 @@ class StreamEngine(DriverShorthands):
         self.driver.inline_downlinks = 4 * self.num_blocks + 4
         self.max_message_bytes = cfg.engine.max_message_bytes or 8 * int(self.W.size) + (1 << 20)
         self.lock = threading.Lock()
+        self.sync = cfg.engine.mode == "sync"
+        self.round_done = threading.Condition(self.lock)  # sync: a round's pushes applied together
+        self.arrived: dict[int, dict[int, RoundResult]] = {}  # sync: round -> block -> its push
+        self.completed: set[int] = set()                      # sync: rounds of this stage applied
         self.next_seq = {k: 0 for k in block_rows}     # the block's next exchange number
         self.last_seq = {k: -1 for k in block_rows}    # its last applied exchange (its state's tag)
         self.block_epoch = {k: 0 for k in block_rows}
@@ -98,6 +106,8 @@ class StreamEngine(DriverShorthands):
     def push(self, block: int, h: dict, blobs: list[bytes]):
         with self.lock:
             try:
+                if self.sync:
+                    return self._push_sync(block, h, blobs[0] if blobs else b"")
                 return self._push(block, h, blobs[0] if blobs else b"")
             except BaseException as e:  # noqa: BLE001 - the engine loop raises it when the stage ends
                 if self.failure is None:
@@ -105,15 +115,18 @@ class StreamEngine(DriverShorthands):
                 self.backend.stop()
                 raise
 
-    def _push(self, block: int, h: dict, payload: bytes):
-        d = self.driver
-        r = RoundResult(block=block, seq=int(h["seq"]), attempt=int(h["attempt"]),
+    def _result(self, block: int, h: dict, payload: bytes) -> RoundResult:
+        return RoundResult(block=block, seq=int(h["seq"]), attempt=int(h["attempt"]),
                         base_version=int(h["base_version"]), payload=payload, samples=int(h["samples"]),
                         steps=int(h["steps"]), loss_sum=float(h["loss_sum"]), correct=int(h["correct"]),
                         nnz=int(h["nnz"]), prep_s=0.0, compute_s=float(h["compute_s"]), encode_s=0.0,
                         task_s=float(h["compute_s"]) + float(h["wait_s"]), state_reset=bool(h["state_reset"]),
                         state_stale=False, replica_resync=False, view_bytes=int(h["down_bytes"]),
                         pid=int(h["pid"]), executor=str(h["executor"]))
+
+    def _push(self, block: int, h: dict, payload: bytes):
+        d = self.driver
+        r = self._result(block, h, payload)
         lr, density = d.schedule(min(self.epoch_float, self.cfg.train.epochs))
         have = int(h.get("have", r.base_version))
         fresh = d.take_fresh([r])
@@ -121,6 +134,65 @@ class StreamEngine(DriverShorthands):
             self._apply(r, lr, density, float(h["wait_s"]))
         lr, density = d.schedule(min(self.epoch_float, self.cfg.train.epochs))
         return self._weights_reply({"op": "reply", "lr": lr, "density": density}, block, have)
+
+    def _push_sync(self, block: int, h: dict, payload: bytes):
+        """BSP: the reply waits until every block's push of this round has arrived; the last
+        arrival applies them together (samples-weighted, as a jobs round). A retried stage's
+        pushes of rounds already applied are answered at once (their results are duplicates)."""
+        d = self.driver
+        r = self._result(block, h, payload)
+        i = r.seq - self.plans[block]["seq0"]  # the round of this stage
+        if i not in self.completed:
+            self.arrived.setdefault(i, {})[block] = r
+            if len(self.arrived[i]) == self.num_blocks:
+                self._apply_round(i, self.arrived.pop(i), float(h["wait_s"]))
+                self.round_done.notify_all()
+            elif not self.round_done.wait_for(lambda: i in self.completed or self.failure is not None,
+                                              timeout=self.cfg.engine.stream_timeout_s):
+                raise TimeoutError(f"sync stream round {i}: blocks {sorted(set(self.block_rows) - set(self.arrived.get(i, {})))} "
+                                   f"did not push within engine.stream_timeout_s")
+            if self.failure is not None:
+                raise self.failure
+        lr, density = d.schedule(min(self.epoch_float, self.cfg.train.epochs))
+        return self._weights_reply({"op": "reply", "lr": lr, "density": density}, block, int(h.get("have", -1)))
+
+    def _apply_round(self, i: int, results: dict, wait_s: float) -> None:
+        d, t0 = self.driver, time.perf_counter()
+        self.completed.add(i)
+        lr, density = d.schedule(min(self.epoch_float, self.cfg.train.epochs))
+        fresh = d.take_fresh([results[k] for k in sorted(results)])
+        if not fresh:
+            return
+        out = d.apply(fresh, lr)
+        nnz_down = d.send_downlink(self.epoch_float)
+        d.count_flags(fresh)
+        order = RoundOrder(seq=fresh[0].seq, steps={r.block: r.steps for r in fresh}, step_offset={}, lr=lr,
+                           density=density, base_version=min(r.base_version for r in fresh))
+        rec = {"kind": "round", "round": self.exchanges, "stage_round": i, "steps": max(r.steps for r in fresh),
+               "staleness": max(d.staleness(r) for r in fresh) - 1, **d.exchange_record(order, fresh, out, nnz_down)}
+        self.exchanges += 1
+        for r in fresh:
+            self.last_seq[r.block] = r.seq
+            self.samples_done += r.samples
+            self.block_step[r.block] += r.steps
+            if self.block_step[r.block] >= self.plans[r.block]["stage_end"]:
+                self.block_epoch[r.block] += 1
+                self.block_step[r.block] = 0
+        self._record(rec, fresh, wait_s, t0)
+
+    def _record(self, rec: dict, results: list, wait_s: float, t0: float) -> None:
+        d = self.driver
+        samples, compute = sum(r.samples for r in results), max(r.compute_s for r in results)
+        self.exposed_s += wait_s
+        d.check_loss(f"exchange {rec['round']}", rec["loss"])
+        rec.update(epoch=min(int(self.epoch_float - 1e-9) if self.samples_done else 0, self.cfg.train.epochs - 1),
+                   compute_s=compute, exposed_comm_s=wait_s, round_overhead_s=wait_s,
+                   apply_s=time.perf_counter() - t0,
+                   images_per_s=samples / max(1e-9, compute + wait_s), transport="stream")
+        d.record(rec)
+        if d.progress:
+            total = max(1, self.total_samples // max(1, self.cfg.train.batch_size * self.h))
+            d.progress.round(rec, total)
 
     def _apply(self, r: RoundResult, lr: float, density: float, wait_s: float) -> None:
         d, t0 = self.driver, time.perf_counter()
@@ -142,19 +214,10 @@ class StreamEngine(DriverShorthands):
         self.last_seq[r.block] = r.seq
         self.samples_done += r.samples
         self.block_step[r.block] += r.steps
-        if self.block_step[r.block] >= self.block_steps[r.block]:
+        if self.block_step[r.block] >= self.plans[r.block]["stage_end"]:
             self.block_epoch[r.block] += 1
             self.block_step[r.block] = 0
-        self.exposed_s += wait_s
-        d.check_loss(f"block {r.block} exchange {r.seq}", rec["loss"])
-        rec.update(epoch=min(int(self.epoch_float - 1e-9) if self.samples_done else 0, self.cfg.train.epochs - 1),
-                   compute_s=r.compute_s, exposed_comm_s=wait_s, round_overhead_s=wait_s,
-                   apply_s=time.perf_counter() - t0,
-                   images_per_s=r.samples / max(1e-9, r.compute_s + wait_s), transport="stream")
-        d.record(rec)
-        if d.progress:
-            total = max(1, self.total_samples // max(1, self.cfg.train.batch_size * self.h))
-            d.progress.round(rec, total)
+        self._record(rec, [r], wait_s, t0)
 
     def _weights_reply(self, header: dict, block: int, have: int):
         """The reply's weights part: W (dense downlink), or the downlinks since ``have``, or a
@@ -175,10 +238,14 @@ class StreamEngine(DriverShorthands):
 
     # -- the loop -----------------------------------------------------------------------------
     def _plan_stage(self) -> None:
-        self.plans = {}
+        """Each block's share of the next stage. Sync: every block the same steps (the smallest
+        block's), so each round has a push from every block; the others skip their last minibatch."""
+        self.plans, self.arrived, self.completed = {}, {}, set()
+        even = min(self.block_steps.values())
         for k in self.block_rows:
+            end = even if self.sync else self.block_steps[k]
             self.plans[k] = {"seq0": self.next_seq[k], "offset": self.block_epoch[k] * self.block_steps[k]
-                             + self.block_step[k], "steps": self.block_steps[k] - self.block_step[k],
+                             + self.block_step[k], "steps": end - self.block_step[k], "stage_end": end,
                              "h": self.h, "expect_state": self.last_seq[k]}
             self.next_seq[k] += -(-self.plans[k]["steps"] // self.h)
 
@@ -188,6 +255,9 @@ class StreamEngine(DriverShorthands):
             raise BadInput("engine.transport=stream runs barrier stages, which Spark refuses under dynamic "
                            "allocation: set spark.dynamicAllocation.enabled=false")
         slots = self.backend.stage_slots()
+        if slots is None and self.sync:
+            raise BadInput("engine.transport=stream with engine.mode=sync needs every block running at once: "
+                           "use a Spark master, not engine.master=inprocess")
         if slots is not None and self.num_blocks > slots:
             raise BadInput(f"engine.transport=stream runs one barrier task per block at once: data.num_blocks="
                            f"{self.num_blocks} exceeds the {slots} task slots of this session")
