@@ -193,6 +193,7 @@ class StreamEngine(DriverShorthands):
         if d.progress:
             total = max(1, self.total_samples // max(1, self.cfg.train.batch_size * self.h))
             d.progress.round(rec, total)
+        d.chaos_kill(rec["round"])
 
     def _apply(self, r: RoundResult, lr: float, density: float, wait_s: float) -> None:
         d, t0 = self.driver, time.perf_counter()
