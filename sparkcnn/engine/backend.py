@@ -244,6 +244,10 @@ def _block_partition(block: int) -> int:
     return block
 
 
+def _one_key(x):
+    return 0, x
+
+
 class SparkBackend(Backend):
     """One Spark job per call over a small RDD of block ids.
 
@@ -405,7 +409,10 @@ class SparkBackend(Backend):
         lives; Spark retries the stage as a whole. Its UI name is ``description``."""
         from pyspark.traceback_utils import SCCallSiteSync
 
-        rdd = self._markers(universe).barrier().mapPartitions(self._part(fn, None))
+        # Spark reruns a failed barrier stage only when it is a shuffle map stage (a failed barrier
+        # result stage aborts the job), so the tasks' small results go through a one-partition shuffle
+        rdd = (self._markers(universe).barrier().mapPartitions(self._part(fn, None))
+               .map(_one_key).partitionBy(1).values())
         self._describe(description)
         # the stage's UI name is the job's call site, which PySpark sets from the Python stack
         # at the outermost action; set it ourselves and keep collect() from replacing it

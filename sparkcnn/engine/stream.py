@@ -78,6 +78,7 @@ class StreamEngine(DriverShorthands):
         self.exchanges = 0
         self.next_epoch = 0
         self.plans: dict[int, dict] = {}
+        self.opens: dict[int, int] = {}  # streams opened per block in this stage (its attempt + 1)
         self.failure: BaseException | None = None
         self.staleness_hist: dict[int, int] = {}
         self.exposed_s = 0.0
@@ -92,8 +93,11 @@ class StreamEngine(DriverShorthands):
         block = int(hello["block"])
         with self.lock:
             plan = self.plans[block]
+            # a rerun barrier stage starts its tasks at Spark attempt 0 again: count the opens
+            self.opens[block] = self.opens.get(block, 0) + 1
             lr, density = self.driver.schedule(min(self.epoch_float, self.cfg.train.epochs))
-            header = {"op": "start", "plan": {**plan, "lr": lr, "density": density}}
+            header = {"op": "start", "plan": {**plan, "lr": lr, "density": density,
+                                              "attempt": self.opens[block] - 1}}
             return self._weights_reply(header, block, have=-1)
 
     def refused(self, block: int, why: str):
@@ -241,7 +245,7 @@ class StreamEngine(DriverShorthands):
     def _plan_stage(self) -> None:
         """Each block's share of the next stage. Sync: every block the same steps (the smallest
         block's), so each round has a push from every block; the others skip their last minibatch."""
-        self.plans, self.arrived, self.completed = {}, {}, set()
+        self.plans, self.arrived, self.completed, self.opens = {}, {}, set(), {}
         even = min(self.block_steps.values())
         for k in self.block_rows:
             end = even if self.sync else self.block_steps[k]

@@ -159,6 +159,7 @@ def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: 
         policy = make_policy(spec.method, spec.momentum_mode, spec.per_step, spec.layout, spec.value_dtype,
                              spec.dense_below, spec.momentum)
         lr, density = float(plan["lr"]), float(plan["density"])
+        attempt = max(ctx.attempt, int(plan.get("attempt", 0)))  # the stage's rerun count
         seq, offset, left, h = int(plan["seq0"]), int(plan["offset"]), int(plan["steps"]), int(plan["h"])
         executor = f"{socket.gethostname()}:{os.path.realpath(root)}"
         pending, exposed, exchanges, samples, last_seq, wait_s, down_bytes = None, 0.0, 0, 0, -1, 0.0, 0
@@ -180,12 +181,12 @@ def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: 
                 down_bytes = view.take(reply, rblobs)
                 lr, density = float(reply["lr"]), float(reply["density"])
             header = {"op": "push", "seq": seq, "base_version": base, "have": view.version,
-                      "attempt": ctx.attempt, "samples": seen,
+                      "attempt": attempt, "samples": seen,
                       "steps": len(batches), "loss_sum": loss_sum, "correct": correct, "nnz": int(sent.nnz),
                       "compute_s": t1 - t0, "wait_s": wait_s, "down_bytes": down_bytes, "state_reset": reset,
                       "resyncs": view.resyncs, "pid": os.getpid(), "executor": executor}
             pending = link.send(header, payload)
-            if ctx.attempt == 0 and _chaos_draw(spec, seq, block, 1) < spec.chaos_kill_p:
+            if attempt == 0 and _chaos_draw(spec, seq, block, 1) < spec.chaos_kill_p:
                 link.wait(pending)  # the push has landed: its retry must be a duplicate
                 log.warning("chaos: killing the Python worker (block %s exchange %s)", block, seq)
                 os._exit(17)
