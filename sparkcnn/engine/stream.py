@@ -109,6 +109,8 @@ class StreamEngine(DriverShorthands):
 
     def push(self, block: int, h: dict, blobs: list[bytes]):
         with self.lock:
+            if self.failure is not None:  # the run is failing: no more pushes
+                raise self.failure
             try:
                 if self.sync:
                     return self._push_sync(block, h, blobs[0] if blobs else b"")
