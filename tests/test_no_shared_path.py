@@ -32,7 +32,8 @@ rows = model.transform(df.limit(300)).select("prediction", "label").collect()
 summary = json.load(open(os.path.join(model.getRunDir(), "summary.json")))
 spark.stop()
 print(json.dumps({"accuracy": float(np.mean([r[0] == r[1] for r in rows])), "master": summary["master"],
-                  "executors": summary["executors"], "train_rows": summary["train_rows"]}))
+                  "executors": summary["executors"], "executor_tasks": summary["executor_tasks"],
+                  "train_rows": summary["train_rows"]}))
 """
 
 
@@ -45,7 +46,7 @@ def test_estimator_trains_from_memory_with_data_opens_refused(standalone_cluster
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["master"] == standalone_cluster.master_url and out["train_rows"] == 1200
-    assert len(out["executors"]) == 2  # both executors trained blocks
+    assert len(out["executors"]) == 2 and all(n > 0 for n in out["executor_tasks"].values())  # both trained
     assert out["accuracy"] > 0.6
     assert refused_opens(log) == []  # no data file was opened from a path on the executors ...
     assert len(audit_installs(log)) >= 2  # ... and the hook ran in the executors' workers

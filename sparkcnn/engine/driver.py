@@ -69,7 +69,7 @@ class RoundDriver:
         self.applied: set[tuple[int, int]] = set()   # (seq, block) of results taken, exactly once
         self.history: list[dict] = []                 # exchange records
         self.epoch_history: list[dict] = []
-        self.executors: set[str] = set()              # executors that ran training tasks
+        self.executors: dict[str, int] = {}           # executor -> training results it delivered
         self.sink, self.progress, self.run_dir = sink, progress, run_dir
         self.checkpointed_at: int | None = None       # the position of the latest checkpoint written
         # downlink: the latest DownlinkMsgs ship inline; dense bytes (W, or the view U) as
@@ -158,7 +158,7 @@ class RoundDriver:
                 continue
             self.applied.add(key)
             fresh.append(r)
-            self.executors.add(r.executor)
+            self.executors[r.executor] = self.executors.get(r.executor, 0) + 1
         return fresh
 
     def staleness(self, result: RoundResult) -> int:
@@ -319,6 +319,7 @@ class RoundDriver:
             "mean_round_overhead_ms": 1000 * float(np.mean([r["round_overhead_s"] for r in h])) if h else 0.0,
             "mean_round_compute_ms": 1000 * float(np.mean([r["compute_s"] for r in h])) if h else 0.0,
             "executors": sorted(self.executors),
+            "executor_tasks": dict(sorted(self.executors.items())),
             **self.counters,
         }
 
