@@ -28,7 +28,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from sparkcnn.engine.driver import DriverShorthands, RoundDriver, timed
 from sparkcnn.engine.monitor import LoadMonitor
-from sparkcnn.engine.tasks import round_task, state_task
+from sparkcnn.engine.tasks import round_task
 from sparkcnn.protocol import RoundOrder, steps_per_epoch
 from sparkcnn.scheduler import AsyncPolicy, DecisionKind, task_slots
 from sparkcnn.staleness import staleness_scale
@@ -226,14 +226,7 @@ class AsyncEngine(DriverShorthands):
         computed again after a resume (the cursors saved here do not include them). Each block's
         state is read where it lives by one small job (the executor keeps its last two).
         """
-        tags = {k: v for k, v in self.last_job.items() if v >= 0}
-        blocks = {}
-        if tags:
-            desc = f"sparkcnn {self.spec.run_id} checkpoint block states"
-            for block, state in self.backend.map_blocks(state_task(self.spec, tags), sorted(tags), desc,
-                                                        universe=self.num_blocks):
-                if state is not None:
-                    blocks[block] = state
+        blocks = self.driver.block_states(self.last_job, self.num_blocks)
         st = {"next_seq": self.next_seq, "samples_done": self.samples_done, "next_eval": self.next_eval,
               "block_epoch": {str(k): v for k, v in self.block_epoch.items()},
               "block_step": {str(k): v for k, v in self.block_step.items()},

@@ -35,7 +35,7 @@ from sparkcnn.compression.plan import plan
 from sparkcnn.compression.sparsify import Sparsifier
 from sparkcnn.compression.warmup import density_at, lr_at
 from sparkcnn.engine.apply import Applied, apply_deltas
-from sparkcnn.engine.tasks import eval_task
+from sparkcnn.engine.tasks import eval_task, state_task
 from sparkcnn.errors import Diverged
 from sparkcnn.guard import DivergenceGuard
 from sparkcnn.protocol import DownlinkMsg, RoundOrder, RoundResult
@@ -249,6 +249,16 @@ class RoundDriver:
                                state=state, blocks=blocks)
         self.checkpointed_at = position
         return path
+
+    def block_states(self, tags: dict[int, int], universe: int) -> dict:
+        """Each block's state as left by exchange ``tags[block]`` (blocks at -1 have none yet),
+        read where it lives by one small job; a state that is gone is left out."""
+        tags = {k: v for k, v in tags.items() if v >= 0}
+        if not tags:
+            return {}
+        desc = f"sparkcnn {self.spec.run_id} checkpoint block states"
+        got = self.backend.map_blocks(state_task(self.spec, tags), sorted(tags), desc, universe=universe)
+        return {block: state for block, state in got if state is not None}
 
     def restore(self, ckpt) -> dict:
         """Server, counters and guard from a loaded checkpoint; returns the engine's own state."""

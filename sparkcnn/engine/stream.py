@@ -178,13 +178,17 @@ class StreamEngine(DriverShorthands):
                "staleness": max(d.staleness(r) for r in fresh) - 1, **d.exchange_record(order, fresh, out, nnz_down)}
         self.exchanges += 1
         for r in fresh:
-            self.last_seq[r.block] = r.seq
-            self.samples_done += r.samples
-            self.block_step[r.block] += r.steps
-            if self.block_step[r.block] >= self.plans[r.block]["stage_end"]:
-                self.block_epoch[r.block] += 1
-                self.block_step[r.block] = 0
+            self._advance(r)
         self._record(rec, fresh, wait_s, t0)
+
+    def _advance(self, r: RoundResult) -> None:
+        """An applied push moves its block's cursor (and the samples done)."""
+        self.last_seq[r.block] = r.seq
+        self.samples_done += r.samples
+        self.block_step[r.block] += r.steps
+        if self.block_step[r.block] >= self.plans[r.block]["stage_end"]:
+            self.block_epoch[r.block] += 1
+            self.block_step[r.block] = 0
 
     def _record(self, rec: dict, results: list, wait_s: float, t0: float) -> None:
         d = self.driver
@@ -218,12 +222,7 @@ class StreamEngine(DriverShorthands):
                "block_epoch": self.block_epoch[r.block], "block_step": self.block_step[r.block],
                "staleness": tau, "scale": scale, "steps": r.steps, **d.exchange_record(order, [r], out, nnz_down)}
         self.exchanges += 1
-        self.last_seq[r.block] = r.seq
-        self.samples_done += r.samples
-        self.block_step[r.block] += r.steps
-        if self.block_step[r.block] >= self.plans[r.block]["stage_end"]:
-            self.block_epoch[r.block] += 1
-            self.block_step[r.block] = 0
+        self._advance(r)
         self._record(rec, [r], wait_s, t0)
 
     def _weights_reply(self, header: dict, block: int, have: int):
@@ -310,16 +309,7 @@ class StreamEngine(DriverShorthands):
     # -- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self) -> str:
         """At a stage end every block's state is spilled with its last exchange's tag: read them."""
-        from sparkcnn.engine.tasks import state_task
-
-        tags = {k: v for k, v in self.last_seq.items() if v >= 0}
-        blocks = {}
-        if tags:
-            desc = f"sparkcnn {self.spec.run_id} checkpoint block states"
-            for block, state in self.backend.map_blocks(state_task(self.spec, tags), sorted(tags), desc,
-                                                        universe=self.num_blocks):
-                if state is not None:
-                    blocks[block] = state
+        blocks = self.driver.block_states(self.last_seq, self.num_blocks)
         st = {"next_epoch": self.next_epoch, "samples_done": self.samples_done, "exchanges": self.exchanges,
               "next_seq": {str(k): v for k, v in self.next_seq.items()},
               "last_seq": {str(k): v for k, v in self.last_seq.items()},
