@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -14,6 +13,7 @@ import pytest
 
 from sparkcnn.cli import main
 from sparkcnn.data import idx
+from tests.test_cli import tree_digest
 
 pytestmark = pytest.mark.spark
 
@@ -57,17 +57,6 @@ def write_table(path, columns: dict) -> str:
 
 def binary_images(images) -> pa.Array:
     return pa.array([im.tobytes() for im in images], pa.binary())
-
-
-def tree_digest(root) -> dict:
-    out = {}
-    for dirpath, dirs, files in os.walk(root):
-        for name in dirs:
-            out[os.path.relpath(os.path.join(dirpath, name), root)] = None
-        for name in files:
-            with open(os.path.join(dirpath, name), "rb") as f:
-                out[os.path.relpath(os.path.join(dirpath, name), root)] = hashlib.sha256(f.read()).hexdigest()
-    return out
 
 
 def run_json(capsys, argv) -> dict:
