@@ -20,11 +20,11 @@ import uuid
 
 import numpy as np
 
+from sparkcnn.data.source import first_line, has_images, is_uri, read_images, table_exists
 from sparkcnn.errors import BadInput
 
 log = logging.getLogger(__name__)
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
 # -- before Spark ----------------------------------------------------------------------------------
@@ -38,9 +38,6 @@ def model_path(path: str) -> str:
     return path
 
 
-def _is_uri(path: str) -> bool:
-    return "://" in path or path.startswith("file:")
-
 
 def local_input(path: str, shape) -> tuple[str, tuple[str, ...] | None]:
     """Check a local ``--data`` path; returns (path, class names of a prepared split or None).
@@ -49,7 +46,7 @@ def local_input(path: str, shape) -> tuple[str, tuple[str, ...] | None]:
     """
     from sparkcnn.data.parquet_io import read_meta
 
-    if _is_uri(path):
+    if is_uri(path):
         return path, None
     if not os.path.exists(path):
         raise BadInput(f"{path}: no such Parquet file or directory")
@@ -70,7 +67,7 @@ def local_input(path: str, shape) -> tuple[str, tuple[str, ...] | None]:
 
 def check_out(out: str) -> None:
     """A local ``--out``'s parent directory must exist and be writable."""
-    if _is_uri(out):
+    if is_uri(out):
         return
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
@@ -82,29 +79,18 @@ def check_out(out: str) -> None:
 def read_input(spark, data: str | None, table: str | None, image_col: str):
     """The input DataFrame of ``--data`` or ``--table``, and a name for it in messages."""
     if table:
-        try:
-            exists = spark.catalog.tableExists(table)
-        except Exception:  # noqa: BLE001 - an unparsable name is no table
-            exists = False
-        if not exists:
+        if not table_exists(spark, table):
             raise BadInput(f"--table {table}: no such table")
         return spark.table(table), f"table {table}"
-    if not _is_uri(data) and os.path.isdir(data) and _has_images(data):
-        df = (spark.read.format("image").option("dropInvalid", False).option("recursiveFileLookup", True)
-              .load(data))
+    if not is_uri(data) and os.path.isdir(data) and has_images(data):
+        df = read_images(spark, data)
         df = df.withColumn("origin", df["image"]["origin"])  # the file, as an id column
         return df.withColumnRenamed("image", image_col) if image_col != "image" else df, data
     try:
         return spark.read.parquet(data), data
     except Exception as e:  # noqa: BLE001 - AnalysisException and friends: the input is what is wrong
-        raise BadInput(f"{data}: not readable as Parquet ({_first_line(e)})") from None
+        raise BadInput(f"{data}: not readable as Parquet ({first_line(e)})") from None
 
-
-def _has_images(root: str) -> bool:
-    for _, _, files in os.walk(root):
-        if any(f.lower().endswith(IMAGE_SUFFIXES) for f in files):
-            return True
-    return False
 
 
 def check_input(df, origin: str, image_col: str, shape, *, label_col: str | None = None,
@@ -191,7 +177,7 @@ def write_parquet(df, out: str) -> None:
 
 
 def _replace(spark, tmp: str, out: str) -> None:
-    if not _is_uri(out):
+    if not is_uri(out):
         old = None
         if os.path.exists(out):
             old = out.rstrip("/") + f".old-{uuid.uuid4().hex[:8]}"
@@ -208,7 +194,7 @@ def _replace(spark, tmp: str, out: str) -> None:
 
 
 def _remove(spark, path: str) -> None:
-    if not _is_uri(path):
+    if not is_uri(path):
         shutil.rmtree(path, ignore_errors=True)
         return
     fs, jpath = _hadoop(spark, path)
@@ -220,10 +206,6 @@ def _hadoop(spark, path: str):
     p = sc._jvm.org.apache.hadoop.fs.Path(path)
     return p.getFileSystem(sc._jsc.hadoopConfiguration()), p
 
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
 
 
 def from_task(e: Exception) -> Exception:
@@ -306,7 +288,7 @@ def evaluate(spark, model, data, shape, num_classes: int, *, table=None, image_c
 def _write_report(tmp: str, result: dict, names, matrix: np.ndarray) -> None:
     from sparkcnn.metrics import atomic_write_text
 
-    if _is_uri(tmp):
+    if is_uri(tmp):
         raise BadInput(f"--out {tmp}: evaluate writes its report to a local directory")
     atomic_write_text(os.path.join(tmp, "metrics.json"), json.dumps(result, indent=2) + "\n")
     confusion_png(matrix, names, os.path.join(tmp, "confusion_matrix.png"))

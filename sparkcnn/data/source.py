@@ -73,7 +73,7 @@ def local_prepared(dcfg) -> tuple[Frame, Frame] | None:
     before a Spark session starts.
     """
     path = dcfg.path
-    if dcfg.test_path or dcfg.format not in ("auto", "prepared") or _is_uri(path):
+    if dcfg.test_path or dcfg.format not in ("auto", "prepared") or is_uri(path):
         return None
     if not os.path.exists(path):
         if os.sep in path or dcfg.format == "prepared":  # meant as a path, not a table name
@@ -110,21 +110,21 @@ def frame(spark, dcfg, src, role: str = "data", classes: tuple[str, ...] | None 
 
 # -- formats ---------------------------------------------------------------------------------
 
-def _is_uri(s: str) -> bool:
+def is_uri(s: str) -> bool:
     return "://" in s or s.startswith(("file:", "hdfs:", "s3a:", "gs:", "abfs:", "dbfs:"))
 
 
 def _format(spark, dcfg, src: str) -> str:
     if dcfg.format != "auto":
         return dcfg.format
-    if not _is_uri(src) and not os.path.exists(src):
-        if spark is not None and _table_exists(spark, src):
+    if not is_uri(src) and not os.path.exists(src):
+        if spark is not None and table_exists(spark, src):
             return "table"
         raise BadInput(f"data {src!r}: no such path, and no table of that name")
-    if not _is_uri(src):
+    if not is_uri(src):
         if os.path.isdir(os.path.join(src, "train")):
             return "prepared"
-        if os.path.isdir(src) and _has_images(src):
+        if os.path.isdir(src) and has_images(src):
             return "images"
         return "parquet"
     try:  # a URI: prepared when it has our metadata
@@ -134,25 +134,32 @@ def _format(spark, dcfg, src: str) -> str:
         return "parquet"
 
 
-def _table_exists(spark, name: str) -> bool:
+def table_exists(spark, name: str) -> bool:
     try:
         return bool(spark.catalog.tableExists(name))
     except Exception:  # noqa: BLE001 - an unparsable name is no table
         return False
 
 
-def _has_images(root: str) -> bool:
+def has_images(root: str) -> bool:
     for _, _, files in os.walk(root):
         if any(f.lower().endswith(IMAGE_SUFFIXES) for f in files):
             return True
     return False
 
 
+def read_images(spark, root: str):
+    """Every JPEG/PNG under ``root`` through Spark's image source; files that do not decode stay,
+    as rows whose ``image.height`` is -1 (the checks name them)."""
+    return (spark.read.format("image").option("dropInvalid", False).option("recursiveFileLookup", True)
+            .load(root))
+
+
 def _read_parquet(spark, path: str):
     try:
         return spark.read.parquet(path)
     except Exception as e:  # noqa: BLE001 - AnalysisException and friends: the path is what is wrong
-        raise BadInput(f"data {path!r}: not readable as Parquet ({_first_line(e)})") from None
+        raise BadInput(f"data {path!r}: not readable as Parquet ({first_line(e)})") from None
 
 
 def _sidecar(spark, path: str, split: str) -> dict:
@@ -167,7 +174,7 @@ def _sidecar(spark, path: str, split: str) -> dict:
 def _prepared(spark, path: str, split: str) -> Frame:
     """A split of a prepared dataset: metadata from its footer (local) or sidecar (URIs)."""
     split_dir = path.rstrip("/") + "/" + split
-    if _is_uri(path):
+    if is_uri(path):
         m = _sidecar(spark, path, split)
         shape, classes, rows = (m["height"], m["width"], m["channels"]), tuple(m["classes"]), int(m["rows"])
     else:
@@ -188,8 +195,7 @@ def _images(spark, root: str, dcfg, classes) -> Frame:
     """A folder of JPEG/PNG files, one sub-folder per class (Spark's image source decodes them)."""
     from pyspark.sql import functions as F
 
-    df = (spark.read.format("image").option("dropInvalid", False).option("recursiveFileLookup", True)
-          .load(root))
+    df = read_images(spark, root)
     folder = F.element_at(F.split(F.col("image.origin"), "/"), -2)
     names = classes or tuple(sorted(r[0] for r in df.select(folder).distinct().collect()))
     if not names:
@@ -282,6 +288,6 @@ def _same_shape(train: Frame, test: Frame | None) -> Frame | None:
     return test
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
