@@ -65,6 +65,16 @@ class Checkpoint:
     path: str = ""  # the checkpoint directory it was read from
 
 
+def json_keys(counts: dict[int, int]) -> dict[str, int]:
+    """A block- or staleness-keyed counter as a JSON object (its keys become strings)."""
+    return {str(k): int(v) for k, v in counts.items()}
+
+
+def int_keys(obj: dict[str, int]) -> dict[int, int]:
+    """The inverse of :func:`json_keys`, as read back from a checkpoint's state."""
+    return {int(k): int(v) for k, v in obj.items()}
+
+
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 

@@ -26,6 +26,7 @@ import logging
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
+from sparkcnn.checkpoint import int_keys, json_keys
 from sparkcnn.engine.driver import DriverShorthands, RoundDriver, timed
 from sparkcnn.engine.monitor import LoadMonitor
 from sparkcnn.engine.tasks import round_task
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 
 class AsyncEngine(DriverShorthands):
     """Asynchronous jobs over the same driver, worker and records as sync mode."""
+
+    COUNTERS = ("block_epoch", "block_step", "last_job", "staleness_hist")  # int-keyed, checkpointed
 
     def __init__(self, cfg, backend, spec, block_rows: dict[int, int], weights, sink=None, progress=None,
                  run_dir: str | None = None, pool_factory=None, monitor=None):
@@ -228,10 +231,7 @@ class AsyncEngine(DriverShorthands):
         """
         blocks = self.driver.block_states(self.last_job, self.num_blocks)
         st = {"next_seq": self.next_seq, "samples_done": self.samples_done, "next_eval": self.next_eval,
-              "block_epoch": {str(k): v for k, v in self.block_epoch.items()},
-              "block_step": {str(k): v for k, v in self.block_step.items()},
-              "last_job": {str(k): v for k, v in self.last_job.items()},
-              "staleness_hist": {str(k): v for k, v in self.staleness_hist.items()}}
+              **{name: json_keys(getattr(self, name)) for name in self.COUNTERS}}
         return self.driver.save_checkpoint(self.next_seq, st, blocks)
 
     def restore(self, ckpt) -> int:
@@ -239,9 +239,7 @@ class AsyncEngine(DriverShorthands):
         st = self.driver.restore(ckpt)
         self.next_seq, self.samples_done = int(st["next_seq"]), int(st["samples_done"])
         self.next_eval = int(st["next_eval"])
-        self.block_epoch = {int(k): int(v) for k, v in st["block_epoch"].items()}
-        self.block_step = {int(k): int(v) for k, v in st["block_step"].items()}
-        self.last_job = {int(k): int(v) for k, v in st["last_job"].items()}
-        self.staleness_hist = {int(k): int(v) for k, v in st["staleness_hist"].items()}
+        for name in self.COUNTERS:
+            setattr(self, name, int_keys(st[name]))
         self.initial_states = {int(k): v for k, v in ckpt.blocks.items()}
         return self.next_seq

@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 
+from sparkcnn.checkpoint import int_keys, json_keys
 from sparkcnn.engine.driver import DriverShorthands, RoundDriver
 from sparkcnn.engine.psservice import PSService
 from sparkcnn.errors import BadInput
@@ -46,7 +47,9 @@ def stream_task(spec, ticket: StreamTicket, initial: dict):
 
 
 class StreamEngine(DriverShorthands):
-    """Async (ASGD) over the streaming transport, on the same RoundDriver as the jobs transport."""
+    """Async (ASGD) or BSP over the streaming transport, on the same RoundDriver as the jobs transport."""
+
+    COUNTERS = ("next_seq", "last_seq", "block_epoch", "block_step", "staleness_hist")  # int-keyed, checkpointed
 
     def __init__(self, cfg, backend, spec, block_rows: dict[int, int], weights, sink=None, progress=None,
                  run_dir: str | None = None):
@@ -311,20 +314,15 @@ class StreamEngine(DriverShorthands):
         """At a stage end every block's state is spilled with its last exchange's tag: read them."""
         blocks = self.driver.block_states(self.last_seq, self.num_blocks)
         st = {"next_epoch": self.next_epoch, "samples_done": self.samples_done, "exchanges": self.exchanges,
-              "next_seq": {str(k): v for k, v in self.next_seq.items()},
-              "last_seq": {str(k): v for k, v in self.last_seq.items()},
-              "block_epoch": {str(k): v for k, v in self.block_epoch.items()},
-              "block_step": {str(k): v for k, v in self.block_step.items()},
-              "staleness_hist": {str(k): v for k, v in self.staleness_hist.items()}}
+              **{name: json_keys(getattr(self, name)) for name in self.COUNTERS}}
         return self.driver.save_checkpoint(self.next_epoch, st, blocks)
 
     def restore(self, ckpt) -> int:
         st = self.driver.restore(ckpt)
         self.next_epoch, self.samples_done = int(st["next_epoch"]), int(st["samples_done"])
         self.exchanges = int(st["exchanges"])
-        for name in ("next_seq", "last_seq", "block_epoch", "block_step"):
-            setattr(self, name, {int(k): int(v) for k, v in st[name].items()})
-        self.staleness_hist = {int(k): int(v) for k, v in st["staleness_hist"].items()}
+        for name in self.COUNTERS:
+            setattr(self, name, int_keys(st[name]))
         self.initial_states = {int(k): v for k, v in ckpt.blocks.items()}
         return self.next_epoch
 

@@ -20,6 +20,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
+from sparkcnn.checkpoint import int_keys, json_keys
 from sparkcnn.engine.driver import DriverShorthands, RoundDriver, timed
 from sparkcnn.engine.tasks import round_task
 from sparkcnn.protocol import RoundOrder, steps_per_epoch
@@ -192,13 +193,13 @@ class SyncEngine(DriverShorthands):
         """The driver's state plus the round cursor and the block states gathered by this round."""
         return self.driver.save_checkpoint(
             next_round, {"next_round": next_round,
-                         "block_cursor": {str(k): v for k, v in self.block_cursor.items()}},
+                         "block_cursor": json_keys(self.block_cursor)},
             dict(self.block_states))
 
     def restore(self, ckpt) -> int:
         """Continue from a loaded checkpoint; returns the round to start from."""
         st = self.driver.restore(ckpt)
-        self.block_cursor = {int(k): int(v) for k, v in st["block_cursor"].items()} or self.block_cursor
+        self.block_cursor = int_keys(st["block_cursor"]) or self.block_cursor
         self.initial_states = {int(k): v for k, v in ckpt.blocks.items()}
         nxt = int(st["next_round"])
         self.last_state_round = {k: nxt - 1 for k in self.block_rows}
