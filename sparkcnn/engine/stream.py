@@ -130,14 +130,14 @@ class StreamEngine(DriverShorthands):
                         steps=int(h["steps"]), loss_sum=float(h["loss_sum"]), correct=int(h["correct"]),
                         nnz=int(h["nnz"]), prep_s=0.0, compute_s=float(h["compute_s"]), encode_s=0.0,
                         task_s=float(h["compute_s"]) + float(h["wait_s"]), state_reset=bool(h["state_reset"]),
-                        state_stale=False, replica_resync=False, view_bytes=int(h["down_bytes"]),
+                        state_stale=False, replica_resync=bool(h["resync"]), view_bytes=int(h["down_bytes"]),
                         pid=int(h["pid"]), executor=str(h["executor"]))
 
     def _push(self, block: int, h: dict, payload: bytes):
         d = self.driver
         r = self._result(block, h, payload)
         lr, density = d.schedule(min(self.epoch_float, self.cfg.train.epochs))
-        have = int(h.get("have", r.base_version))
+        have = int(h["have"])
         fresh = d.take_fresh([r])
         if fresh:
             self._apply(r, lr, density, float(h["wait_s"]))
@@ -163,7 +163,7 @@ class StreamEngine(DriverShorthands):
             if self.failure is not None:
                 raise self.failure
         lr, density = d.schedule(min(self.epoch_float, self.cfg.train.epochs))
-        return self._weights_reply({"op": "reply", "lr": lr, "density": density}, block, int(h.get("have", -1)))
+        return self._weights_reply({"op": "reply", "lr": lr, "density": density}, block, int(h["have"]))
 
     def _apply_round(self, i: int, results: dict, wait_s: float) -> None:
         d, t0 = self.driver, time.perf_counter()

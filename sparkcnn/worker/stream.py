@@ -170,6 +170,7 @@ def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: 
         seq, offset, left, h = int(plan["seq0"]), int(plan["offset"]), int(plan["steps"]), int(plan["h"])
         executor = f"{socket.gethostname()}:{os.path.realpath(root)}"
         pending, exposed, exchanges, samples, last_seq, wait_s, down_bytes = None, 0.0, 0, 0, -1, 0.0, 0
+        resyncs_sent = 0  # replica reloads already reported to the server
         while left > 0:
             n = min(h, left)
             batches = block_batches(spec, block, len(labels), offset, n)
@@ -191,7 +192,8 @@ def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: 
                       "attempt": attempt, "samples": seen,
                       "steps": len(batches), "loss_sum": loss_sum, "correct": correct, "nnz": int(sent.nnz),
                       "compute_s": t1 - t0, "wait_s": wait_s, "down_bytes": down_bytes, "state_reset": reset,
-                      "resyncs": view.resyncs, "pid": os.getpid(), "executor": executor}
+                      "resync": view.resyncs > resyncs_sent, "pid": os.getpid(), "executor": executor}
+            resyncs_sent = view.resyncs
             pending = link.send(header, payload)
             if attempt == 0 and _chaos_draw(spec, seq, block, 1) < spec.chaos_kill_p:
                 link.wait(pending)  # the push has landed: its retry must be a duplicate
