@@ -9,9 +9,13 @@ async and balanced rounds vary H)::
 The norm is of a decoded delta: the codec has already refused non-finite
 values, so the guard judges magnitudes only.
 
-Loss rule, per round::
+Loss rule, on the mean loss of whole exchanges pooled until they hold at least
+``loss_samples`` training samples (one minibatch's loss is noise: at one step
+per exchange, judging each alone halved the lr of every per-step run)::
 
     spike   if n_seen >= warmup and loss > loss_spike_factor · median(last losses)
+
+A non-finite loss is judged at once.
 
 The engine acts on a spike as configured: ``halve_lr``, ``raise_density`` or
 ``stop`` (exit code 3).
@@ -27,8 +31,10 @@ import numpy as np
 
 class DivergenceGuard:
     def __init__(self, max_norm_factor: float = 10.0, loss_spike_factor: float = 3.0,
-                 window: int = 50, warmup: int = 5):
+                 window: int = 50, warmup: int = 5, loss_samples: int = 0):
         self.max_norm_factor = float(max_norm_factor)
+        self.loss_samples = int(loss_samples)
+        self._pool = [0.0, 0]  # loss sum and samples of the exchanges not judged yet
         self.loss_spike_factor = float(loss_spike_factor)
         self.warmup = int(warmup)
         self._norms: deque = deque(maxlen=window)
@@ -47,11 +53,20 @@ class DivergenceGuard:
         self._norms.append(n)
         return None
 
-    def check_loss(self, loss: float) -> bool:
-        """True when ``loss`` is a spike (or not finite)."""
+    def check_loss(self, loss: float, samples: int | None = None) -> bool:
+        """True when ``loss`` is a spike (or not finite).
+
+        ``samples``: the exchange's training samples; its loss is pooled with the
+        next exchanges' until they hold ``loss_samples`` (None: judge it alone)."""
         if not math.isfinite(loss):
             self.spikes += 1
             return True
+        if samples is not None and self.loss_samples > 0:
+            self._pool[0] += float(loss) * int(samples)
+            self._pool[1] += int(samples)
+            if self._pool[1] < self.loss_samples:
+                return False
+            loss, self._pool = self._pool[0] / self._pool[1], [0.0, 0]
         spike = (len(self._losses) >= self.warmup
                  and loss > self.loss_spike_factor * float(np.median(self._losses)))
         if spike:
@@ -62,10 +77,13 @@ class DivergenceGuard:
 
     def state_dict(self) -> dict:
         return {"norms": list(self._norms), "losses": list(self._losses), "rejected": self.rejected,
-                "spikes": self.spikes}
+                "spikes": self.spikes,
+                "pool": list(self._pool)}
 
     def load_state_dict(self, d: dict) -> None:
         self._norms.extend(float(x) for x in d.get("norms", []))
         self._losses.extend(float(x) for x in d.get("losses", []))
         self.rejected = int(d.get("rejected", 0))
         self.spikes = int(d.get("spikes", 0))
+        pool = d.get("pool", [0.0, 0])
+        self._pool = [float(pool[0]), int(pool[1])]

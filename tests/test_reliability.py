@@ -53,7 +53,9 @@ def test_exploding_delta_is_rejected_by_norm_guard(tiny_cfg):
 
 @pytest.mark.parametrize("action", ["stop", "halve_lr", "raise_density"])
 def test_loss_spike_actions(tiny_cfg, action):
-    cfg = tiny_cfg.replace(guard__action=action, compression__method="threshold", compression__density=0.01)
+    # tiny rounds: each round judged alone (guard.loss_samples = 0)
+    cfg = tiny_cfg.replace(guard__action=action, guard__loss_samples=0, compression__method="threshold",
+                           compression__density=0.01)
     backend = LocalBackend(f"t-spike-{action}")
     engine, _ = build_engine(cfg, backend, backend.run_id)
     recs = [engine.run_round(t) for t in range(6)]
@@ -95,3 +97,20 @@ def test_loss_spike_halves_learning_rate():
         assert not g.check_loss(loss)
     assert g.check_loss(5.0) and g.spikes == 1
     assert g.check_loss(float("nan"))
+
+
+def test_loss_spike_judged_on_pooled_exchanges_not_one_minibatch():
+    """At one step per exchange a minibatch's loss is noise: judged alone, noise halved the lr
+    of every per-step run; pooled to ``loss_samples`` it is no spike, while a real jump still is."""
+    from sparkcnn.guard import DivergenceGuard
+
+    rng = np.random.default_rng(0)
+    noisy = np.clip(rng.gamma(1.2, 0.25, size=2000), 0.01, None)  # per-batch losses, mean 0.3
+    alone, pooled = DivergenceGuard(warmup=5), DivergenceGuard(warmup=5, loss_samples=1024)
+    assert sum(alone.check_loss(float(x)) for x in noisy) > 0
+    assert not any(pooled.check_loss(float(x), samples=64) for x in noisy)
+    hits = [pooled.check_loss(5.0, samples=64) for _ in range(16)]  # 1024 samples of a diverged loss
+    assert hits == [False] * 15 + [True] and pooled.spikes == 1
+    again = DivergenceGuard(warmup=5, loss_samples=1024)
+    again.load_state_dict(pooled.state_dict())
+    assert again.state_dict() == pooled.state_dict()

@@ -140,7 +140,7 @@ class AsyncEngine(DriverShorthands):
         if self.block_step[block] >= self.block_steps[block]:
             self.block_epoch[block] += 1
             self.block_step[block] = 0
-        d.check_loss(f"job {r.seq}", rec["loss"])
+        d.check_loss(f"job {r.seq}", rec["loss"], rec["samples"])
         t2 = time.perf_counter()
         rec.update(epoch=int(self.epoch_float - 1e-9) if self.samples_done else 0,
                    compute_s=r.compute_s, task_s=r.task_s, job_s=t1 - t0, apply_s=t2 - t1, wall_s=t2 - t0,

@@ -62,7 +62,8 @@ class RoundDriver:
             density_down=c.density_down if self.sparse_down else None,
             sparsifier=Sparsifier(self.plan.selector, c.dense_below),
             value_dtype=spec.value_dtype)
-        self.guard = DivergenceGuard(cfg.guard.max_norm_factor, cfg.guard.loss_spike_factor)
+        self.guard = DivergenceGuard(cfg.guard.max_norm_factor, cfg.guard.loss_spike_factor,
+                                     loss_samples=cfg.guard.loss_samples)
         self.lr_factor = 1.0        # halved by the guard on a loss spike
         self.density_factor = 1.0   # raised by the guard on a loss spike
         self.counters = dict.fromkeys(COUNTERS, 0)
@@ -191,9 +192,10 @@ class RoundDriver:
             self.counters["stale_states"] += int(r.state_stale)
             self.counters["replica_resyncs"] += int(r.replica_resync)
 
-    def check_loss(self, tag: str, loss: float) -> None:
-        """Loss spike: act as ``guard.action`` says (halve the lr, raise the density, or stop)."""
-        if not self.guard.check_loss(loss):
+    def check_loss(self, tag: str, loss: float, samples: int | None = None) -> None:
+        """Loss spike: act as ``guard.action`` says (halve the lr, raise the density, or stop).
+        ``samples``: the exchange's; the guard pools exchanges to ``guard.loss_samples``."""
+        if not self.guard.check_loss(loss, samples):
             return
         action = self.cfg.guard.action
         log.warning("%s: loss %.4g is a spike; action %s", tag, loss, action)

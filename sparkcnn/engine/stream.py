@@ -197,7 +197,7 @@ class StreamEngine(DriverShorthands):
         d = self.driver
         samples, compute = sum(r.samples for r in results), max(r.compute_s for r in results)
         self.exposed_s += wait_s
-        d.check_loss(f"exchange {rec['round']}", rec["loss"])
+        d.check_loss(f"exchange {rec['round']}", rec["loss"], rec["samples"])
         rec.update(epoch=min(int(self.epoch_float - 1e-9) if self.samples_done else 0, self.cfg.train.epochs - 1),
                    compute_s=compute, exposed_comm_s=wait_s, round_overhead_s=wait_s,
                    apply_s=time.perf_counter() - t0,

@@ -120,7 +120,7 @@ class SyncEngine(DriverShorthands):
         d.count_flags(fresh)
         rec = {"kind": "round", "round": t, "epoch": epoch, "round_in_epoch": r,
                **d.exchange_record(order, fresh, out, nnz_down)}
-        d.check_loss(f"round {t}", rec["loss"])
+        d.check_loss(f"round {t}", rec["loss"], rec["samples"])
         self.last_applied_round = t
         self._observe_speeds(fresh)
         if order.return_state:
