@@ -107,6 +107,8 @@ class CompressionConfig:
     dense_below: int = 16384        # tensors with fewer elements (biases, BatchNorm) travel dense
     density_down: float = 0.0       # downlink density; 0 = dense model broadcast
     momentum: str = "correction"    # correction (DGC masking) | sparsification_aware
+    clip_norm: float = 0.0          # per-step form: DGC local gradient clipping, each block's gradient
+                                    # L2 norm capped at clip_norm / sqrt(num_blocks); 0 = off
 
     def validate(self, p: str) -> None:
         _check(self.method in ("none", "threshold", "topk"), f"{p}.method",
@@ -120,6 +122,7 @@ class CompressionConfig:
         _check(0 <= self.density_down <= 1, f"{p}.density_down", "in [0, 1]", self.density_down)
         _check(self.momentum in ("correction", "sparsification_aware"), f"{p}.momentum",
                "one of correction, sparsification_aware", self.momentum)
+        _check(self.clip_norm >= 0, f"{p}.clip_norm", ">= 0", self.clip_norm)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ def build_spec(cfg, run_id: str, train, test, model) -> TaskSpec:
         momentum=cfg.train.momentum, weight_decay=cfg.train.weight_decay, layout=sizes,
         value_dtype=c.value_dtype, method=c.method, dense_below=cfg.compression.dense_below,
         momentum_mode=cfg.compression.momentum, per_step=c.per_step,
+        # DGC's local clipping: N blocks' gradients summed keep the single-process norm bound
+        clip_norm=cfg.compression.clip_norm / float(np.sqrt(cfg.data.num_blocks)),
         sparse_downlink=cfg.compression.density_down > 0,
         chaos_fail_p=cfg.chaos.fail_task_probability, chaos_kill_p=cfg.chaos.kill_worker_probability,
         chaos_slow=cfg.chaos.slow_executor, chaos_nan_seq=cfg.chaos.nan_round,

@@ -69,3 +69,40 @@ def test_a_training_step_moves_the_flat_weights_and_fills_the_momentum(trainer):
     assert seen == 8
     assert not np.array_equal(tr.get_flat(), before)
     assert tr.get_momentum().any()
+
+
+def test_per_step_gradient_is_clipped_to_the_block_cap_and_batchnorm_statistics_are_not(trainer):
+    """DGC's local gradient clipping in the per-step form: the trainable part of a block's
+    gradient is capped at spec.clip_norm; BatchNorm statistics' entries are no gradient."""
+    import dataclasses
+
+    from sparkcnn.compression.feedback import make_policy
+    from sparkcnn.worker.round import clip_gradient, compute
+
+    tr, rng = trainer, np.random.default_rng(5)
+    x, y = rng.standard_normal((8, 8, 8, 1)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32)
+    w = rng.standard_normal(tr.offsets[-1]).astype(np.float32)
+    nt = tr.non_trainable_mask
+    tr.set_flat(w)
+    g, *_ = tr.gradient(x, y, np.arange(4))
+    full = float(np.linalg.norm(g[~nt]))
+    assert full > 0.01
+    from sparkcnn.protocol import TaskSpec
+
+    spec = TaskSpec(run_id="t", num_blocks=1, test_blocks=1, model_name="tests.test_trainer:tiny_bn",
+                    input_shape=(8, 8, 1), num_classes=3, seed=0, batch_size=4, momentum=0.0, weight_decay=0.0,
+                    layout=tuple(b - a for a, b in zip(tr.offsets[:-1], tr.offsets[1:])), method="topk",
+                    per_step=True, dense_below=0)
+    sent = {}
+    for cap in (0.0, full / 4):
+        s = dataclasses.replace(spec, clip_norm=cap)
+        policy = make_policy("topk", "correction", True, s.layout, "float32", 0, 0.0)
+        tr.set_flat(w)
+        out, *_ = compute(s, tr, policy, {}, w, x, y, [np.arange(4)], 0.1, 1.0)
+        sent[cap] = out.to_dense()
+    np.testing.assert_allclose(np.linalg.norm(sent[full / 4][~nt]), full / 4, rtol=1e-4)
+    np.testing.assert_allclose(sent[full / 4][~nt], sent[0.0][~nt] / 4, rtol=1e-4, atol=1e-7)
+    np.testing.assert_array_equal(sent[full / 4][nt], sent[0.0][nt])  # statistics: not clipped
+    v = np.array([3.0, 4.0, 12.0], np.float32)
+    assert clip_gradient(v, np.array([True, True, False]), 1.0) == 5.0
+    np.testing.assert_allclose(v, [0.6, 0.8, 12.0])

@@ -4,7 +4,7 @@ Worker round for block ``k`` starting from the replica ``V`` (version ``b``)::
 
     H > 1:  V_after = H SGD-momentum steps from V;  Δ = V − V_after
             dense: S = Δ                      sparse: A += Δ; S = sparsify(A); A −= S; momentum[S] = 0
-    H = 1, sparse (the per-step form): g = ∇loss(V);  S = policy.step(g)   (DGC momentum correction
+    H = 1, sparse (the per-step form): g = clip(∇loss(V));  S = policy.step(g)   (DGC momentum correction
             or sparsification-aware momentum; the server scales S as the policy says)
     payload = encode(S)
 
@@ -107,6 +107,8 @@ def compute(spec: TaskSpec, trainer, policy, state: dict, w: np.ndarray, images,
         # change / lr, so that the server's ``W -= lr * S`` averages them
         g, loss_sum, correct, seen = trainer.gradient(images, labels, batches[0])
         nt = trainer.non_trainable_mask
+        if spec.clip_norm > 0:
+            clip_gradient(g, ~nt if nt.any() else None, spec.clip_norm)
         if nt.any():
             g[nt] = (w[nt] - trainer.get_flat()[nt]) / lr
         _load_policy(policy, state)
@@ -121,6 +123,19 @@ def compute(spec: TaskSpec, trainer, policy, state: dict, w: np.ndarray, images,
     _load_policy(policy, state)
     sent = policy.step(delta, density, lr=lr, weights=w)
     return sent, {"momentum": mask_momentum(momentum, sent), **_policy_state(policy)}, loss_sum, correct, seen
+
+
+def clip_gradient(g: np.ndarray, trainable: np.ndarray | None, max_norm: float) -> float:
+    """DGC's local gradient clipping, in place: scale ``g`` (its ``trainable`` entries) so that
+    their L2 norm is at most ``max_norm``; returns the norm before clipping."""
+    part = g if trainable is None else g[trainable]
+    norm = float(np.sqrt(np.dot(part, part)))
+    if norm > max_norm:
+        if trainable is None:
+            g *= max_norm / norm
+        else:
+            g[trainable] = part * (max_norm / norm)
+    return norm
 
 
 def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, ctx: TaskContextInfo) -> RoundResult:
