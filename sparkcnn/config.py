@@ -127,11 +127,13 @@ class CompressionConfig:
 
 @dataclass(frozen=True)
 class PSConfig:
-    staleness: str = "inverse"  # async: none (lambda = 1) | inverse (lambda = 1/tau)
+    staleness: str = "auto"     # async: none (lambda = 1) | inverse (lambda = 1/tau) | auto: none where the
+                                # stream's lookahead compensates the delay, else inverse
     max_staleness: int = 8      # async: blocks are held back beyond it; a result arriving staler is dropped
 
     def validate(self, p: str) -> None:
-        _check(self.staleness in ("none", "inverse"), f"{p}.staleness", "one of none, inverse", self.staleness)
+        _check(self.staleness in ("auto", "none", "inverse"), f"{p}.staleness", "one of auto, none, inverse",
+               self.staleness)
         _check(self.max_staleness >= 1, f"{p}.max_staleness", ">= 1", self.max_staleness)
 
 
@@ -146,6 +148,8 @@ class EngineConfig:
                                 # epoch exchanging with the driver's parameter-server service)
     stream_timeout_s: float = 60.0  # stream: a task gives up when the server does not answer this long
     max_message_bytes: int = 0  # stream: larger messages are refused unread; 0 = 8 x parameters + 1 MiB
+    stream_lookahead: bool = True  # stream: tasks compute at their view extrapolated by the staleness the
+                                   # server measured for their last push (delay compensation)
 
     def validate(self, p: str) -> None:
         _check(self.mode in ("sync", "async"), f"{p}.mode", "one of sync, async", self.mode)

@@ -50,6 +50,16 @@ def staleness_scale(tau: int, rule: str = "inverse") -> float:
     raise BadInput(f"`staleness.rule` must be one of {RULES}, got {rule!r}")
 
 
+def resolve_rule(rule: str, compensated: bool) -> str:
+    """The rule ``ps.staleness`` names; ``auto`` is ``none`` where the workers compensate the
+    delay themselves (the stream's lookahead computes at the weights the update lands on, so
+    damping it by 1/tau as well under-steps: measured 0.844 vs 0.870 after 2 epochs at H = 1)
+    and ``inverse`` elsewhere."""
+    if rule == "auto":
+        return "none" if compensated else "inverse"
+    return rule
+
+
 def held_back(tau: int, max_staleness: int | None) -> bool:
     """Whether an update of staleness ``tau`` exceeds the bound.
 

@@ -317,3 +317,27 @@ def test_stream_on_a_standalone_cluster(standalone_cluster, tiny_data, tmp_path)
     assert len(out["executors"]) == 2 and out["stream"]["streams"] == 2
     assert out["stream"]["unauthenticated_refused"] == 0 and out["duplicates_dropped"] == 0
     assert out["test_accuracy"] > 0.3
+
+
+def test_lookahead_extrapolates_the_view_by_the_measured_staleness():
+    """Delay compensation: a push lands tau versions after its view; the task computes at the view
+    moved on by tau versions of the server's measured motion (exact for steady motion)."""
+    from sparkcnn.worker.stream import _Lookahead
+
+    rng = np.random.default_rng(2)
+    w0, v = rng.standard_normal(50).astype(np.float32), rng.standard_normal(50).astype(np.float32)
+    look = _Lookahead()
+    look.observe(w0, 4, None)
+    assert look.weights(w0) is w0  # no motion seen yet: the view itself
+    w1 = w0 + 3 * v  # three versions later
+    look.observe(w1, 7, 2)
+    np.testing.assert_allclose(look.weights(w1), w1 + 2 * v, rtol=1e-5, atol=1e-5)
+    look.observe(w1, 7, 0)  # same version again: the motion stays, tau 0 means the view
+    assert look.weights(w1) is w1
+    w2 = w1 + 2 * v
+    look.observe(w2, 9, 3)
+    np.testing.assert_allclose(look.weights(w2), w2 + 3 * v, rtol=1e-5, atol=1e-5)
+    from sparkcnn.staleness import resolve_rule
+
+    assert resolve_rule("auto", True) == "none" and resolve_rule("auto", False) == "inverse"
+    assert resolve_rule("inverse", True) == "inverse" and resolve_rule("none", False) == "none"

@@ -32,7 +32,7 @@ from sparkcnn.engine.monitor import LoadMonitor
 from sparkcnn.engine.tasks import round_task
 from sparkcnn.protocol import RoundOrder, steps_per_epoch
 from sparkcnn.scheduler import AsyncPolicy, DecisionKind, task_slots
-from sparkcnn.staleness import staleness_scale
+from sparkcnn.staleness import resolve_rule, staleness_scale
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class AsyncEngine(DriverShorthands):
             self.resync.add(block)
             return None
         self.resync.discard(block)
-        scale = staleness_scale(tau, self.cfg.ps.staleness) / self.num_blocks
+        scale = staleness_scale(tau, resolve_rule(self.cfg.ps.staleness, False)) / self.num_blocks
         out = d.apply([r], order.lr, factor=scale)
         nnz_down = d.send_downlink(self.epoch_float)
         d.count_flags([r])

@@ -30,7 +30,7 @@ from sparkcnn.engine.driver import DriverShorthands, RoundDriver
 from sparkcnn.engine.psservice import PSService
 from sparkcnn.errors import BadInput
 from sparkcnn.protocol import RoundOrder, RoundResult, StreamTicket, steps_per_epoch
-from sparkcnn.staleness import staleness_scale
+from sparkcnn.staleness import resolve_rule, staleness_scale
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,8 @@ class StreamEngine(DriverShorthands):
         self.opens: dict[int, int] = {}  # streams opened per block in this stage (its attempt + 1)
         self.failure: BaseException | None = None
         self.staleness_hist: dict[int, int] = {}
+        self.staleness_rule = resolve_rule(cfg.ps.staleness, cfg.engine.stream_lookahead)
+        self.tau: dict[int, int] = {}  # block -> staleness of its last applied push (its lookahead)
         self.exposed_s = 0.0
         self.service: PSService | None = None
 
@@ -142,7 +144,8 @@ class StreamEngine(DriverShorthands):
         if fresh:
             self._apply(r, lr, density, float(h["wait_s"]))
         lr, density = d.schedule(min(self.epoch_float, self.cfg.train.epochs))
-        return self._weights_reply({"op": "reply", "lr": lr, "density": density}, block, have)
+        return self._weights_reply({"op": "reply", "lr": lr, "density": density, "tau": self.tau.get(block, 0)},
+                                   block, have)
 
     def _push_sync(self, block: int, h: dict, payload: bytes):
         """BSP: the reply waits until every block's push of this round has arrived; the last
@@ -163,7 +166,8 @@ class StreamEngine(DriverShorthands):
             if self.failure is not None:
                 raise self.failure
         lr, density = d.schedule(min(self.epoch_float, self.cfg.train.epochs))
-        return self._weights_reply({"op": "reply", "lr": lr, "density": density}, block, int(h["have"]))
+        return self._weights_reply({"op": "reply", "lr": lr, "density": density, "tau": self.tau.get(block, 0)},
+                                   block, int(h["have"]))
 
     def _apply_round(self, i: int, results: dict, wait_s: float) -> None:
         d, t0 = self.driver, time.perf_counter()
@@ -172,6 +176,7 @@ class StreamEngine(DriverShorthands):
         fresh = d.take_fresh([results[k] for k in sorted(results)])
         if not fresh:
             return
+        self.tau.update({r.block: d.staleness(r) for r in fresh})
         out = d.apply(fresh, lr)
         nnz_down = d.send_downlink(self.epoch_float)
         d.count_flags(fresh)
@@ -211,11 +216,12 @@ class StreamEngine(DriverShorthands):
     def _apply(self, r: RoundResult, lr: float, density: float, wait_s: float) -> None:
         d, t0 = self.driver, time.perf_counter()
         tau = d.staleness(r)
+        self.tau[r.block] = tau
         self.staleness_hist[tau] = self.staleness_hist.get(tau, 0) + 1
         if d.too_stale(r):
             self.resync.add(r.block)
             return
-        scale = staleness_scale(tau, self.cfg.ps.staleness) / self.num_blocks
+        scale = staleness_scale(tau, self.staleness_rule) / self.num_blocks
         out = d.apply([r], lr, factor=scale)
         nnz_down = d.send_downlink(self.epoch_float)
         d.count_flags([r])
@@ -255,7 +261,8 @@ class StreamEngine(DriverShorthands):
             end = even if self.sync else self.block_steps[k]
             self.plans[k] = {"seq0": self.next_seq[k], "offset": self.block_epoch[k] * self.block_steps[k]
                              + self.block_step[k], "steps": end - self.block_step[k], "stage_end": end,
-                             "h": self.h, "expect_state": self.last_seq[k]}
+                             "h": self.h, "expect_state": self.last_seq[k],
+                             "lookahead": self.cfg.engine.stream_lookahead}
             self.next_seq[k] += -(-self.plans[k]["steps"] // self.h)
 
     def check_limits(self) -> None:
