@@ -368,3 +368,20 @@ def test_import_pulls_in_neither_spark_nor_tensorflow():
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("mode", ["correction", "sparsification_aware"])
+def test_tensors_sent_whole_keep_plain_momentum(mode):
+    """A tensor below dense_below is sent whole every step: no selection, so no masking; the
+    server's total over steps is momentum SGD's there (DGC's lr-free form: the sum of u)."""
+    layout, m, lr = (5000, 10), 0.9, 0.1
+    policy = make_policy("topk", mode, True, layout, "float32", 100, m)
+    rng = np.random.default_rng(3)
+    u = np.zeros(10, np.float32)
+    for _ in range(6):
+        g = rng.standard_normal(5010).astype(np.float32)
+        sent = policy.step(g, 0.01, lr=lr, weights=None).to_dense()
+        u = m * u + g[5000:]
+        expect = u if mode == "correction" else lr * u
+        np.testing.assert_allclose(sent[5000:], expect, rtol=1e-5, atol=1e-6)
+    assert np.count_nonzero(sent[:5000]) == 50  # the big tensor still goes through selection

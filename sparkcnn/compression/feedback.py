@@ -84,6 +84,18 @@ class _FlatState:
         self.value_dtype = value_dtype
         for name in self._buffers:
             setattr(self, name, np.zeros(self.size, dtype=np.float32))
+        # tensors the sparsifier sends whole every step (fewer than dense_below elements):
+        # no selection happens there, so neither does momentum masking
+        offsets = layout_offsets(self.layout)
+        self.dense_ranges = [(int(a), int(b)) for a, b in zip(offsets[:-1], offsets[1:])
+                             if b - a < sparsifier.dense_below]
+        self._dense = np.zeros(self.size, bool)
+        for a, b in self.dense_ranges:
+            self._dense[a:b] = True
+
+    def selected(self, indices: np.ndarray) -> np.ndarray:
+        """The entries of ``indices`` in tensors that go through selection (not sent whole)."""
+        return indices[~self._dense[indices]] if self.dense_ranges else indices
 
     def _send(self, buf: np.ndarray, density: float) -> SparseDelta:
         """``S = select(buf); q = quantise(buf[S]); buf[S] -= q``; returns ``SparseDelta(S, q)``.
@@ -151,7 +163,8 @@ class DGCMomentum(_FlatState):
         v += u                   # velocity residual
         S = select(v, density)
         send q(v[S]);  v[S] -= q(v[S])      # = 0 with float32 values
-        u[S] = 0                 # factor masking
+        u[S] = 0                 # factor masking (selected tensors; those sent whole every
+                                 # step keep their momentum: plain momentum SGD there)
 
     What is sent is free of the learning rate: the server applies
     ``W -= lr · mean(S)`` with no second momentum (``server_lr_scaled``).
@@ -174,7 +187,7 @@ class DGCMomentum(_FlatState):
         self.momentum += g
         self.velocity += self.momentum
         sent = self._send(self.velocity, density)
-        self.momentum[sent.indices] = 0.0
+        self.momentum[self.selected(sent.indices)] = 0.0
         return sent
 
 
@@ -186,6 +199,9 @@ class SparsificationAwareMomentum(_FlatState):
         send q(u[S]);  u[S] -= q(u[S])      # cleared (= 0 with float32 values)
         u /= m                   # the next step's m·u restores it: what was not
                                  # sent accumulates instead of decaying
+
+    Tensors sent whole every step (fewer than ``dense_below`` elements) keep
+    ``u`` as it is, neither cleared nor divided: plain momentum SGD there.
 
     The sent entries hold only the wire rounding remainder, which is divided
     by ``m`` like any other unsent mass; with float32 values they stay 0.
@@ -216,6 +232,9 @@ class SparsificationAwareMomentum(_FlatState):
             u += np.float32(lr) * g
         sent = self._send(u, density)
         u /= self.m
+        if self.dense_ranges:
+            whole = self._dense[sent.indices]
+            u[sent.indices[whole]] = (u[sent.indices[whole]] * self.m) + sent.values[whole]
         return sent
 
 
