@@ -297,8 +297,47 @@ def spark_backend(spark, run_id: str, pool: str | None = None):
     return SparkBackend(spark, run_id, pool=pool)
 
 
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+# read when the benchmark starts (this module is imported first): what the run measures
+_STARTED = {"git_commit": _git("rev-parse", "HEAD") or None,
+            "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": [os.path.basename(sys.executable), *sys.argv]}
+
+
+def provenance() -> dict:
+    """Where a result came from: commit (and whether the tree was dirty at the start), command,
+    date, library versions and the machine."""
+    import platform
+    from importlib import metadata
+
+    def version(pkg):
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return None
+
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+    return {**_STARTED, "python": platform.python_version(),
+            "tensorflow": version("tensorflow") or version("tensorflow-cpu"),
+            **{pkg: version(pkg) for pkg in ("keras", "pyspark", "numpy", "pyarrow")},
+            "machine": {"cores": os.cpu_count(), "memory_gib": round(mem / 2**30, 1), "cpu": cpu,
+                        "platform": platform.platform()}}
+
+
 def emit(obj: dict) -> None:
-    print(json.dumps(obj, indent=2, sort_keys=False))
+    print(json.dumps({**obj, "provenance": provenance()}, indent=2, sort_keys=False))
 
 
 class Timer:
