@@ -109,6 +109,8 @@ class CompressionConfig:
     momentum: str = "correction"    # correction (DGC masking) | sparsification_aware
     clip_norm: float = 0.0          # per-step form: DGC local gradient clipping, each block's gradient
                                     # L2 norm capped at clip_norm / sqrt(num_blocks); 0 = off
+    factor_masking: bool = True     # per-step correction: DGC's momentum factor masking (false: momentum
+                                    # correction alone, the momentum of sent entries kept)
 
     def validate(self, p: str) -> None:
         _check(self.method in ("none", "threshold", "topk"), f"{p}.method",

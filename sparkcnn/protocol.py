@@ -56,6 +56,7 @@ class TaskSpec:
     momentum_mode: str = "correction"   # compression.momentum: correction | sparsification_aware
     per_step: bool = False              # H = 1 with compression: the per-step (gradient) form
     clip_norm: float = 0.0              # per-step form: a block's gradient norm cap (0 = none)
+    factor_masking: bool = True         # per-step DGC: zero momentum where sent
     sparse_downlink: bool = False       # compression.density_down > 0: replicas follow DownlinkMsgs
     # fault injection (chaos.*): tests and drills only
     chaos_fail_p: float = 0.0

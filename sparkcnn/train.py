@@ -44,6 +44,7 @@ def build_spec(cfg, run_id: str, train, test, model) -> TaskSpec:
         momentum_mode=cfg.compression.momentum, per_step=c.per_step,
         # DGC's local clipping: N blocks' gradients summed keep the single-process norm bound
         clip_norm=cfg.compression.clip_norm / float(np.sqrt(cfg.data.num_blocks)),
+        factor_masking=cfg.compression.factor_masking,
         sparse_downlink=cfg.compression.density_down > 0,
         chaos_fail_p=cfg.chaos.fail_task_probability, chaos_kill_p=cfg.chaos.kill_worker_probability,
         chaos_slow=cfg.chaos.slow_executor, chaos_nan_seq=cfg.chaos.nan_round,

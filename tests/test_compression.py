@@ -385,3 +385,15 @@ def test_tensors_sent_whole_keep_plain_momentum(mode):
         expect = u if mode == "correction" else lr * u
         np.testing.assert_allclose(sent[5000:], expect, rtol=1e-5, atol=1e-6)
     assert np.count_nonzero(sent[:5000]) == 50  # the big tensor still goes through selection
+
+
+def test_correction_without_factor_masking_keeps_momentum_of_sent_entries():
+    layout, rng = (2000,), np.random.default_rng(8)
+    masked = make_policy("topk", "correction", True, layout, "float32", 0, 0.9)
+    kept = make_policy("topk", "correction", True, layout, "float32", 0, 0.9, masking=False)
+    g = rng.standard_normal(2000).astype(np.float32)
+    a, b = masked.step(g, 0.01, lr=0.1, weights=None), kept.step(g, 0.01, lr=0.1, weights=None)
+    np.testing.assert_array_equal(a.indices, b.indices)
+    assert not masked.momentum[a.indices].any()
+    np.testing.assert_array_equal(kept.momentum[b.indices], g[b.indices])  # u = g after one step
+    np.testing.assert_array_equal(kept.velocity, masked.velocity)  # the residual is the same

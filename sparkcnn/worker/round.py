@@ -153,7 +153,7 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, ctx: TaskCont
     start = order.step_offset.get(block, 0)
     batches = block_batches(spec, block, len(labels), start, h)
     policy = make_policy(spec.method, spec.momentum_mode, spec.per_step, spec.layout, spec.value_dtype,
-                         spec.dense_below, spec.momentum)
+                         spec.dense_below, spec.momentum, masking=spec.factor_masking)
     t1 = time.perf_counter()
     sent, new_state, loss_sum, correct, seen = compute(spec, trainer, policy, state, w, images, labels, batches,
                                                        order.lr, order.density)

@@ -212,7 +212,7 @@ def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: 
             look.observe(view.weights, view.version, None)
         state, reset = _stage_state(spec, plan, root, block, initial)
         policy = make_policy(spec.method, spec.momentum_mode, spec.per_step, spec.layout, spec.value_dtype,
-                             spec.dense_below, spec.momentum)
+                             spec.dense_below, spec.momentum, masking=spec.factor_masking)
         lr, density = float(plan["lr"]), float(plan["density"])
         attempt = max(ctx.attempt, int(plan.get("attempt", 0)))  # the stage's rerun count
         seq, offset, left, h = int(plan["seq0"]), int(plan["offset"]), int(plan["steps"]), int(plan["h"])
