@@ -106,3 +106,47 @@ def test_per_step_gradient_is_clipped_to_the_block_cap_and_batchnorm_statistics_
     v = np.array([3.0, 4.0, 12.0], np.float32)
     assert clip_gradient(v, np.array([True, True, False]), 1.0) == 5.0
     np.testing.assert_allclose(v, [0.6, 0.8, 12.0])
+
+
+@pytest.mark.parametrize("per_step, method", [(True, "topk"), (False, "topk"), (False, "none")])
+def test_live_compute_matches_the_state_passing_form(trainer, per_step, method):
+    """The stream keeps a block's state in the policy and the trainer through a stage (live);
+    the steps and the state it leaves are exactly those of passing the state each step."""
+    from sparkcnn.compression.feedback import make_policy
+    from sparkcnn.protocol import TaskSpec
+    from sparkcnn.worker.round import compute, held_state, hold_state
+
+    tr, rng = trainer, np.random.default_rng(6)
+    layout = tuple(b - a for a, b in zip(tr.offsets[:-1], tr.offsets[1:]))
+    spec = TaskSpec(run_id="t", num_blocks=1, test_blocks=1, model_name="tests.test_trainer:tiny_bn",
+                    input_shape=(8, 8, 1), num_classes=3, seed=0, batch_size=4, momentum=0.9, weight_decay=0.0,
+                    layout=layout, method=method, per_step=per_step, dense_below=0)
+    x, y = rng.standard_normal((16, 8, 8, 1)).astype(np.float32), rng.integers(0, 3, 16).astype(np.int32)
+    w0 = rng.standard_normal(tr.offsets[-1]).astype(np.float32) * 0.1
+    start = {"momentum": rng.standard_normal(tr.offsets[-1]).astype(np.float32) * 0.01} if not per_step else {}
+    batches = [[np.arange(4 * i, 4 * i + 4)] for i in range(3)]
+
+    def new_policy():
+        return make_policy(method, "correction", per_step, layout, "float32", 0, 0.9)
+
+    sent_a, state, w = [], dict(start), w0.copy()
+    policy = new_policy()
+    for b in batches:
+        tr.set_flat(w)
+        s, state, *_ = compute(spec, tr, policy, state, w, x, y, b, 0.05, 0.2)
+        sent_a.append(s.to_dense())
+        w = w - 0.5 * s.to_dense()
+    sent_b, w, policy = [], w0.copy(), new_policy()
+    hold_state(spec, tr, policy, dict(start))
+    for b in batches:
+        tr.set_flat(w)
+        s, none, *_ = compute(spec, tr, policy, None, w, x, y, b, 0.05, 0.2, live=True)
+        assert none is None
+        sent_b.append(s.to_dense())
+        w = w - 0.5 * s.to_dense()
+    for a, b in zip(sent_a, sent_b):
+        np.testing.assert_array_equal(a, b)
+    held = held_state(spec, tr, policy)
+    assert sorted(held) == sorted(state)
+    for k in state:
+        np.testing.assert_array_equal(held[k], state[k])

@@ -93,15 +93,21 @@ def block_batches(spec: TaskSpec, block: int, rows: int, start: int, steps: int)
 
 
 def compute(spec: TaskSpec, trainer, policy, state: dict, w: np.ndarray, images, labels, batches,
-            lr: float, density: float):
+            lr: float, density: float, *, live: bool = False):
     """One exchange's local work from weights ``w``: (sent delta, new state, loss sum, correct, samples).
 
     H local steps (or, per-step form, one gradient) then the momentum policy's
     sparsification; the module docstring gives the rule. No full minibatch: the
     state carries over and nothing is sent.
+
+    ``live``: the block's state already sits in ``policy`` and the trainer's
+    momentum (:func:`hold_state`, once per stage) and stays there: nothing
+    is copied in or out (the returned state is None; :func:`held_state` reads it
+    at the end). The stream's tasks step thousands of times per stage, and the
+    copies cost O(P) each step.
     """
     if not batches:
-        return SparseDelta.empty(int(sum(spec.layout))), state, 0.0, 0, 0
+        return SparseDelta.empty(int(sum(spec.layout))), (None if live else state), 0.0, 0, 0
     if spec.per_step:
         # gradient only; non-trainable entries (BN statistics) carry their forward-pass
         # change / lr, so that the server's ``W -= lr * S`` averages them
@@ -111,18 +117,40 @@ def compute(spec: TaskSpec, trainer, policy, state: dict, w: np.ndarray, images,
             clip_gradient(g, ~nt if nt.any() else None, spec.clip_norm)
         if nt.any():
             g[nt] = (w[nt] - trainer.get_flat()[nt]) / lr
-        _load_policy(policy, state)
+        if not live:
+            _load_policy(policy, state)
         sent = policy.step(g, density, lr=lr, weights=w)
-        return sent, _policy_state(policy), loss_sum, correct, seen
-    trainer.set_momentum(state.get("momentum"))
+        return sent, (None if live else _policy_state(policy)), loss_sum, correct, seen
+    if not live:
+        trainer.set_momentum(state.get("momentum"))
     loss_sum, correct, seen = trainer.train(images, labels, batches, lr)
     delta = w - trainer.get_flat()
-    momentum = trainer.get_momentum()
     if policy is None:  # dense
-        return SparseDelta.from_dense(delta), {"momentum": momentum}, loss_sum, correct, seen
-    _load_policy(policy, state)
+        return (SparseDelta.from_dense(delta), None if live else {"momentum": trainer.get_momentum()},
+                loss_sum, correct, seen)
+    if not live:
+        _load_policy(policy, state)
     sent = policy.step(delta, density, lr=lr, weights=w)
-    return sent, {"momentum": mask_momentum(momentum, sent), **_policy_state(policy)}, loss_sum, correct, seen
+    momentum = mask_momentum(trainer.get_momentum(), sent)
+    if live:
+        trainer.set_momentum(momentum)
+        return sent, None, loss_sum, correct, seen
+    return sent, {"momentum": momentum, **_policy_state(policy)}, loss_sum, correct, seen
+
+
+def hold_state(spec: TaskSpec, trainer, policy, state: dict) -> None:
+    """Put a block's state where :func:`compute` keeps it with ``live=True``."""
+    if policy is not None:
+        _load_policy(policy, state)
+    if not spec.per_step:
+        trainer.set_momentum(state.get("momentum"))
+
+
+def held_state(spec: TaskSpec, trainer, policy) -> dict:
+    """The block state :func:`hold_state` and live :func:`compute` steps left (the dict
+    :func:`compute` returns otherwise)."""
+    out = {} if spec.per_step else {"momentum": trainer.get_momentum()}
+    return {**out, **(_policy_state(policy) if policy is not None else {})}
 
 
 def clip_gradient(g: np.ndarray, trainable: np.ndarray | None, max_norm: float) -> float:

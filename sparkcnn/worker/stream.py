@@ -31,7 +31,15 @@ from sparkcnn.compression import codec
 from sparkcnn.compression.feedback import make_policy
 from sparkcnn.protocol import StreamTicket, TaskContextInfo, TaskSpec
 from sparkcnn.streamwire import pack, unpack
-from sparkcnn.worker.round import _chaos_draw, block_batches, block_state_at, compute, local_root
+from sparkcnn.worker.round import (
+    _chaos_draw,
+    block_batches,
+    block_state_at,
+    compute,
+    held_state,
+    hold_state,
+    local_root,
+)
 from sparkcnn.worker.trainer import get_trainer
 
 log = logging.getLogger(__name__)
@@ -213,6 +221,7 @@ def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: 
         state, reset = _stage_state(spec, plan, root, block, initial)
         policy = make_policy(spec.method, spec.momentum_mode, spec.per_step, spec.layout, spec.value_dtype,
                              spec.dense_below, spec.momentum, masking=spec.factor_masking)
+        hold_state(spec, trainer, policy, state)  # the policy and the trainer keep it through the stage
         lr, density = float(plan["lr"]), float(plan["density"])
         attempt = max(ctx.attempt, int(plan.get("attempt", 0)))  # the stage's rerun count
         seq, offset, left, h = int(plan["seq0"]), int(plan["offset"]), int(plan["steps"]), int(plan["h"])
@@ -226,8 +235,8 @@ def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: 
             w = look.weights(view.weights) if look else view.weights
             trainer.set_flat(w)
             t0 = time.perf_counter()
-            sent, state, loss_sum, correct, seen = compute(spec, trainer, policy, state, w,
-                                                           images, labels, batches, lr, density)
+            sent, _, loss_sum, correct, seen = compute(spec, trainer, policy, None, w, images, labels, batches,
+                                                       lr, density, live=True)
             payload = codec.encode(sent, spec.layout, value_dtype=spec.value_dtype)
             t1 = time.perf_counter()
             if pending is not None:  # the previous push's reply: its downlink, the next lr and density
@@ -260,7 +269,7 @@ def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: 
             exposed += time.perf_counter() - tw
             view.take(reply, rblobs)
         if last_seq >= 0:
-            blockstore.save_state(root, spec.run_id, block, last_seq, state)
+            blockstore.save_state(root, spec.run_id, block, last_seq, held_state(spec, trainer, policy))
     finally:
         link.close()
     return {"block": block, "exchanges": exchanges, "samples": samples, "last_seq": last_seq,
