@@ -59,16 +59,17 @@ def _block_state(spec: TaskSpec, order: RoundOrder, root: str, block: int) -> tu
         # take the state of the one before (bounded staleness 1, as for the weights), counted
         state = blockstore.load_state(root, spec.run_id, block, expect - 1)
         stale = state is not None
-    reset = expect >= 0 and state is None
-    if reset:
-        log.warning("block %s: state of exchange %s gone; restarting from zero momentum and residual",
-                    block, expect)
-    return state or {}, reset, stale
+    state, reset = _or_reset(state, block, expect)
+    return state, reset, stale
 
 
 def block_state_at(spec: TaskSpec, root: str, block: int, tag: int) -> tuple[dict, bool]:
     """(state left by exchange ``tag``, reset): a missing state restarts from zero (counted)."""
-    state = blockstore.load_state(root, spec.run_id, block, tag) if tag >= 0 else None
+    return _or_reset(blockstore.load_state(root, spec.run_id, block, tag) if tag >= 0 else None, block, tag)
+
+
+def _or_reset(state: dict | None, block: int, tag: int) -> tuple[dict, bool]:
+    """(state, reset): the state exchange ``tag`` (>= 0) left, or a counted restart from zero."""
     if tag >= 0 and state is None:
         log.warning("block %s: state of exchange %s gone; restarting from zero momentum and residual", block, tag)
         return {}, True
