@@ -43,15 +43,20 @@ class DivergenceGuard:
         self.spikes = 0
 
     def check_norm(self, norm: float, steps: int = 1) -> str | None:
-        """None if a delta of L2 norm ``norm`` over ``steps`` local steps may be applied, else why not."""
+        """None if a delta of L2 norm ``norm`` over ``steps`` local steps may be applied, else why not.
+
+        A rejected norm still enters the window: an outlier cannot move the median, but a
+        lasting change of scale (the lr warm-up of a per-step run) does once it fills half
+        the window. Kept out, it froze the median and rejected every later delta."""
         n = float(norm) / max(1, int(steps))
+        why = None
         if len(self._norms) >= self.warmup:
             med = float(np.median(self._norms))
             if med > 0 and n > self.max_norm_factor * med:
                 self.rejected += 1
-                return f"norm per step {n:.3g} > {self.max_norm_factor:g} x running median {med:.3g}"
+                why = f"norm per step {n:.3g} > {self.max_norm_factor:g} x running median {med:.3g}"
         self._norms.append(n)
-        return None
+        return why
 
     def check_loss(self, loss: float, samples: int | None = None) -> bool:
         """True when ``loss`` is a spike (or not finite).

@@ -114,3 +114,17 @@ def test_loss_spike_judged_on_pooled_exchanges_not_one_minibatch():
     again = DivergenceGuard(warmup=5, loss_samples=1024)
     again.load_state_dict(pooled.state_dict())
     assert again.state_dict() == pooled.state_dict()
+
+
+def test_norm_guard_follows_a_lasting_change_of_scale():
+    """Rejected norms enter the window: one outlier is rejected and changes nothing, while a
+    lasting tenfold rise (an lr warm-up) is rejected only until it holds half the window."""
+    from sparkcnn.guard import DivergenceGuard
+
+    g = DivergenceGuard(max_norm_factor=10, window=50, warmup=5)
+    for _ in range(50):
+        assert g.check_norm(1.0) is None
+    assert g.check_norm(100.0) is not None and g.check_norm(1.0) is None
+    verdicts = [g.check_norm(30.0) for _ in range(60)]
+    assert verdicts[0] is not None and all(v is None for v in verdicts[30:])
+    assert g.rejected == 1 + sum(v is not None for v in verdicts) <= 27
