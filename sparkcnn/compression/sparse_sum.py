@@ -172,6 +172,23 @@ class DecodedBatch:
     def __len__(self) -> int:
         return len(self.dense)
 
+    def nnz(self, k: int) -> int:
+        """Entries payload ``k`` carries (its sparse entries and its dense tensors')."""
+        sizes = np.asarray(self.layout)
+        return int(self.sparse_at[k + 1] - self.sparse_at[k]) + int(sizes[self.dense[k]].sum())
+
+    def delta(self, k: int) -> SparseDelta:
+        """Payload ``k`` as one SparseDelta (float32 values, ascending indices): what
+        ``sum({k: 1})`` holds at its non-zero entries, without a P-sized vector."""
+        if not 0 <= k < len(self) or self.dense[k] is None:
+            raise ValueError(f"payload {k} is not a decoded payload of this batch")
+        a, b = self.sparse_at[k], self.sparse_at[k + 1]
+        d_idx = dense_indices(self.layout, self.dense[k])
+        idx = np.concatenate([d_idx, self.idx[a:b]])
+        vals = np.concatenate([wire_to_float32(self.dense_wire[k]), self.vals[a:b]])
+        order = np.argsort(idx, kind="stable")
+        return SparseDelta(self.size, idx[order], vals[order])
+
     def sum(self, weights: Mapping[int, float]) -> np.ndarray:
         """``G = Σ_k float32(weights[k]) · decode(payloads[k])`` over the payloads in ``weights``,
         float32, bitwise :func:`weighted_sum` of the decoded payloads in payload order.

@@ -23,9 +23,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 from sparkcnn.compression.sparse_sum import decode_batch
 from sparkcnn.guard import DivergenceGuard
 from sparkcnn.ps import ParameterServer
+
+
+SPARSE_APPLY_BELOW = 8  # a lone payload with fewer than P / 8 entries is applied in place
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,12 @@ def apply_deltas(ps: ParameterServer, payloads: Sequence[bytes], samples: Sequen
             good.append((j, k))
         else:
             rejected[k] = str(why)
-    if good:
+    if len(good) == 1 and batch.nnz(good[0][0]) * SPARSE_APPLY_BELOW < ps.W.size:
+        # one sparse payload (async, the stream): W[idx] -= float32(factor) · values, bitwise what
+        # the sum below gives, without a P-sized zero vector and a dense subtraction
+        j, k = good[0]
+        ps.apply(batch.delta(j), scale=float(np.float32(factors[k])))
+    elif good:
         total = sum(samples[k] for _, k in good)
         ps.apply(batch.sum({j: factors[k] * samples[k] / total for j, k in good}))
     return Applied(tuple(k for _, k in good), rejected)
