@@ -24,9 +24,8 @@ The engine acts on a spike as configured: ``halve_lr``, ``raise_density`` or
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
-
-import numpy as np
 
 
 class DivergenceGuard:
@@ -51,7 +50,7 @@ class DivergenceGuard:
         n = float(norm) / max(1, int(steps))
         why = None
         if len(self._norms) >= self.warmup:
-            med = float(np.median(self._norms))
+            med = statistics.median(self._norms)
             if med > 0 and n > self.max_norm_factor * med:
                 self.rejected += 1
                 why = f"norm per step {n:.3g} > {self.max_norm_factor:g} x running median {med:.3g}"
@@ -73,7 +72,7 @@ class DivergenceGuard:
                 return False
             loss, self._pool = self._pool[0] / self._pool[1], [0.0, 0]
         spike = (len(self._losses) >= self.warmup
-                 and loss > self.loss_spike_factor * float(np.median(self._losses)))
+                 and loss > self.loss_spike_factor * statistics.median(self._losses))
         if spike:
             self.spikes += 1
         else:
