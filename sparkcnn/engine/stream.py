@@ -143,15 +143,12 @@ class StreamEngine(DriverShorthands):
         fresh = d.take_fresh([r])
         if fresh:
             self._apply(r, lr, density, float(h["wait_s"]))
-        lr, density = d.schedule(min(self.epoch_float, self.cfg.train.epochs))
-        return self._weights_reply({"op": "reply", "lr": lr, "density": density, "tau": self.tau.get(block, 0)},
-                                   block, have)
+        return self._reply(block, have)
 
     def _push_sync(self, block: int, h: dict, payload: bytes):
         """BSP: the reply waits until every block's push of this round has arrived; the last
         arrival applies them together (samples-weighted, as a jobs round). A retried stage's
         pushes of rounds already applied are answered at once (their results are duplicates)."""
-        d = self.driver
         r = self._result(block, h, payload)
         i = r.seq - self.plans[block]["seq0"]  # the round of this stage
         if i not in self.completed:
@@ -165,9 +162,14 @@ class StreamEngine(DriverShorthands):
                                    f"did not push within engine.stream_timeout_s")
             if self.failure is not None:
                 raise self.failure
-        lr, density = d.schedule(min(self.epoch_float, self.cfg.train.epochs))
+        return self._reply(block, int(h["have"]))
+
+    def _reply(self, block: int, have: int):
+        """A push's reply: the next lr and density, the staleness of the block's last applied
+        push (its lookahead) and the weights part."""
+        lr, density = self.driver.schedule(min(self.epoch_float, self.cfg.train.epochs))
         return self._weights_reply({"op": "reply", "lr": lr, "density": density, "tau": self.tau.get(block, 0)},
-                                   block, int(h["have"]))
+                                   block, have)
 
     def _apply_round(self, i: int, results: dict, wait_s: float) -> None:
         d, t0 = self.driver, time.perf_counter()

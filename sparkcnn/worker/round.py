@@ -114,9 +114,10 @@ def compute(spec: TaskSpec, trainer, policy, state: dict, w: np.ndarray, images,
         # change / lr, so that the server's ``W -= lr * S`` averages them
         g, loss_sum, correct, seen = trainer.gradient(images, labels, batches[0])
         nt = trainer.non_trainable_mask
+        has_nt = nt.any()
         if spec.clip_norm > 0:
-            clip_gradient(g, ~nt if nt.any() else None, spec.clip_norm)
-        if nt.any():
+            clip_gradient(g, ~nt if has_nt else None, spec.clip_norm)
+        if has_nt:
             g[nt] = (w[nt] - trainer.get_flat()[nt]) / lr
         if not live:
             _load_policy(policy, state)
