@@ -180,6 +180,7 @@ def measure_pipelined(data: str, H: int) -> dict:
     engine = _engine(data, f"bench-pipe-h{H}", [f"train.steps_per_round={H}", "train.epochs=1",
                                                  "engine.pipeline=true"], sink=sink)
     run_s = engine.run()["wall_s"]
+    sink.close()
     engine.backend.close()  # unpersist the block placement RDDs
     rows = sink.rounds()
     rate = steady_rate(rows, skip_first=2, skip_last=1)
@@ -213,6 +214,7 @@ def measure_async(data: str, H: int, target_job_s: float) -> dict:
                                                   "engine.mode=async", f"data.num_blocks={ASYNC_BLOCKS}",
                                                   f"scheduler.target_job_seconds={target_job_s:.4f}"], sink=sink)
     run_s = engine.run()["wall_s"]
+    sink.close()
     engine.backend.close()  # unpersist the block placement RDDs
     rows = sink.rounds()
     rate = steady_rate(rows, skip_first=2 * ASYNC_BLOCKS, skip_last=2)
@@ -252,6 +254,7 @@ def measure_stream(data: str, H: int, mode: str, extra: list[str]) -> dict:
     except Exception as e:  # noqa: BLE001 - a case the transport does not run yet is reported, not hidden
         return {"error": str(e).splitlines()[0]}
     run = engine.run()
+    sink.close()
     engine.backend.close()
     rows = sink.rounds()
     rate = steady_rate(rows, skip_first=2 * BLOCKS, skip_last=2)

@@ -82,3 +82,38 @@ def test_efficiency_factors_into_compute_share_times_cores_busy():
     efficiency = (images / (wall_ms / 1000)) / limit
     assert acc["compute_share"] * acc["cores_busy"] == pytest.approx(efficiency)
     assert acc["cores_busy"] <= 1 and efficiency <= acc["compute_share"]
+
+
+def test_records_are_not_metered_in_the_engines_apply_path():
+    """A record's write reads no /proc (a reading costs ~0.75 ms): the readings come from a
+    background thread, and a record's CPU is interpolated between the two around it."""
+    meter = CpuMeter()
+    calls = []
+    meter.sample = lambda: calls.append(time.perf_counter()) or {"driver": len(calls), "jvm": 0.0, "workers": 0.0}
+    sink = TimedSink(meter, interval_s=0.05)
+    sink.write({"kind": "round"})  # the first record: a reading at once, then the thread
+    first_reads = len(calls)
+    records = [{"kind": "round", "i": i} for i in range(200)]
+    for r in records:
+        sink.write(r)
+    assert len(calls) - first_reads <= 1  # 200 writes in well under 50 ms: no reading of their own
+    time.sleep(0.3)
+    sink.close()
+    assert len(calls) >= 4  # the thread read every 50 ms
+    n = len(calls)
+    time.sleep(0.1)
+    assert len(calls) == n  # closed: no more readings
+    # readings k at calls[k-1]; a record between readings k and k+1 gets k + its fraction of the gap
+    t = sink._times[id(records[-1])]
+    k = sum(1 for c in calls if c <= t)
+    got = sink.cpu_of(records[-1])["driver"]
+    assert k - 1 <= got <= k + 1
+
+
+def test_a_records_cpu_is_linear_between_the_readings_around_it():
+    from bench._common import _interpolate
+
+    readings = [(10.0, {"driver": 1.0, "jvm": 0.0}), (10.1, {"driver": 2.0, "jvm": 0.5})]
+    assert _interpolate(readings, 10.025) == pytest.approx({"driver": 1.25, "jvm": 0.125})
+    assert _interpolate(readings, 10.1) == pytest.approx({"driver": 2.0, "jvm": 0.5})
+    assert _interpolate(readings, 9.0) == {"driver": 1.0, "jvm": 0.0}  # before the first: the first
