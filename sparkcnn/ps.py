@@ -206,10 +206,10 @@ class ParameterServer:
     def _select(self, density_down: float) -> tuple[np.ndarray, np.ndarray]:
         """Indices and float32 values of ``D``: per tensor t of size n_t, the k_t largest |R| among R != 0.
 
-            k_t   = target_count(n_t, density_down)    # all of R_t != 0 when n_t < dense_below
-            idx_t = support(R_t)                       if |support(R_t)| <= k_t
-                    sparsifier on R_t[support(R_t)]    with density k_t / |support(R_t)|
-            D     = float32(W - U)[idx]
+            R_t   = float32(W - U)_t,  k_t = target_count(n_t, density_down)
+            idx_t = support(R_t)                      if |support(R_t)| <= k_t (or the tensor is sent whole)
+                    sparsifier on R_t[support(R_t)]   with density k_t / |support(R_t)| otherwise
+            D     = R[idx]
 
         The same choice as ``sparsifier.select(float32(W - U), layout, d)``
         minus its zeros, computed on the support of ``R`` only: right after a
@@ -217,22 +217,19 @@ class ParameterServer:
         threshold over mostly-zero tensors degrades to a full partition
         (measured at 25 M parameters: 3 s per downlink that way, 0.1 s this way).
         """
-        support = np.flatnonzero(self._W.view(np.uint32) != self._U.view(np.uint32))
-        r = self._W[support] - self._U[support]
-        nonzero = r != 0  # +0.0 vs -0.0 differ in bits, not in value
-        support, r = support[nonzero], r[nonzero]
+        r = self._W - self._U  # +0.0 vs -0.0 differ in bits, not in value: R != 0 is the support
         offsets = layout_offsets(self.layout)
-        cuts = np.searchsorted(support, offsets)
         sp = self.sparsifier
         idx, vals = [], []
         for t, n in enumerate(self.layout):
-            cand, rt = support[cuts[t] : cuts[t + 1]], r[cuts[t] : cuts[t + 1]]
+            start = int(offsets[t])
+            rt = r[start : start + n]
+            local = np.flatnonzero(rt != 0)  # on a bool array: 4x faster than on the floats
             k = target_count(n, density_down)
-            if cand.size > k and sp.method != "none" and n >= sp.dense_below:
-                local = self._on_support.indices(rt, (rt.size,), k / rt.size)
-                cand, rt = cand[local], rt[local]
-            idx.append(cand)
-            vals.append(rt)
+            if local.size > k and sp.method != "none" and n >= sp.dense_below:
+                local = local[self._on_support.indices(rt[local], (local.size,), k / local.size)]
+            idx.append(local + start)
+            vals.append(rt[local])
         return np.concatenate(idx), np.concatenate(vals)
 
     # -- checkpoints -----------------------------------------------------------------
