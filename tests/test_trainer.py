@@ -150,3 +150,20 @@ def test_live_compute_matches_the_state_passing_form(trainer, per_step, method):
     assert sorted(held) == sorted(state)
     for k in state:
         np.testing.assert_array_equal(held[k], state[k])
+
+
+def test_gradient_at_weights_is_loading_them_then_the_gradient(trainer):
+    """The per-step form loads its weights inside the gradient's TF call: the same gradient,
+    loss and BatchNorm statistics, bit for bit, as set_flat then gradient."""
+    tr, rng = trainer, np.random.default_rng(11)
+    x, y = rng.standard_normal((8, 8, 8, 1)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32)
+    w = rng.standard_normal(tr.offsets[-1]).astype(np.float32) * 0.1
+    tr.set_flat(w)
+    g_a, loss_a, c_a, n_a = tr.gradient(x, y, np.arange(8))
+    after_a = tr.get_flat()
+    tr.set_flat(np.zeros_like(w))  # somewhere else entirely
+    g_b, loss_b, c_b, n_b = tr.gradient(x, y, np.arange(8), at=w)
+    np.testing.assert_array_equal(g_a, g_b)
+    np.testing.assert_array_equal(after_a, tr.get_flat())  # the weights, and the statistics' update
+    assert (loss_a, c_a, n_a) == (loss_b, c_b, n_b) and np.abs(g_a).max() > 0
+    assert not g_a[tr.non_trainable_mask].any()

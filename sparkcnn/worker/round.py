@@ -97,9 +97,10 @@ def compute(spec: TaskSpec, trainer, policy, state: dict, w: np.ndarray, images,
             lr: float, density: float, *, live: bool = False):
     """One exchange's local work from weights ``w``: (sent delta, new state, loss sum, correct, samples).
 
-    H local steps (or, per-step form, one gradient) then the momentum policy's
-    sparsification; the module docstring gives the rule. No full minibatch: the
-    state carries over and nothing is sent.
+    ``w`` is loaded into the trainer here (the per-step form loads it in the
+    gradient's own TF call). H local steps (or, per-step form, one gradient)
+    then the momentum policy's sparsification; the module docstring gives the
+    rule. No full minibatch: the state carries over and nothing is sent.
 
     ``live``: the block's state already sits in ``policy`` and the trainer's
     momentum (:func:`hold_state`, once per stage) and stays there: nothing
@@ -112,7 +113,7 @@ def compute(spec: TaskSpec, trainer, policy, state: dict, w: np.ndarray, images,
     if spec.per_step:
         # gradient only; non-trainable entries (BN statistics) carry their forward-pass
         # change / lr, so that the server's ``W -= lr * S`` averages them
-        g, loss_sum, correct, seen = trainer.gradient(images, labels, batches[0])
+        g, loss_sum, correct, seen = trainer.gradient(images, labels, batches[0], at=w)
         nt = trainer.non_trainable_mask
         has_nt = nt.any()
         if spec.clip_norm > 0:
@@ -123,6 +124,7 @@ def compute(spec: TaskSpec, trainer, policy, state: dict, w: np.ndarray, images,
             _load_policy(policy, state)
         sent = policy.step(g, density, lr=lr, weights=w)
         return sent, (None if live else _policy_state(policy)), loss_sum, correct, seen
+    trainer.set_flat(w)
     if not live:
         trainer.set_momentum(state.get("momentum"))
     loss_sum, correct, seen = trainer.train(images, labels, batches, lr)
@@ -176,7 +178,6 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, ctx: TaskCont
     trainer = get_trainer(spec, ctx)
     state, state_reset, state_stale = _block_state(spec, order, root, block)
     w, resynced, view_bytes = _weights(spec, order)
-    trainer.set_flat(w)
     # host + the executor's local dir name it (stable across its tasks and Python workers)
     executor = f"{socket.gethostname()}:{os.path.realpath(root)}"
     h = int(order.steps_by_executor.get(executor, order.steps.get(block, 0)))

@@ -233,7 +233,6 @@ def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: 
             batches = block_batches(spec, block, len(labels), offset, n)
             base = view.version
             w = look.weights(view.weights) if look else view.weights
-            trainer.set_flat(w)
             t0 = time.perf_counter()
             sent, _, loss_sum, correct, seen = compute(spec, trainer, policy, None, w, images, labels, batches,
                                                        lr, density, live=True)
