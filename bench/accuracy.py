@@ -21,10 +21,15 @@ mean and standard deviation per variant: ``stream-asgd`` (dense), ``stream-gs-as
 gradient clipping),
 ``stream-gs-asgd-ms`` (and model-parameter sparsification, downlink 0.01) and
 ``stream-gs-asgd-samomentum`` (the last with sparsification-aware momentum). Every run
-carries ``time_to_0_90_s`` (to the first epoch end at test accuracy >= 0.90, null if never).
+carries ``time_to_0_88_s`` and ``time_to_0_90_s`` (to the first epoch end at test accuracy >= 0.88
+or 0.90, null if never).
+
+``reference`` (``--keras``): ``keras``, single-process Keras ``model.fit`` on the same model, data,
+batch size, momentum and lr schedule (TF's default threads), its accuracy per epoch, wall and times
+to 0.88 and 0.90: what the parallel runs are compared with.
 
     python bench/accuracy.py [--quick] [--variants sync-dense,sync-sparse] [--no-sweep] [--no-momentum]
-                             [--stream all --seeds 3]
+                             [--stream all --seeds 3] [--keras]
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import emit, ensure_data  # noqa: E402
+from bench._common import emit, ensure_data, run_children  # noqa: E402
 
 SPARSE = ["compression.method=threshold", "compression.density=0.001", "compression.initial_density=0.25",
           "compression.warmup_epochs=3", "compression.dense_below=1000"]  # only biases travel dense
@@ -114,8 +119,57 @@ def run_variant(data: str, name: str, overrides: list[str], epochs: int, out_dir
             "images_per_s": s["images_per_s"],
             **_ratios(records, cfg.compression.warmup_epochs if cfg.compression.method != "none" else 0, rpe),
             "state_resets": s["state_resets"], "replica_resyncs": s["replica_resyncs"],
-            "seed": cfg.run.seed, "time_to_0_90_s": _time_to(records, 0.90),
+            "seed": cfg.run.seed, "time_to_0_88_s": _time_to(records, 0.88),
+            "time_to_0_90_s": _time_to(records, 0.90),
             "exposed_comm_ms_per_step": s.get("exposed_comm_ms_per_step")}
+
+
+# Single-process Keras: the same model, data, batch, SGD with momentum and lr schedule (linear
+# warm-up over 0.3 epoch, cosine decay to 0), model.fit with TF's default threads; a child process,
+# so this one's TF (and Spark's workers) do not share its threads. Prints one JSON line.
+KERAS = r"""
+import json, os, sys, time
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras, numpy as np
+from sparkcnn.compression.warmup import lr_at
+from sparkcnn.data.parquet_io import read_split_numpy
+from sparkcnn.models import build_model
+data, epochs, lr, momentum, batch, seed = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+x, y = read_split_numpy(os.path.join(data, "train"))
+xt, yt = read_split_numpy(os.path.join(data, "test"))
+keras.utils.set_random_seed(seed)
+steps = len(x) // batch
+m = build_model("fmnist_cnn", x.shape[1:], 10, seed)
+opt = keras.optimizers.SGD(lr, momentum=momentum)
+m.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+class Lr(keras.callbacks.Callback):
+    def on_train_batch_begin(self, b, logs=None):
+        opt.learning_rate.assign(lr_at((self.epoch + b / steps), base_lr=lr, warmup_epochs=0.3, total_epochs=epochs, schedule="cosine"))
+    def on_epoch_begin(self, e, logs=None):
+        self.epoch = e
+acc, walls, t0 = [], [], time.perf_counter()
+class Eval(keras.callbacks.Callback):
+    def on_epoch_end(self, e, logs=None):
+        walls.append(time.perf_counter() - t0)
+        acc.append(float(m.evaluate(xt, yt, batch_size=1000, verbose=0)[1]))
+m.fit(x, y, batch_size=batch, epochs=epochs, shuffle=True, verbose=0, callbacks=[Lr(), Eval()])
+wall = time.perf_counter() - t0
+first = lambda t: next((w for a, w in zip(acc, walls) if a >= t), None)
+print(json.dumps({"test_accuracy": acc[-1], "accuracy_per_epoch": acc, "wall_s": wall, "epochs": epochs,
+                  "images_per_s": epochs * steps * batch / wall, "time_to_0_88_s": first(0.88),
+                  "time_to_0_90_s": first(0.90), "seed": seed, "lr": lr, "momentum": momentum, "batch_size": batch}))
+"""
+
+
+def keras_reference(data: str, epochs: int) -> dict:
+    """Single-process Keras ``model.fit`` on the same model and data (KERAS above); its wall
+    includes each epoch's evaluation, as the engines' does."""
+    from sparkcnn import config
+
+    t = config.load(None, []).train
+    [out] = run_children(KERAS, [[data, str(epochs), str(t.lr), str(t.momentum), str(t.batch_size), "42"]],
+                         timeout=7200)
+    return {"keras": out}
 
 
 def _aggregate(name: str, seeds: list[dict]) -> dict:
@@ -129,7 +183,7 @@ def _aggregate(name: str, seeds: list[dict]) -> dict:
     out = {"name": name, "overrides": seeds[0]["overrides"][:-1], "seeds": [r["seed"] for r in seeds],
            "runs": seeds, "accuracy_per_epoch_mean": np.mean([r["accuracy_per_epoch"] for r in seeds], 0).tolist(),
            "reached_0_90": sum(r["time_to_0_90_s"] is not None for r in seeds)}
-    for key in ("test_accuracy", "wall_s", "time_to_0_90_s", "images_per_s", "bytes_up", "bytes_down",
+    for key in ("test_accuracy", "wall_s", "time_to_0_88_s", "time_to_0_90_s", "images_per_s", "bytes_up", "bytes_down",
                 "steady_uplink_ratio", "steady_downlink_ratio", "exposed_comm_ms_per_step"):
         out[f"{key}_mean"], out[f"{key}_std"] = stat(key)
     return out
@@ -158,6 +212,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--stream", default="", help="comma-separated stream variants to run "
                     f"({', '.join(STREAM_VARIANTS)}; 'all' for every one)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per stream variant (run.seed 42, 43, ...)")
+    ap.add_argument("--keras", action="store_true",
+                    help="also train single-process Keras model.fit on the same model and data (reference)")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--sweep-epochs", type=int, default=3)
     ap.add_argument("--no-momentum", action="store_true", help="skip the momentum-form comparison")
@@ -168,6 +224,9 @@ def main(argv=None) -> dict:
     data = ensure_data()
     out_dir = tempfile.mkdtemp(prefix="sparkcnn-bench-acc-")
     epochs = 1 if a.quick else a.epochs
+    reference = keras_reference(data, epochs) if a.keras else {}
+    if reference:
+        print(f"# keras model.fit: {reference['keras']['test_accuracy']}", file=sys.stderr, flush=True)
     runs = []
     for name in filter(None, a.variants.split(",")):
         if name not in VARIANTS:
@@ -225,7 +284,7 @@ def main(argv=None) -> dict:
                 checks["async-sparse-bidir faster than async-dense"] = bidir["wall_s"] < dense["wall_s"]
     checks.update(_stream_checks({r["name"]: r for r in stream}))
     out = {"bench": "accuracy", "quick": a.quick, "model": "fmnist_cnn", "blocks": 2, "runs": runs,
-           "sweep": sweep, "momentum_forms": momentum, "stream": stream, "checks": checks}
+           "reference": reference, "sweep": sweep, "momentum_forms": momentum, "stream": stream, "checks": checks}
     emit(out)
     return out
 
