@@ -398,3 +398,17 @@ class Timer:
 
     def __exit__(self, *exc):
         self.s = time.perf_counter() - self.t0
+
+
+def config_of(cfg) -> dict:
+    """One run's resolved config (paths inside the repository made relative to it, others named
+    by their last part) and the sha256 of its YAML: runs with the same digest ran the same config."""
+    import hashlib
+
+    import yaml
+
+    d = cfg.to_dict()
+    for section, key in (("data", "path"), ("run", "out_dir")):
+        p = os.path.abspath(d[section][key])
+        d[section][key] = os.path.relpath(p, ROOT) if p.startswith(ROOT + os.sep) else f"<tmp>/{os.path.basename(p)}"
+    return {"config_sha256": hashlib.sha256(yaml.safe_dump(d, sort_keys=True).encode()).hexdigest(), "config": d}

@@ -42,7 +42,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import emit, ensure_data, run_children  # noqa: E402
+from bench._common import config_of, emit, ensure_data, run_children  # noqa: E402
 
 SPARSE = ["compression.method=threshold", "compression.density=0.001", "compression.initial_density=0.25",
           "compression.warmup_epochs=3", "compression.dense_below=1000"]  # only biases travel dense
@@ -121,7 +121,7 @@ def run_variant(data: str, name: str, overrides: list[str], epochs: int, out_dir
             "state_resets": s["state_resets"], "replica_resyncs": s["replica_resyncs"],
             "seed": cfg.run.seed, "time_to_0_88_s": _time_to(records, 0.88),
             "time_to_0_90_s": _time_to(records, 0.90),
-            "exposed_comm_ms_per_step": s.get("exposed_comm_ms_per_step")}
+            "exposed_comm_ms_per_step": s.get("exposed_comm_ms_per_step"), **config_of(cfg)}
 
 
 # Single-process Keras: the same model, data, batch, SGD with momentum and lr schedule (linear
