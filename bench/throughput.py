@@ -169,6 +169,8 @@ def measure_sparkcnn(data: str, H: int, rounds: int, extra: list[str] = (), warm
         # one block's training time for H steps: sizes the async jobs below
         "block_compute_ms": 1000 * median(s for r in recs for s in r["task_compute_s"].values()),
         "rounds": len(recs),
+        "bytes_up_per_round": sum(r["bytes_up"] for r in recs) / len(recs),
+        "bytes_down_per_round": sum(r["bytes_down"] for r in recs) / len(recs),
         "cpu_ms_per_round": cpu_ms_per(len(recs), cpu0, cpu1), "images_per_round": samples / len(recs),
         **({"limit": limit} if limit else {}),
     }
@@ -207,12 +209,14 @@ def _window_cpu(sink: TimedSink, rows: list, rate: dict) -> dict:
             "images_per_round": rate["samples"] / n, "wall_ms_per_round": 1000 * rate["window_s"] / n}
 
 
-def measure_async(data: str, H: int, target_job_s: float) -> dict:
-    """``AsyncEngine.run()`` over one epoch of ``data``, jobs sized to ``target_job_s``."""
+def measure_async(data: str, H: int, target_job_s: float, extra: list[str] = ()) -> dict:
+    """``AsyncEngine.run()`` over one epoch of ``data``, jobs sized to ``target_job_s``;
+    ``extra``: further config overrides for this engine (e.g. ``model.name``)."""
     sink = TimedSink(CpuMeter())
     engine = _engine(data, f"bench-async-h{H}", [f"train.steps_per_round={H}", "train.epochs=1",
                                                   "engine.mode=async", f"data.num_blocks={ASYNC_BLOCKS}",
-                                                  f"scheduler.target_job_seconds={target_job_s:.4f}"], sink=sink)
+                                                  f"scheduler.target_job_seconds={target_job_s:.4f}",
+                                                  *extra], sink=sink)
     run_s = engine.run()["wall_s"]
     sink.close()
     engine.backend.close()  # unpersist the block placement RDDs
@@ -230,6 +234,8 @@ def measure_async(data: str, H: int, target_job_s: float) -> dict:
         "job_wall_ms": 1000 * sum(r["wall_s"] for r in steady) / len(steady),
         "idle_fraction": max(0.0, 1 - busy / (rate["window_s"] * engine.slots)),
         "mean_staleness": sum(r["staleness"] for r in steady) / len(steady),
+        "bytes_up_per_job": sum(r["bytes_up"] for r in steady) / len(steady),
+        "bytes_down_per_job": sum(r["bytes_down"] for r in steady) / len(steady),
         "state_resets": engine.counters["state_resets"], "run_wall_s": run_s,
         **_window_cpu(sink, rows, rate),
     }
