@@ -1,0 +1,594 @@
+"""BENCHMARKS.md and the README's headline block, rendered from one folder of benchmark results.
+
+    python bench/render.py RESULTS_DIR [--out BENCHMARKS.md] [--readme README.md] [--check]
+
+RESULTS_DIR holds what ``bench/run_all.py`` saved: ``<name>.json`` per benchmark (accuracy,
+throughput, jobcost, scale, balance, cifar, costmodel) and ``run_all.json``. The text is a pure
+function of those JSONs (fixed decimals, no clock, no absolute path of the repository), so
+``--check`` can re-render it and diff it against the committed files; the PNG figures, written
+into ``RESULTS_DIR/figures/``, are not compared (matplotlib versions draw differently). A missing
+file renders as "Not measured in this run.", a missing field as "—".
+
+Exit status: 0 written (or, with ``--check``, the same); 1 ``--check`` found a difference (a
+unified diff on stdout); 2 no results, or a README without the markers (nothing is written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import logging
+import os
+import re
+import shlex
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BEGIN, END = "<!-- benchmarks:begin -->", "<!-- benchmarks:end -->"
+NOT_MEASURED = "Not measured in this run."
+DASH = "—"
+log = logging.getLogger(__name__)
+
+# run name -> the paper's name for it, in the seed table's row order
+NAMES = {
+    "sync-dense": "Sync SGD, dense",
+    "sync-sparse": "Sync SGD, sparse uplink (GS)",
+    "sync-sparse-bidir": "Sync SGD, sparse both directions (GS + MS)",
+    "stream-asgd": "ASGD",
+    "stream-gs-asgd": "GS-ASGD",
+    "stream-gs-asgd-ms": "GS-ASGD + MS",
+    "async-dense": "ASGD",
+    "async-sparse": "GS-ASGD",
+    "async-sparse-bidir": "GS-ASGD + MS",
+    "stream-gs-asgd-samomentum": "GS-ASGD + MS, sparsification-aware momentum",
+}
+# throughput.json's stream cases -> row labels (sparse: uplink 0.001, downlink 0.01)
+STREAM_CASES = {"async_h1_sparse": "Stream, async, H = 1, sparse", "async_h1_dense": "Stream, async, H = 1, dense",
+                "async_h10": "Stream, async, H = 10, sparse", "sync_h10": "Stream, sync, H = 10, sparse"}
+
+
+# ---- safe access and fixed-decimal formatting --------------------------------------------------
+
+def _get(d, *keys):
+    """``d[k0][k1]...``, or None where a level is missing or not a dict."""
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def _list(x) -> list:
+    """``x`` when it is a list, else an empty one."""
+    return x if isinstance(x, list) else []
+
+
+def _items(d) -> list:
+    """``d.items()`` when ``d`` is a dict, else nothing."""
+    return list(d.items()) if isinstance(d, dict) else []
+
+
+def _num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _f(x, decimals: int = 1, scale: float = 1.0, unit: str = "") -> str:
+    return f"{x * scale:.{decimals}f}{unit}" if _num(x) else DASH
+
+
+def _pm(mean, std, decimals: int = 1, scale: float = 1.0) -> str:
+    """``mean ± std`` (std omitted when absent), both at the same fixed decimals."""
+    if not _num(mean):
+        return DASH
+    return _f(mean, decimals, scale) + (f" ± {_f(std, decimals, scale)}" if _num(std) else "")
+
+
+def _g(x) -> str:
+    """A number of unknown scale: integers as they are, floats at 3 significant-ish decimals."""
+    if not _num(x):
+        return DASH if x is None else _cell(x)
+    return str(x) if isinstance(x, int) else (f"{x:.1f}" if abs(x) >= 100 else f"{x:.3f}")
+
+
+def _order(key) -> tuple:
+    """Sort key for numbers written as dict keys ("2" < "10"), anything else after them."""
+    try:
+        return (0, float(key), "")
+    except (TypeError, ValueError):
+        return (1, 0.0, str(key))
+
+
+def _cell(x) -> str:
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(_cell(c) for c in r) + " |" for r in rows])
+
+
+def _stat(d: dict, key: str):
+    """(mean, std) of an over-seeds aggregate (``key_mean``/``key_std``), else (d[key], None)."""
+    if f"{key}_mean" in d:
+        return d.get(f"{key}_mean"), d.get(f"{key}_std")
+    return d.get(key), None
+
+
+def measured(doc: dict | None, name: str) -> str:
+    """The line above every table: machine, exact command, date and commit of ``name``.json."""
+    p = _get(doc, "provenance")
+    p = p if isinstance(p, dict) else {}
+    m = p.get("machine") if isinstance(p.get("machine"), dict) else {}
+    cmd = p.get("command")
+    cmd = shlex.join(map(str, cmd)) if isinstance(cmd, list) else cmd
+    commit = p.get("git_commit")
+    commit = f"`{commit[:7]}`" if isinstance(commit, str) and commit else DASH
+    return (f"Measured on {_g(m.get('cores'))} cores, {_f(m.get('memory_gib'), 1)} GiB, {m.get('cpu') or DASH}; "
+            f"command {f'`{cmd}`' if cmd else DASH}; date {p.get('date') or DASH}; commit {commit}"
+            f"{' (dirty tree)' if p.get('git_dirty') is True else ''} ({name}.json).")
+
+
+def _load(results_dir: str, name: str) -> dict | None:
+    try:
+        with open(os.path.join(results_dir, f"{name}.json"), encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+# ---- sections: each returns its markdown; ``fig(name, title, draw, *data)`` gives a figure link ----
+
+def _h(run: dict) -> str:
+    """Local steps per exchange from the run's overrides; "≈" for async jobs sized by time."""
+    ov = [o for o in _list(run.get("overrides")) if isinstance(o, str)]
+    h = next((o.split("=", 1)[1] for o in ov if o.startswith("train.steps_per_round=")), None)
+    if h and "engine.mode=async" in ov and "engine.transport=stream" not in ov:
+        return f"≈ {h}"
+    return h or DASH
+
+
+def _reached(run: dict, key: str) -> str:
+    """A " (k/n)" suffix when only k of the n seeds that recorded ``key`` reached that accuracy."""
+    seeds = [r for r in _list(run.get("runs")) if isinstance(r, dict) and key in r]
+    k = sum(_num(r.get(key)) for r in seeds)
+    return f" ({k}/{len(seeds)})" if seeds and k < len(seeds) else ""
+
+
+def _name(run: dict) -> str:
+    return run["name"] if isinstance(run.get("name"), str) else DASH
+
+
+def seed_rows(acc: dict | None) -> list[dict]:
+    """The seed table's runs: jobs runs and stream aggregates, in NAMES' order, unknown names last."""
+    runs = [r for key in ("runs", "stream") for r in _list(_get(acc, key)) if isinstance(r, dict)]
+    order = list(NAMES)
+    return sorted(runs, key=lambda r: order.index(_name(r)) if _name(r) in order else len(order))
+
+
+def seed_table(acc: dict | None, fig) -> str:
+    out = ["## Seed experiment (Fashion-MNIST, 2 blocks)", ""]
+    rows = seed_rows(acc)
+    if not rows:
+        return "\n".join(out + [NOT_MEASURED])
+    body = []
+    for r in rows:
+        name, seeds = _name(r), r.get("seeds")
+        label = f"{NAMES.get(name, name)} (`{name}`" + (f", {len(seeds)} seeds)" if isinstance(seeds, list) else ")")
+        body.append([label, _h(r), _pm(*_stat(r, "test_accuracy"), 4), _pm(*_stat(r, "wall_s"), 1),
+                     _pm(*_stat(r, "time_to_0_88_s"), 1) + _reached(r, "time_to_0_88_s"),
+                     _pm(*_stat(r, "time_to_0_90_s"), 1) + _reached(r, "time_to_0_90_s"),
+                     _pm(*_stat(r, "bytes_up"), 1, 1e-6), _pm(*_stat(r, "bytes_down"), 1, 1e-6),
+                     _pm(*_stat(r, "steady_uplink_ratio"), 1), _pm(*_stat(r, "steady_downlink_ratio"), 1)])
+    out += [measured(acc, "accuracy"), "",
+            _table(["Variant", "H", "Final accuracy", "Wall (s)", "To 0.88 (s)", "To 0.90 (s)", "Bytes up (MB)",
+                    "Bytes down (MB)", "Uplink ratio", "Downlink ratio"], body), "",
+            "H: local steps per exchange with the driver (≈: async jobs sized by time to about that many). "
+            "Final accuracy: test accuracy after the last epoch; rows over seeds give mean ± standard deviation. "
+            "Wall: seconds of the whole run, evaluation included. To 0.88 / 0.90: seconds to the first epoch end "
+            "at that test accuracy, over the seeds that reached it ((k/n) when only k of n did). Bytes: MB "
+            "(10^6 bytes) all blocks sent to (up) and received from (down) the driver. Ratios: dense bytes / "
+            "actual bytes per exchange once the density warm-up is over (1.0 = uncompressed).", "",
+            fig("accuracy.png", "Test accuracy per epoch, one line per variant", _draw_accuracy, rows,
+                _get(acc, "reference", "keras"))]
+    return "\n".join(out)
+
+
+def reference_table(acc: dict | None, thr: dict | None) -> str:
+    out = ["## Reference rows (same run)", ""]
+    keras, limit = _get(acc, "reference", "keras"), _get(thr, "compute_limit_images_per_s")
+    if not isinstance(keras, dict) and limit is None:
+        return "\n".join(out + [NOT_MEASURED])
+    keras = keras if isinstance(keras, dict) else {}
+    rows = [["Single-process Keras `model.fit`", _f(keras.get("test_accuracy"), 4), _f(keras.get("wall_s"), 1),
+             _f(keras.get("time_to_0_88_s"), 1), _f(keras.get("time_to_0_90_s"), 1), _f(keras.get("images_per_s"), 1)],
+            ["Parallel compute limit (2 single-thread processes, no communication)", DASH, DASH, DASH, DASH,
+             _f(limit, 1)]]
+    out += [line for doc, name in ((acc, "accuracy"), (thr, "throughput")) if doc for line in (measured(doc, name), "")]
+    out += [_table(["Reference", "Final accuracy", "Wall (s)", "To 0.88 (s)", "To 0.90 (s)", "Images/s"], rows), "",
+            "Keras: the same model, data, batch size, momentum and learning-rate schedule trained by `model.fit` "
+            "in one process with TensorFlow's default threads, evaluated after every epoch as the parallel runs "
+            "are. Compute limit: the summed steady images/s of two single-thread processes each training its "
+            "own block with no communication at all; efficiency below is measured against it."]
+    return "\n".join(out)
+
+
+def throughput_rows(thr: dict | None) -> list[tuple[str, dict, str]]:
+    """(label, measurement, its images/s key) for every transport and mode in throughput.json."""
+    rows = []
+    for h, m in sorted(_items(_get(thr, "by_steps_per_round")), key=lambda kv: _order(kv[0])):
+        rows.append((f"Jobs, sync, H = {h}", m, "sparkcnn_images_per_s"))
+    if isinstance(_get(thr, "pipelined"), dict):
+        rows.append((f"Jobs, sync pipelined, H = {_g(_get(thr, 'pipelined', 'steps_per_round'))}",
+                     thr["pipelined"], "images_per_s"))
+    if isinstance(_get(thr, "async"), dict):
+        rows.append((f"Jobs, async, H ≈ {_f(_get(thr, 'async', 'mean_steps_per_job'), 1)}", thr["async"],
+                     "images_per_s"))
+    for key, m in _items(_get(thr, "stream")):
+        m = m if isinstance(m, dict) else {}
+        label = STREAM_CASES.get(key, f"Stream, {m.get('mode', DASH)}, H = {_g(m.get('steps_per_exchange'))}")
+        rows.append((label + (f" (error: {m['error']})" if m.get("error") else ""), m, "images_per_s"))
+    return [(label, m, k) for label, m, k in rows if isinstance(m, dict)]
+
+
+def throughput_table(thr: dict | None) -> str:
+    out = ["## Throughput and CPU accounting", ""]
+    rows = throughput_rows(thr)
+    if not rows:
+        return "\n".join(out + [NOT_MEASURED])
+    body = [[label, _f(m.get(k), 1), _f(m.get("efficiency_vs_limit"), 1, 100, " %"),
+             *(_f(_get(m, "cpu", "cpu_ms", part), 1) for part in ("driver", "jvm", "workers")),
+             _f(_get(m, "cpu", "compute_share"), 1, 100, " %"), _f(_get(m, "cpu", "cores_busy"), 1, 100, " %"),
+             _f(m.get("exposed_comm_ms_per_step"), 3)] for label, m, k in rows]
+    out += [measured(thr, "throughput"), "",
+            _table(["Transport, mode", "Images/s", "Efficiency vs limit", "CPU ms/exchange: driver", "JVM", "workers",
+                    "Compute share", "Cores busy", "Exposed comm. per step (ms)"], body), "",
+            f"Images/s: steady state, warm-up and drain left out; efficiency: images/s over the compute limit "
+            f"({_f(_get(thr, 'compute_limit_images_per_s'), 1)} images/s). CPU ms per exchange (a round, an async "
+            "job or a stream exchange) of the driver's Python process, the JVM (Spark's driver and executor) and "
+            "Spark's Python workers (training included). Compute share: the limit's CPU for the same images over "
+            "all CPU used; cores busy: all CPU over wall x cores; their product is the efficiency. Exposed "
+            "communication: ms per local step the tasks waited for the driver's replies (stream transport)."]
+    return "\n".join(out)
+
+
+def cifar_table(cif: dict | None) -> str:
+    out = ["## CIFAR-10-format run (throughput only)", ""]
+    modes = [m for m in _list(_get(cif, "modes")) if isinstance(m, dict)]
+    if not modes:
+        return "\n".join(out + [NOT_MEASURED])
+    body = [[_g(m.get("mode")), _g(m.get("steps_per_exchange")),
+             f"error: {m['error']}" if m.get("error") else _f(m.get("images_per_s"), 1),
+             _f(m.get("bytes_up_per_exchange"), 0), _f(m.get("bytes_down_per_exchange"), 0)] for m in modes]
+    out += [measured(cif, "cifar"), "",
+            _table(["Mode", "H", "Images/s", "Bytes up per exchange", "Bytes down per exchange"], body), "",
+            f"Throughput only: {_g(_get(cif, 'model'))} ({_g(_get(cif, 'parameters'))} parameters, batch "
+            f"{_g(_get(cif, 'batch_size'))}) on generated data in the CIFAR-10 binary format, so no accuracy is "
+            "reported. Images/s in the steady state per mode; bytes: mean bytes sent to (up) and received from "
+            "(down) the driver per exchange (a sync round of every block, an async job or a stream push)."]
+    return "\n".join(out)
+
+
+def scale_section(sc: dict | None, cm: dict | None, fig) -> str:
+    out = ["## Scale", "", "### Driver apply cost", ""]
+    apply_s, merged = _get(sc, "driver_apply_s"), _get(sc, "driver_apply_merged_s")
+    if not isinstance(apply_s, dict) or not apply_s:
+        out.append(NOT_MEASURED)
+    else:
+        ns = sorted({n for by_n in apply_s.values() if isinstance(by_n, dict) for n in by_n}, key=_order)
+        body = []
+        for model, by_n in _items(apply_s):
+            params = _g(_get(sc, "model_params", model))
+            for label, src in ((f"{model} ({params} params), N payloads", by_n),
+                               (f"{model}, one payload merged by the executors", _get(merged, model))):
+                if isinstance(src, dict):
+                    body.append([label, *(_f(src.get(n), 2, 1000) for n in ns)])
+        out += [measured(sc, "scale"), "",
+                _table(["Model, payloads applied", *(f"N = {n} (ms)" for n in ns)], body), "",
+                "Milliseconds of the engine's apply path for N sparse payloads of one model size (density "
+                f"{_g(_get(sc, 'density'))}): decode and validate each, the divergence guard, the weighted sum "
+                "and the parameter-server update; best of a few repetitions. Merged rows (when measured): the driver "
+                "applies one payload, the N deltas summed by the executors in a tree of twos (their merge cost "
+                "is not in it)."]
+    out += ["", "### Cost model: held-out validation", ""]
+    rows = [r for r in _list(_get(cm, "validation")) if isinstance(r, dict)]
+    if not rows:
+        out.append(NOT_MEASURED)
+    else:
+        body = [[_g(r.get("setup")), _g(r.get("case")), _f(r.get("predicted"), 1), _f(r.get("measured"), 1),
+                 _f(r.get("error"), 1, 100, " %"), _g(r.get("bound"))] for r in rows]
+        out += [measured(cm, "costmodel"), "",
+                _table(["Setup", "Case", "Predicted images/s", "Measured images/s", "Error", "Bound"], body), "",
+                "Each row: a case of a setup whose measurements were left out of the fit (constants fitted on "
+                "the other setup), the images/s the model predicts for it, the measured images/s and the error "
+                "(predicted / measured - 1); bound: the term of the model that sets the time per exchange. "
+                f"Largest absolute error: {_f(_get(cm, 'max_abs_error'), 1, 100, ' %')}."]
+    curves = speedup_curves(_get(cm, "speedup_curve"))
+    if curves:
+        ns = sorted({n for pts in curves.values() for n, _ in pts})
+        body = [[label, *(_f(dict(pts).get(n), 1) for n in ns)] for label, pts in curves.items()]
+        out += ["", "### Cost model: predicted speed-up", "", measured(cm, "costmodel"), "",
+                _table(["Link, H, transport, payload", *(f"N = {n:g}" for n in ns)], body), "",
+                "Speed-up over one worker alone that the fitted model predicts for N workers with a core each, "
+                "by driver link bandwidth, local steps per exchange, transport (jobs: sync rounds of Spark jobs; "
+                "stream: async pushes) and payload (sparse: uplink density 0.001, downlink 0.01); constants "
+                f"fitted on the {_g(_get(cm, 'speedup_curve', 'constants_from'))} setup.", "",
+                fig("speedup.png", "Predicted speed-up vs N", _draw_speedup, curves)]
+    return "\n".join(out)
+
+
+def speedup_curves(sc) -> dict[str, list[tuple[float, float]]]:
+    """costmodel.json's ``speedup_curve`` ({"n": [N, ...], "<G>gbit_h<H>_<transport>_<kind>": [speed-up,
+    ...]}, or a curve as {N: speed-up}) as {row label: [(N, speed-up)]}; empty when it is neither."""
+    ns, curves = _list(_get(sc, "n")), {}
+    for key, v in _items(sc):
+        pts = []
+        for n, x in (zip(ns, v) if isinstance(v, list) and key != "n" else _items(v)):
+            try:
+                pts.append((float(n), float(x)))
+            except (TypeError, ValueError):
+                pass
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)gbit_h(\d+)_([a-z]+)_([a-z]+)", str(key))
+        if pts:
+            curves[f"{m[1]} Gbit/s, H = {m[2]}, {m[3]}, {m[4]}" if m else str(key)] = pts
+    return curves
+
+
+def balance_section(bal: dict | None, thr: dict | None, fig) -> str:
+    out = ["## Load balance and overlap", ""]
+    if bal is None:
+        out.append(NOT_MEASURED)
+    else:
+        modes = [("Sync, same H on both executors", "unbalanced", "unbalanced_images_per_s"),
+                 ("Sync, H sized per executor", "sync_balanced", "sync_balanced_images_per_s"),
+                 ("Async, jobs sized by time", "balanced", "balanced_images_per_s"),
+                 ("Sum of each executor alone", "solo", "solo_sum_images_per_s")]
+        solo = bal.get("solo_sum_images_per_s")
+        body = [[label, _f(bal.get(k), 1), _f(bal[k] / solo, 1, 100, " %") if _num(bal.get(k)) and _num(solo) and solo
+                 else DASH, _f(_get(bal, part, "idle_fraction"), 1, 100, " %"),
+                 _f(_get(bal, part, "round_overhead_ms"), 1)] for label, part, k in modes]
+        out += [measured(bal, "balance"), "",
+                _table(["Mode", "Images/s", "Of solo sum", "Idle", "Overhead per round or job (ms)"], body), "",
+                f"Two executors of one core ({_g(bal.get('executors'))}), one slowed "
+                f"{_g(_get(bal, 'solo_speed_ratio'))}x. Of solo sum: images/s over the sum of each executor's rate "
+                "when it trains alone (a perfectly balanced run with free communication). Idle: the share of "
+                "executor time spent waiting; overhead: job wall minus the slowest task.", "",
+                fig("balance.png", "Images/s by mode, one executor slowed", _draw_balance, modes, bal)]
+    rows = throughput_rows(thr)
+    if rows:
+        out += ["", fig("overlap.png", "Exposed communication vs compute per exchange", _draw_overlap, rows), "",
+                "Overlap (throughput.json): per exchange, the training compute and the time communication "
+                "adds on top of it (jobs: job wall minus the slowest task, pipelined: round wall minus compute; "
+                "stream: exposed ms per step x steps), log scale."]
+    return "\n".join(out)
+
+
+def jobcost_table(jc: dict | None) -> str:
+    out = ["## Spark's per-job cost", ""]
+    kinds = _get(jc, "kinds")
+    if not isinstance(kinds, dict) or not kinds:
+        return "\n".join(out + [NOT_MEASURED])
+    body = [[kind, _g(_get(k, "tasks")), _g(_get(k, "result_bytes_per_task")), _f(_get(k, "jvm_cpu_ms_per_job"), 1),
+             _f(_get(k, "driver_cpu_ms_per_job"), 1), _f(_get(k, "wall_ms_per_job"), 1)] for kind, k in _items(kinds)]
+    out += [measured(jc, "jobcost"), "",
+            _table(["Job", "Tasks", "Result bytes per task", "JVM CPU ms/job", "Driver CPU ms/job", "Wall ms/job"],
+                   body), "",
+            "Spark's own cost per job before any training, over "
+            f"{_g(jc.get('jobs'))} jobs after warm-up on {_g(jc.get('master'))}: CPU of the JVM (scheduling, "
+            "task launch, moving results), CPU of the driver's Python process (py4j, pickling, reading results) "
+            "and wall time. A 2-task job with dense results costs "
+            f"{_f(jc.get('share_of_h10_round'), 1, 100, ' %')} of the CPU of one H = 10 round."]
+    return "\n".join(out)
+
+
+def run_table(ra: dict | None) -> str:
+    out = ["## How this run was made", ""]
+    entries = [e for e in _list(_get(ra, "benchmarks")) if isinstance(e, dict)]
+    if not entries:
+        return "\n".join(out + [NOT_MEASURED])
+    body = [[_g(e.get("name")), f"`{e['command']}`" if e.get("command") else DASH,
+             _g(e.get("exit")) + (f" ({e['error']})" if e.get("error") else ""), _f(e.get("wall_s"), 0)]
+            for e in entries]
+    out += [measured(ra, "run_all"), "", _table(["Benchmark", "Command", "Exit status", "Wall (s)"], body), "",
+            "Each benchmark ran as its own process, one after another on this machine; what it printed is "
+            "saved beside this document's data as `<benchmark>.json`. Exit status 0: finished; a benchmark "
+            "without a JSON renders as not measured."]
+    return "\n".join(out)
+
+
+def headline(acc: dict | None, thr: dict | None, doc_link: str) -> str:
+    """The README block: three numbers, one line each, and a link to the whole document."""
+    by = {_name(r): r for r in seed_rows(acc)}
+    ms = by.get("stream-gs-asgd-ms", {})
+    seeds = len(ms["seeds"]) if isinstance(ms.get("seeds"), list) else DASH
+    h1 = [m for _, m, _ in throughput_rows(thr)
+          if m.get("steps_per_exchange") == 1 and _num(m.get("efficiency_vs_limit"))]
+    best = max(h1, key=lambda m: m["efficiency_vs_limit"], default={})
+    best_case = next((STREAM_CASES.get(k, k) for k, m in _items(_get(thr, "stream")) if m is best), DASH)
+    up = {n: _stat(by.get(n, {}), "bytes_up")[0] for n in ("stream-gs-asgd", "stream-asgd")}
+    fewer = up["stream-asgd"] / up["stream-gs-asgd"] if all(_num(v) and v for v in up.values()) else None
+    return "\n".join([
+        "",
+        f"- **GS-ASGD + model-parameter sparsification, H = 1:** final test accuracy "
+        f"{_pm(*_stat(ms, 'test_accuracy'), 4)} over {seeds} seeds, downlink compressed "
+        f"{_f(_stat(ms, 'steady_downlink_ratio')[0], 1)}x in the steady state.",
+        f"- **Closest to the compute limit at H = 1:** {_f(best.get('efficiency_vs_limit'), 1, 100, ' %')} of it "
+        f"({best_case}, {_f(best.get('images_per_s'), 1)} images/s).",
+        f"- **Uplink bytes, H = 1:** GS-ASGD sends {_f(up['stream-gs-asgd'], 1, 1e-6)} MB, ASGD "
+        f"{_f(up['stream-asgd'], 1, 1e-6)} MB ({_f(fewer, 1)}x fewer).",
+        "",
+        f"Every table, figure and the machine they were measured on: [{os.path.basename(doc_link)}]({doc_link}).",
+        "", ""])
+
+
+# ---- figures (matplotlib, Agg); not part of the check ------------------------------------------
+
+def _plot(path: str, draw, *data) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    try:
+        draw(ax, *data)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    except Exception:  # a figure must never cost the document; the text is what is checked
+        log.warning("figure %s not drawn", path, exc_info=True)
+    finally:
+        plt.close(fig)
+
+
+def _draw_accuracy(ax, rows, keras):
+    for r in rows:
+        acc = r.get("accuracy_per_epoch_mean") or r.get("accuracy_per_epoch") or []
+        ax.plot(range(1, len(acc) + 1), acc, marker=".", label=f"{NAMES.get(_name(r), _name(r))}, H = {_h(r)}")
+    if isinstance(keras, dict) and keras.get("accuracy_per_epoch"):
+        acc = keras["accuracy_per_epoch"]
+        ax.plot(range(1, len(acc) + 1), acc, "k--", label="Keras model.fit")
+    ax.set(xlabel="epoch", ylabel="test accuracy")
+    ax.legend(fontsize=7)
+
+
+def _draw_speedup(ax, curves):
+    """One panel per link bandwidth (the label's first part), a line per curve."""
+    groups: dict[str, dict] = {}
+    for label, pts in curves.items():
+        head, _, rest = label.partition(", ")
+        groups.setdefault(head, {})[rest or head] = pts
+    fig = ax.figure
+    ax.remove()
+    axes = fig.subplots(1, len(groups), sharey=True, squeeze=False)[0]
+    for ax, (head, group) in zip(axes, groups.items()):
+        for label, pts in group.items():
+            ax.plot([n for n, _ in pts], [x for _, x in pts], marker=".", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set(title=head, xlabel="workers N")
+        ax.legend(fontsize=6)
+    axes[0].set_ylabel("predicted speed-up")
+
+
+def _draw_balance(ax, modes, bal):
+    vals = [bal.get(k) if _num(bal.get(k)) else 0 for _, _, k in modes]
+    ax.barh([label for label, _, _ in modes], vals)
+    ax.set(xlabel="images/s")
+
+
+def _draw_overlap(ax, rows):
+    def exposed(m):
+        if _num(m.get("exposed_comm_ms_per_step")):
+            return m["exposed_comm_ms_per_step"] * (m.get("steps_per_exchange") or 1)
+        return m.get("exposed_overhead_ms", m.get("round_overhead_ms"))
+
+    def compute(m):
+        if _num(m.get("compute_ms_per_step")):
+            return m["compute_ms_per_step"] * (m.get("steps_per_exchange") or 1)
+        return m.get("round_compute_ms")
+
+    labels = [label for label, _, _ in rows]
+    y = range(len(rows))
+    ax.barh([i - 0.2 for i in y], [compute(m) or 0 for _, m, _ in rows], height=0.4, label="compute")
+    ax.barh([i + 0.2 for i in y], [exposed(m) or 0 for _, m, _ in rows], height=0.4, label="exposed communication")
+    ax.set_yticks(list(y), labels, fontsize=7)
+    ax.set_xscale("log")
+    ax.set(xlabel="ms per exchange")
+    ax.legend(fontsize=7)
+
+
+# ---- the document and the CLI ------------------------------------------------------------------
+
+def results_label(results_dir: str) -> str:
+    """``results_dir`` relative to the repository root when inside it, else as given."""
+    rel = os.path.relpath(os.path.abspath(results_dir), ROOT)
+    return results_dir if rel == os.pardir or rel.startswith(os.pardir + os.sep) else rel
+
+
+def render(results_dir: str, figures_dir: str | None = None, *, doc: str | None = None,
+           readme: str | None = None) -> dict:
+    """{"benchmarks": BENCHMARKS.md's text, "headline": the README block between the markers}.
+
+    Figures are linked at ``results_dir/figures/`` relative to ``doc`` (default: the repository's
+    BENCHMARKS.md), and the headline links ``doc`` relative to ``readme`` (default: the repository's
+    README.md); with ``figures_dir`` the PNGs are also drawn there."""
+    doc = os.path.abspath(doc or os.path.join(ROOT, "BENCHMARKS.md"))
+    link_dir = os.path.relpath(os.path.join(os.path.abspath(results_dir), "figures"), os.path.dirname(doc))
+    if figures_dir:
+        os.makedirs(figures_dir, exist_ok=True)
+
+    def fig(name, title, draw, *data):
+        if figures_dir:
+            _plot(os.path.join(figures_dir, name), draw, *data)
+        return f"![{title}]({link_dir}/{name})"
+
+    d = {n: _load(results_dir, n) for n in ("accuracy", "throughput", "jobcost", "scale", "balance", "cifar",
+                                             "costmodel", "run_all")}
+    top = ["# sparkcnn benchmarks", "", f"<!-- results: {results_label(results_dir)} -->", "",
+           "Generated by `python bench/run_all.py` from the JSON each benchmark printed; do not edit by hand "
+           "(re-render with `python bench/render.py RESULTS_DIR`)."]
+    if _get(d["run_all"], "quick") is True:
+        top += ["", "**This is a quick run (`--quick`): short forms of every benchmark, whose figures are not the "
+                "published ones.**"]
+    sections = [seed_table(d["accuracy"], fig), reference_table(d["accuracy"], d["throughput"]),
+                throughput_table(d["throughput"]), cifar_table(d["cifar"]),
+                scale_section(d["scale"], d["costmodel"], fig), balance_section(d["balance"], d["throughput"], fig),
+                jobcost_table(d["jobcost"]), run_table(d["run_all"])]
+    readme_dir = os.path.dirname(os.path.abspath(readme or os.path.join(ROOT, "README.md")))
+    return {"benchmarks": "\n\n".join(["\n".join(top), *sections]) + "\n",
+            "headline": headline(d["accuracy"], d["throughput"], os.path.relpath(doc, readme_dir))}
+
+
+def replace_block(text: str, block: str) -> str | None:
+    """``text`` with the lines between the BEGIN and END marker lines replaced by ``block``; None
+    when it has no such block."""
+    lines = text.splitlines(keepends=True)
+    marks = [ln.strip() for ln in lines]
+    if BEGIN not in marks or END not in marks[marks.index(BEGIN):]:
+        return None
+    b = marks.index(BEGIN)
+    e = marks.index(END, b)
+    return "".join(lines[:b + 1]) + block + "".join(lines[e:])
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return ""
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results_dir", help="a folder of <benchmark>.json (bench/run_all.py's --out)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"), help="the document to write or check")
+    ap.add_argument("--readme", help="a README whose benchmarks:begin/end block gets the headline")
+    ap.add_argument("--check", action="store_true", help="write nothing; diff against the files, exit 1 if they differ")
+    a = ap.parse_args(argv)
+    if not os.path.isdir(a.results_dir) or not any(n.endswith(".json") for n in os.listdir(a.results_dir)):
+        print(f"bench/render.py: {a.results_dir}: no such folder of benchmark JSON", file=sys.stderr)
+        return 2
+    readme_text = _read(a.readme) if a.readme else None
+    if a.readme and replace_block(readme_text, "") is None:
+        print(f"bench/render.py: {a.readme}: no '{BEGIN}' ... '{END}' block to replace", file=sys.stderr)
+        return 2
+    figures = None if a.check else os.path.join(a.results_dir, "figures")
+    text = render(a.results_dir, figures, doc=a.out, readme=a.readme)
+    files = [(a.out, _read(a.out) if a.check else None, text["benchmarks"])]
+    if a.readme:
+        files.append((a.readme, readme_text, replace_block(readme_text, text["headline"])))
+    if a.check:
+        diff = [ln for path, old, new in files
+                for ln in difflib.unified_diff(old.splitlines(True), new.splitlines(True), path, f"{path} (rendered)")]
+        sys.stdout.writelines(ln if ln.endswith("\n") else ln + "\n" for ln in diff)
+        return 1 if diff else 0
+    for path, _, new in files:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""bench/render.py on copies of the committed benchmark results: the tables, the README block,
+--check, and the check that the repository's BENCHMARKS.md still matches its results."""
+
+import importlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+render = importlib.import_module("bench.render")
+
+ROOT = render.ROOT
+COMMITTED = os.path.join(ROOT, "bench", "results")
+# today's committed JSONs under the names bench/run_all.py saves them as (copies; never modified)
+COPIES = {"accuracy-stream.json": "accuracy.json", "throughput.json": "throughput.json",
+          "jobcost.json": "jobcost.json", "scale.json": "scale.json", "balance.json": "balance.json"}
+README = ("# sparkcnn\n\nIntro.\n\n<!-- benchmarks:begin -->\nold headline\n<!-- benchmarks:end -->\n"
+          "\n## Usage\n\nTail.\n")
+
+
+def committed(name: str) -> dict:
+    with open(os.path.join(COMMITTED, name), encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+@pytest.fixture()
+def results(tmp_path):
+    out = tmp_path / "results"
+    out.mkdir()
+    for src, dst in COPIES.items():
+        shutil.copyfile(os.path.join(COMMITTED, src), out / dst)
+    return out
+
+
+def cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, os.path.join(ROOT, "bench", "render.py"), *map(str, args)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def section(text: str, heading: str) -> str:
+    """The markdown from ``heading`` up to the next heading of level 2."""
+    start = text.index(heading)
+    nxt = text.find("\n## ", start + len(heading))
+    return text[start:] if nxt < 0 else text[start:nxt]
+
+
+def test_stream_gs_asgd_ms_row_shows_its_accuracy_and_ratios(results):
+    ms = next(r for r in committed("accuracy-stream.json")["stream"] if r["name"] == "stream-gs-asgd-ms")
+    doc = render.render(str(results))["benchmarks"]
+    [row] = [ln for ln in doc.splitlines() if "`stream-gs-asgd-ms`" in ln]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[0].startswith("GS-ASGD + MS")
+    assert cells[1] == "1"  # H: one step per exchange
+    assert cells[2] == f"{ms['test_accuracy_mean']:.4f} ± {ms['test_accuracy_std']:.4f}"
+    assert cells[6] == f"{ms['bytes_up_mean'] / 1e6:.1f} ± {ms['bytes_up_std'] / 1e6:.1f}"
+    assert cells[9] == f"{ms['steady_downlink_ratio_mean']:.1f} ± {ms['steady_downlink_ratio_std']:.1f}"
+    # never reached by sparsification-aware momentum in this data: a dash and the count of seeds
+    [sa] = [ln for ln in doc.splitlines() if "`stream-gs-asgd-samomentum`" in ln]
+    assert "— (0/3)" in sa
+
+
+def test_every_table_follows_its_machine_command_date_line_and_precedes_a_paragraph(results):
+    doc = render.render(str(results))["benchmarks"]
+    lines = doc.splitlines()
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("|") and not lines[i - 1].startswith("|")]
+    assert len(starts) >= 6  # seed, reference, throughput, scale, balance, jobcost
+    for i in starts:
+        before = next(ln for ln in reversed(lines[:i]) if ln.strip())
+        assert re.match(r"Measured on .+ cores, .+ GiB, .+; command .+; date .+; commit .+\(\w+\.json\)\.$", before), \
+            before
+        end = next(j for j in range(i, len(lines)) if not lines[j].startswith("|"))
+        after = next(ln for ln in lines[end:] if ln.strip())
+        assert not after.startswith(("#", "|", "!")), after  # a paragraph explaining the columns
+    thr = committed("throughput.json")["provenance"]
+    line = next(ln for ln in section(doc, "## Throughput").splitlines() if ln.startswith("Measured on"))
+    assert f"command `python bench/throughput.py`; date {thr['date']}; commit `{thr['git_commit'][:7]}`" in line
+    assert f"{thr['machine']['cores']} cores, {thr['machine']['memory_gib']:.1f} GiB, {thr['machine']['cpu']}" in line
+
+
+def test_missing_files_render_as_not_measured_and_the_rest_is_still_there(results):
+    doc = render.render(str(results))["benchmarks"]
+    assert section(doc, "## CIFAR-10-format run").splitlines()[2] == "Not measured in this run."
+    assert "### Cost model: held-out validation\n\nNot measured in this run." in doc
+    assert section(doc, "## How this run was made").strip().endswith("Not measured in this run.")
+    assert doc.startswith("# ") and f"<!-- results: {results} -->" in doc.splitlines()[2]
+    assert "**This is a quick run" not in doc
+    limit = committed("throughput.json")["compute_limit_images_per_s"]
+    assert f"| {limit:.1f} |" in section(doc, "## Reference rows")
+
+
+def test_partial_and_new_schemas_render_without_crashing(results):
+    (results / "throughput.json").write_text(json.dumps({"stream": {"async_h1_sparse": {"error": "no server"},
+                                                                    "odd": "not a dict"}, "by_steps_per_round": []}))
+    (results / "cifar.json").write_text(json.dumps({"model": "resnet20", "modes": [
+        {"mode": "sync_h10_dense", "steps_per_exchange": 10, "images_per_s": 321.25, "bytes_up_per_exchange": 4096,
+         "bytes_down_per_exchange": 8192}, {"mode": "stream_async_h1_sparse", "error": "refused"}]}))
+    (results / "costmodel.json").write_text(json.dumps({
+        "validation": [{"setup": "cluster", "case": "stream_async_h1", "predicted": 2400.0, "measured": 2461.5,
+                        "error": -0.025, "bound": "cpu"}, {"setup": "local"}],
+        "max_abs_error": 0.1234,
+        "speedup_curve": {"constants_from": "cluster", "n": [1, 2, 256], "1gbit_h1_stream_sparse": [1.0, 1.9, 40.5],
+                          "10gbit_h1_stream_sparse": [1.0, 1.95, 201.25]}}))
+    scale = committed("scale.json")
+    scale["driver_apply_merged_s"] = {"0.2M": {"2": 0.00031, "8": 0.0004}}
+    (results / "scale.json").write_text(json.dumps(scale))
+    (results / "run_all.json").write_text(json.dumps({"quick": True, "benchmarks": [
+        {"name": "cifar", "command": "python bench/cifar.py --quick", "exit": 1, "wall_s": 3.4, "error": "exit 1"}]}))
+    doc = render.render(str(results))["benchmarks"]
+    assert "| Stream, async, H = 1, sparse (error: no server) | — |" in doc
+    assert "| sync_h10_dense | 10 | 321.2 | 4096 | 8192 |" in doc
+    assert "| stream_async_h1_sparse | — | error: refused | — | — |" in doc
+    assert "| cluster | stream_async_h1 | 2400.0 | 2461.5 | -2.5 % | cpu |" in doc
+    assert "| local | — | — | — | — | — |" in doc and "Largest absolute error: 12.3 %." in doc
+    assert "| 1 Gbit/s, H = 1, stream, sparse | 1.0 | 1.9 | 40.5 |" in doc
+    assert "| 10 Gbit/s, H = 1, stream, sparse | 1.0 | 1.9 | 201.2 |" in doc and "| N = 256 |" in doc
+    assert "| 0.2M, one payload merged by the executors | 0.31 | 0.40 | — | — | — |" in doc
+    assert "| cifar | `python bench/cifar.py --quick` | 1 (exit 1) | 3 |" in doc
+    assert "**This is a quick run" in doc.split("## ", 1)[0]
+
+
+def test_figures_are_written_where_the_document_links_them(results, tmp_path):
+    doc_path = tmp_path / "BENCHMARKS.md"
+    out = render.render(str(results), str(results / "figures"), doc=str(doc_path))
+    links = re.findall(r"!\[[^]]*\]\(([^)]+\.png)\)", out["benchmarks"])
+    assert {os.path.basename(p) for p in links} == {"accuracy.png", "balance.png", "overlap.png"}
+    for link in links:
+        assert not os.path.isabs(link)
+        assert os.path.getsize(tmp_path / link) > 1000
+    assert out == render.render(str(results), doc=str(doc_path))  # the text does not depend on drawing
+
+
+def test_check_passes_on_the_rendered_files_and_fails_after_a_one_character_edit(results, tmp_path):
+    doc, readme = tmp_path / "BENCHMARKS.md", tmp_path / "README.md"
+    readme.write_text(README)
+    assert cli(results, "--out", doc, "--readme", readme).returncode == 0
+    assert (results / "figures" / "accuracy.png").exists()
+    ok = cli(results, "--out", doc, "--readme", readme, "--check")
+    assert (ok.returncode, ok.stdout) == (0, "")
+    text = doc.read_text()
+    i = text.index("Final accuracy")
+    doc.write_text(text[:i] + "f" + text[i + 1:])
+    bad = cli(results, "--out", doc, "--readme", readme, "--check")
+    assert bad.returncode == 1
+    assert "-| Variant | H | final accuracy" in bad.stdout and "+| Variant | H | Final accuracy" in bad.stdout
+    assert doc.read_text() != text  # --check wrote nothing back
+
+
+def test_readme_without_markers_exits_2_and_nothing_is_written(results, tmp_path):
+    doc, readme = tmp_path / "BENCHMARKS.md", tmp_path / "README.md"
+    original = b"# sparkcnn\n\nNo block here.\n<!-- benchmarks:end -->\n"
+    readme.write_bytes(original)
+    proc = cli(results, "--out", doc, "--readme", readme)
+    assert proc.returncode == 2
+    assert str(readme) in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert readme.read_bytes() == original
+    assert not doc.exists() and not (results / "figures").exists()
+
+
+def test_readme_block_is_replaced_between_the_markers_and_the_rest_kept(results, tmp_path):
+    doc, readme = tmp_path / "docs" / "BENCHMARKS.md", tmp_path / "README.md"
+    doc.parent.mkdir()
+    readme.write_text(README)
+    assert cli(results, "--out", doc, "--readme", readme).returncode == 0
+    text = readme.read_text()
+    head, rest = text.split("<!-- benchmarks:begin -->\n")
+    block, tail = rest.split("<!-- benchmarks:end -->\n")
+    assert head == "# sparkcnn\n\nIntro.\n\n" and tail == "\n## Usage\n\nTail.\n"
+    assert "old headline" not in block
+    ms = next(r for r in committed("accuracy-stream.json")["stream"] if r["name"] == "stream-gs-asgd-ms")
+    bullets = [ln for ln in block.splitlines() if ln.startswith("- ")]
+    assert len(bullets) == 3 and f"{ms['test_accuracy_mean']:.4f}" in bullets[0]
+    assert "[BENCHMARKS.md](docs/BENCHMARKS.md)" in block  # relative to the README
+
+
+def test_missing_or_empty_results_dir_exits_2(tmp_path):
+    for d in (tmp_path / "absent", tmp_path):
+        proc = cli(d, "--out", tmp_path / "B.md", "--check")
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "B.md").exists()
+
+
+def test_committed_benchmarks_match_their_results():
+    doc = os.path.join(ROOT, "BENCHMARKS.md")
+    if not os.path.exists(doc):
+        if os.environ.get("SPARKCNN_REQUIRE_BENCHMARKS") == "1":
+            pytest.fail("BENCHMARKS.md does not exist: run `python bench/run_all.py` and commit what it renders")
+        pytest.skip("BENCHMARKS.md does not exist yet (set SPARKCNN_REQUIRE_BENCHMARKS=1 to require it)")
+    with open(doc, encoding="utf-8") as fh:
+        found = re.search(r"^<!-- results: (.+) -->$", fh.read(), re.M)
+    assert found, "BENCHMARKS.md has no `<!-- results: DIR -->` line naming the results it was rendered from"
+    proc = cli(found.group(1), "--out", "BENCHMARKS.md", "--readme", "README.md", "--check")
+    assert proc.returncode == 0, (
+        "BENCHMARKS.md or the README's headline no longer match "
+        f"{found.group(1)}: re-render with `python bench/render.py {found.group(1)} --readme README.md`\n"
+        f"{proc.stdout[-4000:]}{proc.stderr[-2000:]}")
