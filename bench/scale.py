@@ -22,6 +22,17 @@ Keys:
                            SPARKCNN_NATIVE=0), side by side with the compiled one;
                            driver_native says whether the compiled kernels ran
   payload_bytes            mean bytes of one payload, by model
+  driver_apply_merged_s    executor-side merging: for the same models and N as
+                           driver_apply_s, seconds of apply_deltas on ONE payload,
+                           enc(Σ_k decode(p_k)) of the N payloads (float16, as
+                           sent), merged by the executors in a tree of twos; no
+                           guard (a merged sum has no per-block norm to judge)
+  executor_merge_s         one executor's cost of one merge of that tree, by model
+                           then tree level l = 1 … log2(max N): decode two payloads
+                           of 2^(l-1) deltas each, sum them on the union of their
+                           supports, encode once; N blocks pay levels 1 … log2 N
+                           one after another (the right subtree's root is built in
+                           one merge of its payloads: the same entries, rounded once)
   sparsify_s_per_mparam    threshold selection seconds per million parameters
                            (25 M model); by model in sparsify_s_per_mparam_by_model
 Times are the best of a few repetitions on this machine; compare runs side by
@@ -43,6 +54,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sparkcnn.compression import SparseDelta, Sparsifier, decode_batch, encode  # noqa: E402
+from sparkcnn.compression.delta import Layout  # noqa: E402
 from sparkcnn.compression import native  # noqa: E402
 from sparkcnn.compression.sparse_sum import DEFAULT_THREADS  # noqa: E402
 from sparkcnn.engine.apply import apply_deltas  # noqa: E402
@@ -124,6 +136,28 @@ def best_of(fn, repeat: int) -> tuple[float, float]:
     return wall, cpu
 
 
+def merge_payloads(payloads: list[bytes], layout: Layout, value_dtype: str = "float16") -> bytes:
+    """What an executor sends up after merging: ``encode(Σ_k decode(payloads[k]))``.
+
+    The sum is sparse_sum's rule (``acc[indices] += values``, payload by payload,
+    float32) on the union of the supports, so its cost grows with the entries,
+    not with P; one encode at the end (``value_dtype``: the wire's, float16 in
+    training, so the merged values are rounded once more).
+    """
+    batch = decode_batch(payloads, layout, threads=1)
+    if batch.errors:
+        k, err = next(iter(batch.errors.items()))
+        raise ValueError(f"payload {k} does not decode: {err}")
+    deltas = [batch.delta(k) for k in range(len(payloads))]
+    idx = np.sort(np.concatenate([d.indices for d in deltas]), kind="stable")  # sorted runs: merged fast
+    if idx.size:  # the union of the supports, ascending (np.unique hashes: 10x slower here)
+        idx = idx[np.concatenate([[True], idx[1:] != idx[:-1]])]
+    acc = np.zeros(idx.size, np.float32)
+    for d in deltas:  # each delta's indices are unique: plain fancy-index add
+        acc[np.searchsorted(idx, d.indices)] += d.values
+    return encode(SparseDelta(batch.size, idx, acc), layout, value_dtype=value_dtype)
+
+
 def codec_bytes_per_nonzero(rng) -> dict:
     n = 1_000_000
     out = {}
@@ -139,7 +173,7 @@ def driver_apply(quick: bool, rng) -> dict:
     repeat = 3 if quick else 5
     out = {"driver_apply_s": {}, "driver_apply_cpu_s": {}, "driver_apply_1thread_s": {},
            "driver_apply_1thread_cpu_s": {}, "driver_decode_s": {}, "driver_apply_numpy_s": {},
-           "payload_bytes": {}}
+           "payload_bytes": {}, "driver_apply_merged_s": {}, "executor_merge_s": {}}
     for name, make in MODELS.items():
         layout = make()
         size = sum(layout)
@@ -167,9 +201,30 @@ def driver_apply(quick: bool, rng) -> dict:
             with mock.patch.dict(os.environ, {"SPARKCNN_NATIVE": "0"}):  # the numpy path
                 wall, _ = best_of(apply, repeat)
             out["driver_apply_numpy_s"][name][str(n)] = round(wall, 5)
+        _merged(out, name, layout, ps, payloads, samples, ns, repeat)
     out["driver_threads"] = DEFAULT_THREADS
     out["driver_native"] = native.enabled()
     return out
+
+
+def _merged(out: dict, name: str, layout, ps: ParameterServer, payloads: list[bytes], samples: list[int],
+            ns, repeat: int) -> None:
+    """``driver_apply_merged_s`` and ``executor_merge_s`` of one model (see the module docstring)."""
+    merged = {1: payloads[0]}  # N -> the merge of payloads[:N], as the tree's root sends it
+    for level in range(1, int(np.log2(max(ns))) + 1):
+        half = 2 ** (level - 1)
+        a = merged[half]  # the left subtree's root; the right one's holds payloads[half:2 half]
+        b = merge_payloads(payloads[half:2 * half], layout) if half > 1 else payloads[1]
+        wall, _ = best_of(lambda: merge_payloads([a, b], layout), repeat)
+        out["executor_merge_s"][name][str(level)] = round(wall, 5)
+        merged[2 * half] = merge_payloads([a, b], layout)
+    for n in ns:
+        def apply():
+            done = apply_deltas(ps, [merged[n]], [sum(samples[:n])], [0.01], steps=[10 * n])
+            assert done.applied == (0,), done.rejected
+
+        wall, _ = best_of(apply, repeat)
+        out["driver_apply_merged_s"][name][str(n)] = round(wall, 5)
 
 
 def sparsify_s_per_mparam(quick: bool, rng) -> dict:
