@@ -10,7 +10,7 @@ functions are reused from one measurement to the next).
   processes, each training its own half with no communication; measured first
   and last (``compute_limit_before_after``: the drift of a shared machine's
   load; ``--quick`` measures it once), the mean is the limit. ``efficiency_vs_limit`` = images/s / limit.
-- ``by_steps_per_round[H]`` (H = 10, 50): plain sync rounds driven one at a
+- ``by_steps_per_round[H]`` (H = 1, 10, 50): plain sync rounds driven one at a
   time (``engine.run_round``); images/s over the rounds after a warm round,
   ``round_overhead_ms`` = median of (job time − slowest task), next to
   ``round_compute_ms`` (slowest task's training time).
@@ -30,7 +30,8 @@ functions are reused from one measurement to the next).
   carried), on ``ASYNC_BLOCKS`` = 4 blocks (two per slot: one job queued in
   Spark per slot); images/s between completions, leaving out each block's
   first two jobs (speed not yet known) and the last two (drain). ``async_vs_sync`` =
-  async / plain sync at H = 10.
+  async / plain sync at H = 10. ``async_by_steps["1"]`` and ``["50"]``: the same with
+  jobs sized to 1 and 50 steps.
 
 ``cpu`` (under each measurement): CPU ms per round (async: per job) of this
 process (``driver``), the JVM (``jvm``: Spark's driver and executor in one
@@ -51,7 +52,8 @@ two more TF start-ups; ``compute_limit_method`` says which was used).
 - ``stream`` (``engine.transport=stream``): ``StreamEngine.run()`` over one epoch of the
   slice, for ``async_h1_sparse``, ``async_h1_dense``, ``async_h10`` and ``sync_h10`` (sparse:
   uplink 0.001, downlink 0.01); images/s between pushes, ``exposed_comm_ms_per_step`` (what
-  the tasks waited for the server's replies, per local step) and the same ``cpu`` accounting.
+  the tasks waited for the server's replies, per local step) and the same ``cpu`` accounting;
+  and the rest of the grid, sparse: ``async_h50``, ``sync_h1``, ``sync_h50``.
   A case the transport does not run carries ``error``.
 
 ``--set KEY=VALUE`` (repeatable) applies a config override to every sparkcnn
@@ -245,7 +247,10 @@ def measure_async(data: str, H: int, target_job_s: float, extra: list[str] = ())
 STREAM_SPARSE = ["compression.method=threshold", "compression.density=0.001", "compression.density_down=0.01",
                  "compression.warmup_epochs=0"]
 STREAM_CASES = {"async_h1_sparse": (1, "async", STREAM_SPARSE), "async_h1_dense": (1, "async", []),
-                "async_h10": (10, "async", STREAM_SPARSE), "sync_h10": (10, "sync", STREAM_SPARSE)}
+                "async_h10": (10, "async", STREAM_SPARSE), "sync_h10": (10, "sync", STREAM_SPARSE),
+                # the rest of the transport x mode x H grid (H = 1, 10, 50), sparse
+                "async_h50": (50, "async", STREAM_SPARSE), "sync_h1": (1, "sync", STREAM_SPARSE),
+                "sync_h50": (50, "sync", STREAM_SPARSE)}
 
 
 def measure_stream(data: str, H: int, mode: str, extra: list[str]) -> dict:
@@ -316,8 +321,8 @@ def main(argv=None) -> dict:
     out = {"quick": a.quick, "model": "fmnist_cnn", "blocks": BLOCKS, "batch_size": BATCH,
            "master": "local[2]", "overrides": a.set,
            "keras_images_per_s": keras_ips, "by_steps_per_round": {}}
-    for i, h in enumerate((10, 50)):
-        n = {10: 5, 50: 2}[h] if a.quick else 2 * steps // h
+    for i, h in enumerate((10, 50, 1)):  # H = 10 first: it warms the workers and measures a quick limit
+        n = {10: 5, 50: 2, 1: 10}[h] if a.quick else min(2 * steps // h, 100)
         log("sync H=%d: %d rounds", h, n)
         out["by_steps_per_round"][str(h)] = measure_sparkcnn(sync_data, h, n, warm_rounds=1 if i == 0 else 0,
                                                              limit_steps=steps if a.quick and i == 0 else 0,
@@ -337,9 +342,15 @@ def main(argv=None) -> dict:
     log("async: one epoch of %s, target_job_seconds %.2f", os.path.basename(short), target)
     s = out["async"] = measure_async(short, H, target)
     out["async_vs_sync"] = s["images_per_s"] / sync10["sparkcnn_images_per_s"]
+    out["async_by_steps"] = {}  # the jobs transport's async at H ~ 1 and ~ 50 (jobs sized alike)
+    for h in (1,) if a.quick else (1, 50):  # --quick's slice holds too few jobs of 50 steps
+        log("async H~%d: one epoch of %s", h, os.path.basename(short))
+        out["async_by_steps"][str(h)] = measure_async(short, h, target * h / H)
 
     out["stream"] = {}
     for name, (h, mode, extra) in STREAM_CASES.items():
+        if a.quick and h == 50:  # --quick's slice holds too few exchanges of 50 steps
+            continue
         log("stream %s: one epoch of %s", name, os.path.basename(short))
         out["stream"][name] = measure_stream(short, h, mode, extra)
 
@@ -352,6 +363,7 @@ def main(argv=None) -> dict:
     out.update(compute_limit_images_per_s=limit_ips, compute_limit_before_after=[before, after])
     for m, key in [*((m, "sparkcnn_images_per_s") for m in out["by_steps_per_round"].values()),
                    (p, "images_per_s"), (s, "images_per_s"),
+                   *((m, "images_per_s") for m in out["async_by_steps"].values()),
                    *((m, "images_per_s") for m in out["stream"].values() if "error" not in m)]:
         m["ratio_vs_keras"] = m[key] / keras_ips
         m["efficiency_vs_limit"] = m[key] / limit_ips
