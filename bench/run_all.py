@@ -1,0 +1,168 @@
+"""Every benchmark in one run, then BENCHMARKS.md rendered from what they printed.
+
+    python bench/run_all.py [--quick] [--out DIR] [--only NAME,...] [--seeds N] [--allow-dirty]
+
+Each benchmark runs as its own process (``python bench/<script>.py ARGS``), one
+after another on this machine, and what it prints (one JSON object carrying its
+``provenance``: commit, dirty flag read at its start, command, date, versions,
+machine) is saved as ``<out>/<name>.json`` untouched. ``<out>/run_all.json``
+lists each benchmark's command, exit status and wall time.
+
+- Full run (the default): ``<out>`` is ``bench/results/<YYYY-MM-DD>`` (``-2``,
+  ``-3`` … when that exists). The working tree must be clean (every JSON of a
+  published run names one commit; ``--allow-dirty`` for trials). Before anything
+  is written, the older results (``bench/results/*.json`` and older dated
+  folders) move to ``bench/results/archive/``. At the end, ``BENCHMARKS.md`` and
+  the README's headline block are rendered from ``<out>`` (``bench/render.py``),
+  the figures into ``<out>/figures/``.
+- ``--quick`` (under 10 minutes here): the short form of each benchmark, into a
+  temporary folder (or ``--out``), with its own ``BENCHMARKS.md`` there; nothing
+  in the repository changes.
+
+``--only`` runs a subset (names below) and renders what the folder holds.
+Exit status: 0 when every benchmark exited 0, 1 otherwise (the others still
+run and the document is still rendered from what exists), 2 on bad arguments
+or a dirty tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench._common import ROOT, log, provenance  # noqa: E402
+
+RESULTS = os.path.join(ROOT, "bench", "results")
+
+
+def benchmarks(quick: bool, seeds: int) -> dict[str, list[str]]:
+    """name -> the script and its arguments, in the order they run."""
+    if quick:
+        accuracy = ["accuracy.py", "--quick", "--keras", "--variants", "sync-dense,sync-sparse-bidir,async-sparse-bidir",
+                    "--stream", "stream-asgd,stream-gs-asgd-ms", "--seeds", "1"]
+    else:
+        # the seed experiment table: sync dense / sparse / both directions, ASGD, GS-ASGD and
+        # GS-ASGD + model-parameter sparsification at the jobs transport's H ~ 10 (async-*) and the
+        # stream's H = 1 (stream-*), sparsification-aware momentum at H = 1; Keras model.fit beside
+        accuracy = ["accuracy.py", "--keras", "--stream", "all", "--seeds", str(seeds), "--no-sweep",
+                    "--no-momentum"]
+    q = ["--quick"] if quick else []
+    return {
+        "accuracy": accuracy,
+        "throughput": ["throughput.py", *q],
+        "jobcost": ["jobcost.py", *(["--jobs", "20"] if quick else [])],
+        "scale": ["scale.py", *q],
+        "balance": ["balance.py", *q],
+        "cifar": ["cifar.py", *q],
+        "costmodel": ["costmodel.py", *q],
+    }
+
+
+def _dirty() -> bool:
+    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    return bool(out.strip())
+
+
+def dated_folder(day: str) -> str:
+    """``bench/results/<day>``, or ``<day>-2``, ``-3`` … when a run of that day exists."""
+    path, n = os.path.join(RESULTS, day), 1
+    while os.path.exists(path):
+        n += 1
+        path = os.path.join(RESULTS, f"{day}-{n}")
+    return path
+
+
+def archive_older() -> list[str]:
+    """Move ``bench/results/*.json`` and the dated folders into ``bench/results/archive/``."""
+    archive = os.path.join(RESULTS, "archive")
+    moved = []
+    for name in sorted(os.listdir(RESULTS)):
+        src = os.path.join(RESULTS, name)
+        if name == "archive" or not (name.endswith(".json") or os.path.isdir(src)):
+            continue
+        os.makedirs(archive, exist_ok=True)
+        dst = os.path.join(archive, name)
+        if os.path.exists(dst):
+            raise SystemExit(f"bench/run_all.py: bench/results/archive/{name} exists; move it away first")
+        shutil.move(src, dst)
+        moved.append(name)
+    return moved
+
+
+def run_one(name: str, argv: list[str], out: str) -> dict:
+    """``python bench/<argv>`` with stdout into ``<out>/<name>.json`` (kept only when it is one JSON object)."""
+    cmd = [sys.executable, os.path.join("bench", argv[0]), *argv[1:]]
+    log("%s: %s", name, " ".join(cmd[1:]))
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - t0
+    entry = {"name": name, "command": " ".join(["python", *cmd[1:]]), "exit": proc.returncode, "wall_s": wall}
+    try:
+        json.loads(proc.stdout)
+    except ValueError:
+        entry["error"] = "did not print one JSON object" if proc.returncode == 0 else f"exit {proc.returncode}"
+        log("%s: %s after %.0f s", name, entry["error"], wall)
+        return entry
+    with open(os.path.join(out, f"{name}.json"), "w", encoding="utf-8") as fh:
+        fh.write(proc.stdout)
+    log("%s: exit %d in %.0f s", name, proc.returncode, wall)
+    return entry
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="the short form of each benchmark, in a temp folder")
+    ap.add_argument("--out", help="results folder (default: bench/results/<date>, or a temp folder with --quick)")
+    ap.add_argument("--only", default="", help="comma-separated benchmarks to run (default: all)")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per H = 1 variant of the seed table")
+    ap.add_argument("--allow-dirty", action="store_true", help="run a full run from a modified tree (trials)")
+    a = ap.parse_args(argv)
+    plan = benchmarks(a.quick, a.seeds)
+    only = [n for n in a.only.split(",") if n]
+    unknown = [n for n in only if n not in plan]
+    if unknown:
+        print(f"bench/run_all.py: --only: unknown benchmark {unknown[0]!r} (known: {', '.join(plan)})",
+              file=sys.stderr)
+        return 2
+    if a.seeds < 1:
+        print(f"bench/run_all.py: --seeds must be >= 1, got {a.seeds}", file=sys.stderr)
+        return 2
+    publish = not a.quick and not a.out
+    if publish and _dirty() and not a.allow_dirty:
+        print("bench/run_all.py: the working tree has uncommitted changes: commit them first "
+              "(a published run names one commit), or pass --allow-dirty for a trial", file=sys.stderr)
+        return 2
+    if a.out:
+        out = os.path.abspath(a.out)
+    elif a.quick:
+        out = tempfile.mkdtemp(prefix="sparkcnn-benchmarks-")
+    else:
+        out = dated_folder(datetime.date.today().isoformat())
+    moved = archive_older() if publish else []
+    os.makedirs(out, exist_ok=True)
+    started = provenance()
+    entries = [run_one(name, args, out) for name, args in plan.items() if not only or name in only]
+    with open(os.path.join(out, "run_all.json"), "w", encoding="utf-8") as fh:
+        json.dump({"quick": a.quick, "benchmarks": entries, "archived": moved, "provenance": started}, fh,
+                  indent=2)
+    from bench import render
+
+    doc = os.path.join(ROOT, "BENCHMARKS.md") if publish else os.path.join(out, "BENCHMARKS.md")
+    readme = ["--readme", os.path.join(ROOT, "README.md")] if publish else []
+    rc = render.main([out, "--out", doc, *readme])
+    log("results in %s; %s written", os.path.relpath(out, ROOT) if publish else out, doc)
+    return 1 if rc or any(e["exit"] or "error" in e for e in entries) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
