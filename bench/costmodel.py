@@ -1,0 +1,295 @@
+"""A cost model of sparkcnn's exchanges, fitted on one setup and validated on another.
+
+One exchange of one block: H local steps of ``t`` seconds each, then its delta
+goes up and the model change comes back. Per exchange (N blocks, batch b, P
+parameters, driver link of B bytes/s, C cores shared by everything, or
+``cores=None``: a core per executor and one for the driver)::
+
+    up, nnz_up  = (4P, P)                          dense uplink
+                = (k·d_up·P_big + 2·P_small, …)    sparse: k bytes per entry, small tensors whole (float16)
+    down        = 4P, or k·d_down·P_big + 2·P_small
+    bytes       = up + down
+    sel         = σ·P per sparse direction          threshold selection (uplink: worker, downlink: driver)
+    o_driver    = c_x + α_p + α_e·nnz_up + β_x·bytes/2 + sel_down      driver/JVM CPU
+    o_worker    = β_x·bytes/2 + sel_up                                  worker CPU beyond training
+    o           = o_driver + o_worker           (x = jobs | stream: c_x per task of a job or per message,
+                                                 β_x per byte encoded, copied and decoded)
+    T_cpu  = max(H·t, (N·H·t + φ·N·o) / C)       cores shared: φ of that CPU comes out of training
+           = H·t + o_worker                      dedicated cores
+    T_drv  = N·o_driver                           the driver serves every block's exchange in turn
+    T_link = N·bytes / B
+    T_lat  = H·t + J₀ + J₁·N + N·(bytes/B + o_driver)   jobs, sync: a job per round, workers wait for it
+           = H·t + J₀ + J₁ + bytes/B                    jobs, async: a job per exchange
+           = H·t                                        stream: the exchange overlaps the next steps
+    T      = max(T_cpu, T_drv, T_link, T_lat)             seconds per exchange of every block
+    images/s = N·H·b / T,   speed-up = images/s / (b / t)  (one worker alone, no exchange)
+
+Constants (:class:`Constants`): α_p, α_e (the driver's apply per payload and per entry)
+and σ (selection per parameter) come from the setup's micro-measurements; c_x, β_x from
+its measured CPU per exchange beyond H·t (least squares, per transport); J(N) = J₀ + J₁·N
+from its jobs points (the median of T − H·t − N·(bytes/B + o_driver)), split into J₀ and
+J₁ as its empty 1- and 2-task jobs split it; φ from its images/s (one-dimensional least
+squares on the log). t is the setup's measured step time: the jobs' tasks' own training
+time per step (no exchange runs meanwhile), under the machine's load of the moment.
+
+    python bench/costmodel.py [--quick]                       measure both setups, fit each way
+    python bench/costmodel.py measure --setup local|cluster [--quick]
+    python bench/costmodel.py fit --train A.json --test B.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench._common import ROOT, emit, log  # noqa: E402
+
+TRANSPORTS, MODES = ("jobs", "stream"), ("sync", "async")
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One configuration to predict; sizes in parameters, times in seconds, bandwidth in bytes/s."""
+
+    n: int                         # blocks (executor slots)
+    bandwidth: float               # bytes/s of the driver's link; math.inf: free
+    params: int                    # P
+    t_step: float                  # one local step of one block alone (s)
+    steps: int                     # H, local steps per exchange
+    density_up: float | None       # None: dense uplink
+    density_down: float | None     # None: dense downlink
+    transport: str                 # jobs | stream
+    mode: str                      # sync | async
+    batch: int = 64                # images per step
+    cores: int | None = None       # cores shared by workers, driver and JVMs; None: dedicated
+    small_params: int = 0          # parameters in tensors sent whole (float16, no index)
+    bytes_per_nonzero: float = 3.5  # codec, sparse entries (scale.py: 3.0 at 0.01, 3.5 at 0.001)
+
+    def __post_init__(self):
+        if self.n < 1 or self.steps < 1 or self.params < 1 or self.t_step <= 0 or self.bandwidth <= 0:
+            raise ValueError(f"Exchange: n, steps, params, t_step and bandwidth must be > 0, got {self}")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"Exchange.transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"Exchange.mode must be one of {MODES}, got {self.mode!r}")
+
+
+@dataclass(frozen=True)
+class Constants:
+    """The fitted constants (seconds, seconds per byte or per entry; ``share`` a fraction)."""
+
+    job_s: float = 0.0             # J₀: wall a Spark job adds, fixed
+    job_task_s: float = 0.0        # J₁: wall a Spark job adds per task
+    apply_payload_s: float = 0.0   # α_p: driver's decode + guard + apply, per payload
+    apply_entry_s: float = 0.0     # α_e: the same, per entry carried
+    select_s: float = 0.0          # σ: threshold selection per parameter, per sparse direction
+    cpu_jobs_s: float = 0.0        # c_jobs: CPU of Spark and the driver per task of a job
+    cpu_stream_s: float = 0.0      # c_stream: CPU per Flight message pair, both ends
+    byte_jobs_s: float = 0.0       # β_jobs: CPU per byte moved through a job's result
+    byte_stream_s: float = 0.0     # β_stream: CPU per byte moved on the stream
+    share: float = 1.0             # φ: share of the non-training CPU that comes out of training
+
+
+def payload(params: int, density: float | None, small: int, k: float) -> tuple[float, float]:
+    """(bytes, entries) of one payload: dense float32, or k bytes per sparse entry and float16 small tensors."""
+    if density is None:
+        return 4.0 * params, float(params)
+    big = params - small
+    return k * density * big + 2.0 * small, density * big + small
+
+
+def exchange_cpu(x: Exchange, c: Constants) -> tuple[float, float]:
+    """(o_driver, o_worker): CPU seconds per exchange of one block beyond its training."""
+    up, nnz_up = payload(x.params, x.density_up, x.small_params, x.bytes_per_nonzero)
+    down, _ = payload(x.params, x.density_down, x.small_params, x.bytes_per_nonzero)
+    fixed, per_byte = ((c.cpu_jobs_s, c.byte_jobs_s) if x.transport == "jobs" else (c.cpu_stream_s, c.byte_stream_s))
+    moved = per_byte * (up + down) / 2  # each byte encoded on one side, decoded on the other
+    sel_up = c.select_s * x.params if x.density_up is not None else 0.0
+    sel_down = c.select_s * x.params if x.density_down is not None else 0.0
+    return fixed + c.apply_payload_s + c.apply_entry_s * nnz_up + moved + sel_down, moved + sel_up
+
+
+def exchange_time(x: Exchange, c: Constants) -> dict:
+    """Seconds per exchange of every block (``T``) and each bound of the module docstring."""
+    up, _ = payload(x.params, x.density_up, x.small_params, x.bytes_per_nonzero)
+    down, _ = payload(x.params, x.density_down, x.small_params, x.bytes_per_nonzero)
+    wire = (up + down) / x.bandwidth  # one block's bytes on the driver's link
+    o_d, o_w = exchange_cpu(x, c)
+    compute = x.steps * x.t_step
+    if x.cores is None:
+        cpu = compute + o_w
+    else:
+        cpu = max(compute, (x.n * compute + c.share * x.n * (o_d + o_w)) / x.cores)
+    if x.transport == "stream":
+        lat = compute
+    elif x.mode == "sync":
+        lat = compute + c.job_s + c.job_task_s * x.n + x.n * (wire + o_d)
+    else:
+        lat = compute + c.job_s + c.job_task_s + wire
+    bounds = {"cpu": cpu, "driver": x.n * o_d, "link": x.n * wire, "latency": lat}
+    return {"T": max(bounds.values()), "bound": max(bounds, key=bounds.get), **bounds}
+
+
+def images_per_s(x: Exchange, c: Constants) -> float:
+    """N·H·b / T."""
+    return x.n * x.steps * x.batch / exchange_time(x, c)["T"]
+
+
+def speedup(x: Exchange, c: Constants) -> float:
+    """images/s over one worker's alone with no exchange (b / t)."""
+    return images_per_s(x, c) / (x.batch / x.t_step)
+
+
+# -- fitting ----------------------------------------------------------------------------------
+
+def exchange_of(inputs: dict, case: dict, **over) -> Exchange:
+    """The :class:`Exchange` of one measured grid point (sparse = uplink 0.001, downlink 0.01)."""
+    return Exchange(n=inputs["n"], bandwidth=inputs["bandwidth"], params=inputs["params"], t_step=inputs["t_step"],
+                    steps=case["steps"], density_up=None if case["dense"] else 0.001,
+                    density_down=None if case["dense"] else 0.01, transport=case["transport"], mode=case["mode"],
+                    batch=inputs["batch"], cores=inputs["cores"], small_params=inputs["small_params"],
+                    bytes_per_nonzero=inputs["bytes_per_nonzero"], **over)
+
+
+def _nonneg_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Least squares ``y ≈ a + b·x`` with a, b >= 0 (a coefficient that would be negative is 0)."""
+    a, b = np.linalg.lstsq(np.stack([np.ones_like(x), x], 1), y, rcond=None)[0]
+    if b < 0:
+        return max(0.0, float(np.mean(y))), 0.0
+    if a < 0:
+        return 0.0, max(0.0, float(x @ y / (x @ x)))
+    return float(a), float(b)
+
+
+def fit(meas: dict) -> Constants:
+    """Constants from one setup's measurements (see the module docstring for which from what)."""
+    walls, micro = meas["micro"]["job_wall_s"], meas["micro"]
+    per_task = max(0.0, walls["2"] - walls["1"])
+    rows = micro["apply"]
+    a = np.array([[r["payloads"], r["entries"]] for r in rows], float)
+    coef = np.linalg.lstsq(a, np.array([r["s"] for r in rows]), rcond=None)[0]
+    c = Constants(job_s=max(0.0, walls["1"] - per_task), job_task_s=per_task,
+                  apply_payload_s=max(0.0, float(coef[0])), apply_entry_s=max(0.0, float(coef[1])),
+                  select_s=micro["select_s_per_param"])
+    inputs, cases = meas["inputs"], meas["cases"]
+    for tr in TRANSPORTS:
+        xs, ys = [], []
+        for case in (v for v in cases.values() if v["transport"] == tr):
+            x = exchange_of(inputs, case)
+            known = sum(exchange_cpu(x, c))  # apply and selection; c_x = β_x = 0 so far
+            measured = sum(v for k, v in case["cpu_ms_per_exchange"].items() if k != "total") / 1000
+            up, _ = payload(x.params, x.density_up, x.small_params, x.bytes_per_nonzero)
+            down, _ = payload(x.params, x.density_down, x.small_params, x.bytes_per_nonzero)
+            xs.append(up + down)
+            ys.append(measured - x.steps * x.t_step - known)  # the training's own CPU left out
+        fixed, per_byte = _nonneg_line(np.array(xs), np.array(ys))
+        c = replace(c, **{f"cpu_{tr}_s": fixed, f"byte_{tr}_s": per_byte})
+    # J(N) = J₀ + J₁·N from the jobs points themselves (T − H·t − N·(wire + o_driver)), split
+    # as the micro-measured empty jobs split it: those ran at the start, under other load
+    x_jobs = [(exchange_of(inputs, v), v) for v in cases.values() if v["transport"] == "jobs"]
+    spare = [x.n * x.steps * x.batch / v["images_per_s"] - exchange_time(x, replace(c, job_s=0.0, job_task_s=0.0))
+             ["latency"] for x, v in x_jobs]
+    if spare:
+        j_n, n = max(0.0, float(np.median(spare))), x_jobs[0][0].n
+        f = min(1.0, 2 * per_task / walls["2"]) if walls["2"] > 0 else 0.0  # J₁·2 / J(2), micro
+        c = replace(c, job_task_s=f * j_n / n, job_s=(1 - f) * j_n)
+    grid = np.arange(0.0, 2.0001, 0.005)
+    loss = [sum((math.log(images_per_s(exchange_of(inputs, v), replace(c, share=float(phi))) / v["images_per_s"])) ** 2
+                for v in cases.values()) for phi in grid]
+    return replace(c, share=float(grid[int(np.argmin(loss))]))
+
+
+def validate(meas: dict, c: Constants) -> list[dict]:
+    """Predicted vs measured images/s at every grid point of ``meas`` (error = predicted / measured − 1)."""
+    out = []
+    for name, case in meas["cases"].items():
+        x = exchange_of(meas["inputs"], case)
+        p = images_per_s(x, c)
+        out.append({"setup": meas["setup"], "case": name, "predicted": round(p, 1),
+                    "measured": round(case["images_per_s"], 1), "error": round(p / case["images_per_s"] - 1, 4),
+                    "bound": exchange_time(x, c)["bound"]})
+    return out
+
+
+def speedup_curve(c: Constants, params: int, t_step: float, small_params: int, k: float) -> dict:
+    """Predicted speed-up for N = 1 … 256 at 1 and 10 Gbit/s, dedicated cores, H = 1 and 10:
+    dense / sparse (0.001 up, 0.01 down) x jobs (sync) / stream (async)."""
+    ns = [2 ** i for i in range(9)]
+    out = {"n": ns}
+    for gbit in (1, 10):
+        for h in (1, 10):
+            for tr, mode in (("jobs", "sync"), ("stream", "async")):
+                for kind, (du, dd) in (("dense", (None, None)), ("sparse", (0.001, 0.01))):
+                    x = [Exchange(n=n, bandwidth=gbit * 1e9 / 8, params=params, t_step=t_step, steps=h,
+                                  density_up=du, density_down=dd, transport=tr, mode=mode,
+                                  small_params=small_params, bytes_per_nonzero=k) for n in ns]
+                    out[f"{gbit}gbit_h{h}_{tr}_{kind}"] = [round(speedup(e, c), 3) for e in x]
+    return out
+
+
+def fit_report(train: dict, test: dict) -> dict:
+    c = fit(train)
+    return {"direction": f"{train['setup']}->{test['setup']}", "constants": asdict(c),
+            "fit": validate(train, c), "validation": validate(test, c)}
+
+
+def _summary(reports: list[dict], measurements: list[dict]) -> dict:
+    held_out = [row for r in reports for row in r["validation"]]
+    worst = max(abs(r["error"]) for r in held_out)
+    source = next((m for m in measurements if m["setup"] == "cluster"), measurements[-1])
+    c, inputs = fit(source), source["inputs"]
+    return {"bench": "costmodel", "constants": {r["direction"]: r["constants"] for r in reports},
+            "validation": held_out, "max_abs_error": worst, "within_25pct": worst <= 0.25,
+            "fit_residuals": {r["direction"]: r["fit"] for r in reports},
+            "speedup_curve": {"constants_from": source["setup"],
+                              **speedup_curve(c, inputs["params"], inputs["t_step"], inputs["small_params"],
+                                              inputs["bytes_per_nonzero"])},
+            "measurements": measurements}
+
+
+def _measure_child(setup: str, quick: bool) -> dict:
+    """``measure`` in a child process (one SparkContext per process): its JSON record."""
+    cmd = [sys.executable, os.path.abspath(__file__), "measure", "--setup", setup, *(["--quick"] if quick else [])]
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"costmodel measure --setup {setup} failed with exit code {done.returncode}")
+    return json.loads(done.stdout)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="shorter grid, about 2 minutes per setup")
+    sub = ap.add_subparsers(dest="cmd")
+    m = sub.add_parser("measure", help="one setup's grid and micro-measurements")
+    m.add_argument("--setup", choices=("local", "cluster"), required=True)
+    m.add_argument("--quick", action="store_true")
+    f = sub.add_parser("fit", help="fit on --train, predict --test")
+    f.add_argument("--train", required=True)
+    f.add_argument("--test", required=True)
+    a = ap.parse_args(argv)
+    if a.cmd == "measure":
+        from bench._costmeasure import measure
+
+        out = measure(a.setup, a.quick)
+    elif a.cmd == "fit":
+        with open(a.train) as fh, open(a.test) as gh:
+            train, test = json.load(fh), json.load(gh)
+        out = _summary([fit_report(train, test)], [train, test])
+    else:
+        ms = [_measure_child(s, a.quick) for s in ("local", "cluster")]
+        out = _summary([fit_report(ms[0], ms[1]), fit_report(ms[1], ms[0])], ms)
+    emit(out)
+    return out
+
+
+if __name__ == "__main__":
+    main()
