@@ -1,0 +1,55 @@
+"""bench/run_all.py's bookkeeping: the dated folder, the archive move, the plan, bad arguments."""
+
+import importlib
+import os
+
+import pytest
+
+ra = importlib.import_module("bench.run_all")
+
+
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    monkeypatch.setattr(ra, "RESULTS", str(tmp_path))
+    return tmp_path
+
+
+def test_a_second_run_of_the_day_gets_its_own_folder(results):
+    assert ra.dated_folder("2026-12-01") == str(results / "2026-12-01")
+    (results / "2026-12-01").mkdir()
+    (results / "2026-12-01-2").mkdir()
+    assert ra.dated_folder("2026-12-01") == str(results / "2026-12-01-3")
+
+
+def test_older_results_move_to_the_archive_untouched(results):
+    (results / "throughput.json").write_text('{"a": 1}')
+    (results / "2026-11-30").mkdir()
+    (results / "2026-11-30" / "scale.json").write_text('{"b": 2}')
+    (results / "notes.txt").write_text("kept")
+    assert ra.archive_older() == ["2026-11-30", "throughput.json"]
+    assert (results / "archive" / "throughput.json").read_text() == '{"a": 1}'
+    assert (results / "archive" / "2026-11-30" / "scale.json").read_text() == '{"b": 2}'
+    assert sorted(os.listdir(results)) == ["archive", "notes.txt"]
+    (results / "throughput.json").write_text('{"a": 3}')
+    with pytest.raises(SystemExit, match="archive/throughput.json exists"):
+        ra.archive_older()
+    assert (results / "archive" / "throughput.json").read_text() == '{"a": 1}'  # nothing overwritten
+
+
+def test_the_full_plan_runs_the_seed_table_and_every_benchmark():
+    full, quick = ra.benchmarks(False, 3), ra.benchmarks(True, 3)
+    assert list(full) == list(quick) == ["accuracy", "throughput", "jobcost", "scale", "balance", "cifar",
+                                         "costmodel"]
+    assert {"--keras", "--stream", "all"} <= set(full["accuracy"]) and "--quick" not in full["accuracy"]
+    assert full["accuracy"][full["accuracy"].index("--seeds") + 1] == "3"
+    assert all("--quick" in argv for name, argv in quick.items() if name != "jobcost")
+    assert all(os.path.isfile(os.path.join(ra.ROOT, "bench", argv[0])) for argv in full.values())
+
+
+@pytest.mark.parametrize("argv, message", [(["--only", "nope"], "unknown benchmark 'nope'"),
+                                           (["--seeds", "0"], "--seeds must be >= 1")])
+def test_bad_arguments_exit_2_with_one_line(results, capsys, argv, message):
+    assert ra.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert os.listdir(results) == []  # nothing written, nothing archived
