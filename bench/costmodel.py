@@ -18,16 +18,19 @@ parameters, driver link of B bytes/s, C cores shared by everything, or
            = H·t + o_worker                      dedicated cores
     T_drv  = N·o_driver                           the driver serves every block's exchange in turn
     T_link = N·bytes / B
-    T_lat  = H·t + J₀ + J₁·N + N·(bytes/B + o_driver)   jobs, sync: a job per round, workers wait for it
+    T_lat  = H·t + J₀ + J₁·N + N·(bytes/B + o_driver − c_jobs)   jobs, sync: a job per round, workers wait
            = H·t + J₀ + J₁ + bytes/B                    jobs, async: a job per exchange
            = H·t                                        stream: the exchange overlaps the next steps
     T      = max(T_cpu, T_drv, T_link, T_lat)             seconds per exchange of every block
     images/s = N·H·b / T,   speed-up = images/s / (b / t)  (one worker alone, no exchange)
 
+The job's wall J already holds the CPU of Spark per task (c_jobs), so the latency bound
+adds only the driver's own work on the exchange, never c_jobs again.
+
 Constants (:class:`Constants`): α_p, α_e (the driver's apply per payload and per entry)
 and σ (selection per parameter) come from the setup's micro-measurements; c_x, β_x from
 its measured CPU per exchange beyond H·t (least squares, per transport); J(N) = J₀ + J₁·N
-from its jobs points (the median of T − H·t − N·(bytes/B + o_driver)), split into J₀ and
+from its jobs points (the median of T − H·t − N·(bytes/B + o_driver − c_jobs)), split into J₀ and
 J₁ as its empty 1- and 2-task jobs split it; φ from its images/s (one-dimensional least
 squares on the log). t is the setup's measured step time: the jobs' tasks' own training
 time per step (no exchange runs meanwhile), under the machine's load of the moment.
@@ -124,6 +127,7 @@ def exchange_time(x: Exchange, c: Constants) -> dict:
     down, _ = payload(x.params, x.density_down, x.small_params, x.bytes_per_nonzero)
     wire = (up + down) / x.bandwidth  # one block's bytes on the driver's link
     o_d, o_w = exchange_cpu(x, c)
+    own = o_d - c.cpu_jobs_s  # jobs: the job's wall already holds c_jobs
     compute = x.steps * x.t_step
     if x.cores is None:
         cpu = compute + o_w
@@ -132,7 +136,7 @@ def exchange_time(x: Exchange, c: Constants) -> dict:
     if x.transport == "stream":
         lat = compute
     elif x.mode == "sync":
-        lat = compute + c.job_s + c.job_task_s * x.n + x.n * (wire + o_d)
+        lat = compute + c.job_s + c.job_task_s * x.n + x.n * (wire + own)
     else:
         lat = compute + c.job_s + c.job_task_s + wire
     bounds = {"cpu": cpu, "driver": x.n * o_d, "link": x.n * wire, "latency": lat}
@@ -193,7 +197,7 @@ def fit(meas: dict) -> Constants:
             ys.append(measured - x.steps * x.t_step - known)  # the training's own CPU left out
         fixed, per_byte = _nonneg_line(np.array(xs), np.array(ys))
         c = replace(c, **{f"cpu_{tr}_s": fixed, f"byte_{tr}_s": per_byte})
-    # J(N) = J₀ + J₁·N from the jobs points themselves (T − H·t − N·(wire + o_driver)), split
+    # J(N) = J₀ + J₁·N from the jobs points themselves (T − H·t − N·(wire + o_driver − c_jobs)), split
     # as the micro-measured empty jobs split it: those ran at the start, under other load
     x_jobs = [(exchange_of(inputs, v), v) for v in cases.values() if v["transport"] == "jobs"]
     spare = [x.n * x.steps * x.batch / v["images_per_s"] - exchange_time(x, replace(c, job_s=0.0, job_task_s=0.0))
