@@ -5,9 +5,14 @@ Grid: jobs (sync) and stream (async) x H in {1, 10} x dense / sparse (uplink 0.0
 0.01, no warm-up), each ``SyncEngine``/``StreamEngine.run()`` over one epoch of a slice of
 Fashion-MNIST on 2 blocks; images/s between completions (warm-up and drain left out, as in
 bench/throughput.py), bytes per exchange and the CPU per exchange of every process on the
-setup (this driver, its JVM, the executors' JVMs and Python workers). Micro: the loopback
-bandwidth (a socket copy), one step's time with no exchange, a Spark job's wall with 1 and
-2 empty tasks, the driver's apply by payloads and entries, threshold selection per parameter.
+setup (this driver, its JVM, the executors' JVMs and Python workers).
+
+Inputs of the model, measured on the setup itself: the loopback bandwidth (a socket copy);
+its fixed costs (:func:`fixed_costs`): one step's time with no exchange, and the wall and
+the CPU of every process of an empty Spark job of 1 and of 2 tasks, taken back to back
+in the same session before and after the grid (their mean: the machine's load drifts).
+Micro-measurements behind the fitted constants: the driver's apply by payloads and
+entries, threshold selection per parameter.
 """
 
 from __future__ import annotations
@@ -81,17 +86,36 @@ def loopback_bandwidth(megabytes: int) -> float:
     return got[0] / dt
 
 
-def job_walls(backend, jobs: int) -> dict:
-    """Wall seconds of a Spark job with 1 and with 2 empty tasks (after ``jobs // 2`` warm-ups)."""
-    out = {}
+def job_costs(backend, meter, jobs: int) -> dict:
+    """Wall and CPU seconds (every process ``meter`` counts) of one Spark job of 1 and of 2
+    empty tasks, each after ``jobs // 2`` warm-ups: {"wall_s": {"1": …, "2": …}, "cpu_s": …}."""
+    out = {"wall_s": {}, "cpu_s": {}}
     for tasks in (1, 2):
         for _ in range(jobs // 2):
             backend.map_blocks(lambda b, ctx: b"", list(range(tasks)), "sparkcnn costmodel job", universe=BLOCKS)
-        t0 = time.perf_counter()
+        c0, t0 = meter.sample(), time.perf_counter()
         for _ in range(jobs):
             backend.map_blocks(lambda b, ctx: b"", list(range(tasks)), "sparkcnn costmodel job", universe=BLOCKS)
-        out[str(tasks)] = (time.perf_counter() - t0) / jobs
+        wall, c1 = time.perf_counter() - t0, meter.sample()
+        out["wall_s"][str(tasks)] = wall / jobs
+        out["cpu_s"][str(tasks)] = sum(c1[k] - c0[k] for k in c0) / jobs
     return out
+
+
+def fixed_costs(setup, data: str, tag: str, quick: bool) -> dict:
+    """The setup's fixed costs, back to back in one probe engine's executors: one step of
+    each block trained alone (both at once, no exchange: ``t_step``, s) and :func:`job_costs`."""
+    from bench.throughput import _limit_task
+
+    probe = setup.engine(data, f"cost-{setup.name}-probe-{tag}", [])
+    layout = tuple(int(s) for s in probe.spec.layout)
+    limit = probe.backend.map_blocks(_limit_task(probe.spec, 30 if quick else 60), list(range(BLOCKS)),
+                                     "sparkcnn costmodel step time", universe=BLOCKS)
+    jobs = job_costs(probe.backend, TreeCpuMeter(setup.roots), 10 if quick else 30)
+    probe.backend.close()
+    log("%s (%s): step %.1f ms, empty job of 2 tasks %.1f ms wall, %.1f ms CPU", setup.name, tag,
+        float(np.mean([r["step_ms"] for r in limit])), 1000 * jobs["wall_s"]["2"], 1000 * jobs["cpu_s"]["2"])
+    return {"layout": layout, "t_step": float(np.mean([r["step_ms"] for r in limit])) / 1000, **jobs}
 
 
 def apply_rows(layout: tuple, repeat: int) -> list[dict]:
@@ -196,8 +220,6 @@ def run_case(setup: Setup, data: str, name: str) -> dict:
 
 def measure(setup_name: str, quick: bool) -> dict:
     """Every measurement of one setup, as the JSON record bench/costmodel.py fits."""
-    from bench.throughput import _limit_task
-
     t0 = time.perf_counter()
     steps, steps_h1_jobs = (60, 20) if quick else (240, 60)  # per block and epoch
     data = ensure_data()
@@ -208,25 +230,23 @@ def measure(setup_name: str, quick: bool) -> dict:
     with ExitStack() as stack:
         setup = Setup(setup_name, stack)
         log("%s: session up in %.1f s", setup_name, time.perf_counter() - t0)
-        probe = setup.engine(short, f"cost-{setup_name}-probe", [])
-        layout = tuple(int(s) for s in probe.spec.layout)
-        limit = probe.backend.map_blocks(_limit_task(probe.spec, 20 if quick else 60), list(range(BLOCKS)),
-                                         "sparkcnn costmodel step time", universe=BLOCKS)
-        walls = job_walls(probe.backend, 8 if quick else 30)
-        probe.backend.close()
+        before = fixed_costs(setup, short, "before", quick)
         cases = {}
         for name, (tr, _, h, _) in CASES.items():
             log("%s: %s", setup_name, name)
             cases[name] = run_case(setup, short if (tr, h) == ("jobs", 1) else main, name)
+        after = fixed_costs(setup, short, "after", quick)
+    layout = before.pop("layout")
+    after.pop("layout")
+    mean = lambda k: {n: (before[k][n] + after[k][n]) / 2 for n in before[k]}  # noqa: E731
     return {"setup": setup_name, "quick": quick,
             "inputs": {"n": BLOCKS, "cores": os.cpu_count(), "bandwidth": bandwidth, "params": sum(layout),
                        "small_params": sum(s for s in layout if s < 16384), "batch": BATCH,
-                       # a step as the jobs' tasks train (no exchange runs meanwhile), under the
-                       # machine's load of the moment; t_step_alone: both blocks alone, before the grid
-                       "t_step": float(np.median([c["compute_ms_per_step"] for c in cases.values()
-                                                  if c["transport"] == "jobs"])) / 1000,
-                       "t_step_alone": float(np.mean([r["step_ms"] for r in limit])) / 1000,
+                       # measured on this setup, the mean of before and after the grid
+                       "t_step": (before["t_step"] + after["t_step"]) / 2,
+                       "job_wall_s": mean("wall_s"), "job_cpu_s": mean("cpu_s"),
                        "bytes_per_nonzero": codec_k(layout)},
-            "micro": {"job_wall_s": walls, "apply": apply_rows(layout, 2 if quick else 5),
+            "micro": {"fixed_before": before, "fixed_after": after,
+                      "apply": apply_rows(layout, 2 if quick else 5),
                       "select_s_per_param": select_s_per_param(sum(layout), 3 if quick else 5)},
             "cases": cases, "wall_s": time.perf_counter() - t0}

@@ -10,30 +10,34 @@ parameters, driver link of B bytes/s, C cores shared by everything, or
     down        = 4P, or k·d_down·P_big + 2·P_small
     bytes       = up + down
     sel         = σ·P per sparse direction          threshold selection (uplink: worker, downlink: driver)
-    o_driver    = c_x + α_p + α_e·nnz_up + β_x·bytes/2 + sel_down      driver/JVM CPU
-    o_worker    = β_x·bytes/2 + sel_up                                  worker CPU beyond training
-    o           = o_driver + o_worker           (x = jobs | stream: c_x per task of a job or per message,
+    a_driver    = c_x + α_p + α_e·nnz_up + β_x·bytes/2 + sel_down   the driver's own work on the exchange
+    o_driver    = a_driver + Jcpu / tasks           + the Spark job's CPU, jobs only (tasks: N sync, 1 async)
+    o_worker    = β_x·bytes/2 + sel_up              worker CPU beyond training
+    o           = o_driver + o_worker           (x = jobs | stream: c_jobs = 0, c_stream per message pair;
                                                  β_x per byte encoded, copied and decoded)
     T_cpu  = max(H·t, (N·H·t + φ·N·o) / C)       cores shared: φ of that CPU comes out of training
            = H·t + o_worker                      dedicated cores
     T_drv  = N·o_driver                           the driver serves every block's exchange in turn
     T_link = N·bytes / B
-    T_lat  = H·t + J₀ + J₁·N + N·(bytes/B + o_driver − c_jobs)   jobs, sync: a job per round, workers wait
-           = H·t + J₀ + J₁ + bytes/B                    jobs, async: a job per exchange
+    T_lat  = H·t + o_worker + Jwall(N) + N·(bytes/B + a_driver)   jobs, sync: a job per round, workers wait
+           = H·t + o_worker + Jwall(1) + bytes/B + a_driver       jobs, async: a job per exchange
            = H·t                                        stream: the exchange overlaps the next steps
     T      = max(T_cpu, T_drv, T_link, T_lat)             seconds per exchange of every block
     images/s = N·H·b / T,   speed-up = images/s / (b / t)  (one worker alone, no exchange)
 
-The job's wall J already holds the CPU of Spark per task (c_jobs), so the latency bound
-adds only the driver's own work on the exchange, never c_jobs again.
+The job's wall already holds its JVM's CPU, so the latency bound adds only the driver's
+own work (a_driver), never Jcpu.
 
-Constants (:class:`Constants`): α_p, α_e (the driver's apply per payload and per entry)
-and σ (selection per parameter) come from the setup's micro-measurements; c_x, β_x from
-its measured CPU per exchange beyond H·t (least squares, per transport); J(N) = J₀ + J₁·N
-from its jobs points (the median of T − H·t − N·(bytes/B + o_driver − c_jobs)), split into J₀ and
-J₁ as its empty 1- and 2-task jobs split it; φ from its images/s (one-dimensional least
-squares on the log). t is the setup's measured step time: the jobs' tasks' own training
-time per step (no exchange runs meanwhile), under the machine's load of the moment.
+Measured per setup, inputs like the bandwidth (bench/_costmeasure.py): B (loopback), t (one
+step, both blocks training at once, no exchange), Jwall(n) and Jcpu(n), the wall and the CPU
+of every process of an empty Spark job of n tasks (measured at 1 and 2, linear beyond), k
+and the cores C. They hold what is a property of the setup: separate executor JVMs, RPC.
+
+Fitted (:class:`Constants`), the costs that carry from one setup to another: α_p, α_e (the
+driver's apply per payload and per entry) and σ (selection per parameter) from the
+training setup's micro-measurements; β_jobs, c_stream, β_stream from its measured CPU per
+exchange beyond H·t and the known terms (non-negative least squares, per transport; jobs
+through the origin); φ from its images/s (one-dimensional least squares on the log).
 
     python bench/costmodel.py [--quick]                       measure both setups, fit each way
     python bench/costmodel.py measure --setup local|cluster [--quick]
@@ -76,10 +80,14 @@ class Exchange:
     cores: int | None = None       # cores shared by workers, driver and JVMs; None: dedicated
     small_params: int = 0          # parameters in tensors sent whole (float16, no index)
     bytes_per_nonzero: float = 3.5  # codec, sparse entries (scale.py: 3.0 at 0.01, 3.5 at 0.001)
+    job_wall_s: float = 0.0        # Jwall: an empty Spark job of this exchange's tasks, measured (s)
+    job_cpu_s: float = 0.0         # Jcpu: CPU of every process for that job, measured (s)
 
     def __post_init__(self):
         if self.n < 1 or self.steps < 1 or self.params < 1 or self.t_step <= 0 or self.bandwidth <= 0:
             raise ValueError(f"Exchange: n, steps, params, t_step and bandwidth must be > 0, got {self}")
+        if self.job_wall_s < 0 or self.job_cpu_s < 0:
+            raise ValueError(f"Exchange.job_wall_s and job_cpu_s must be >= 0, got {self}")
         if self.transport not in TRANSPORTS:
             raise ValueError(f"Exchange.transport must be one of {TRANSPORTS}, got {self.transport!r}")
         if self.mode not in MODES:
@@ -88,14 +96,12 @@ class Exchange:
 
 @dataclass(frozen=True)
 class Constants:
-    """The fitted constants (seconds, seconds per byte or per entry; ``share`` a fraction)."""
+    """The fitted constants, those that carry across setups (seconds, seconds per byte or per
+    entry; ``share`` a fraction). A Spark job's wall and CPU are measured inputs of :class:`Exchange`."""
 
-    job_s: float = 0.0             # J₀: wall a Spark job adds, fixed
-    job_task_s: float = 0.0        # J₁: wall a Spark job adds per task
     apply_payload_s: float = 0.0   # α_p: driver's decode + guard + apply, per payload
     apply_entry_s: float = 0.0     # α_e: the same, per entry carried
     select_s: float = 0.0          # σ: threshold selection per parameter, per sparse direction
-    cpu_jobs_s: float = 0.0        # c_jobs: CPU of Spark and the driver per task of a job
     cpu_stream_s: float = 0.0      # c_stream: CPU per Flight message pair, both ends
     byte_jobs_s: float = 0.0       # β_jobs: CPU per byte moved through a job's result
     byte_stream_s: float = 0.0     # β_stream: CPU per byte moved on the stream
@@ -110,15 +116,31 @@ def payload(params: int, density: float | None, small: int, k: float) -> tuple[f
     return k * density * big + 2.0 * small, density * big + small
 
 
+def job_cost(inputs: dict, tasks: int) -> tuple[float, float]:
+    """(Jwall, Jcpu) of an empty job of ``tasks`` tasks from the setup's measured 1- and 2-task jobs
+    (``inputs["job_wall_s"]``, ``["job_cpu_s"]``), linear in the tasks: J(1) + (J(2) − J(1))·(tasks − 1)."""
+    def line(j: dict) -> float:
+        return max(0.0, j["1"] + (j["2"] - j["1"]) * (tasks - 1))
+    return line(inputs["job_wall_s"]), line(inputs["job_cpu_s"])
+
+
+def job_share(x: Exchange) -> float:
+    """Jcpu / tasks: one exchange's share of its Spark job's CPU (0 on the stream)."""
+    if x.transport != "jobs":
+        return 0.0
+    return x.job_cpu_s / (x.n if x.mode == "sync" else 1)
+
+
 def exchange_cpu(x: Exchange, c: Constants) -> tuple[float, float]:
     """(o_driver, o_worker): CPU seconds per exchange of one block beyond its training."""
     up, nnz_up = payload(x.params, x.density_up, x.small_params, x.bytes_per_nonzero)
     down, _ = payload(x.params, x.density_down, x.small_params, x.bytes_per_nonzero)
-    fixed, per_byte = ((c.cpu_jobs_s, c.byte_jobs_s) if x.transport == "jobs" else (c.cpu_stream_s, c.byte_stream_s))
+    fixed, per_byte = ((0.0, c.byte_jobs_s) if x.transport == "jobs" else (c.cpu_stream_s, c.byte_stream_s))
     moved = per_byte * (up + down) / 2  # each byte encoded on one side, decoded on the other
     sel_up = c.select_s * x.params if x.density_up is not None else 0.0
     sel_down = c.select_s * x.params if x.density_down is not None else 0.0
-    return fixed + c.apply_payload_s + c.apply_entry_s * nnz_up + moved + sel_down, moved + sel_up
+    own = fixed + c.apply_payload_s + c.apply_entry_s * nnz_up + moved + sel_down
+    return own + job_share(x), moved + sel_up
 
 
 def exchange_time(x: Exchange, c: Constants) -> dict:
@@ -127,7 +149,7 @@ def exchange_time(x: Exchange, c: Constants) -> dict:
     down, _ = payload(x.params, x.density_down, x.small_params, x.bytes_per_nonzero)
     wire = (up + down) / x.bandwidth  # one block's bytes on the driver's link
     o_d, o_w = exchange_cpu(x, c)
-    own = o_d - c.cpu_jobs_s  # jobs: the job's wall already holds c_jobs
+    own = o_d - job_share(x)  # the job's wall already holds its CPU
     compute = x.steps * x.t_step
     if x.cores is None:
         cpu = compute + o_w
@@ -136,9 +158,9 @@ def exchange_time(x: Exchange, c: Constants) -> dict:
     if x.transport == "stream":
         lat = compute
     elif x.mode == "sync":
-        lat = compute + c.job_s + c.job_task_s * x.n + x.n * (wire + own)
+        lat = compute + o_w + x.job_wall_s + x.n * (wire + own)
     else:
-        lat = compute + c.job_s + c.job_task_s + wire
+        lat = compute + o_w + x.job_wall_s + wire + own
     bounds = {"cpu": cpu, "driver": x.n * o_d, "link": x.n * wire, "latency": lat}
     return {"T": max(bounds.values()), "bound": max(bounds, key=bounds.get), **bounds}
 
@@ -156,8 +178,10 @@ def speedup(x: Exchange, c: Constants) -> float:
 # -- fitting ----------------------------------------------------------------------------------
 
 def exchange_of(inputs: dict, case: dict, **over) -> Exchange:
-    """The :class:`Exchange` of one measured grid point (sparse = uplink 0.001, downlink 0.01)."""
-    return Exchange(n=inputs["n"], bandwidth=inputs["bandwidth"], params=inputs["params"], t_step=inputs["t_step"],
+    """The :class:`Exchange` of one measured grid point (sparse = uplink 0.001, downlink 0.01)
+    with its setup's measured inputs."""
+    wall, cpu = job_cost(inputs, inputs["n"] if case["mode"] == "sync" else 1)
+    return Exchange(job_wall_s=wall, job_cpu_s=cpu, n=inputs["n"], bandwidth=inputs["bandwidth"], params=inputs["params"], t_step=inputs["t_step"],
                     steps=case["steps"], density_up=None if case["dense"] else 0.001,
                     density_down=None if case["dense"] else 0.01, transport=case["transport"], mode=case["mode"],
                     batch=inputs["batch"], cores=inputs["cores"], small_params=inputs["small_params"],
@@ -176,36 +200,30 @@ def _nonneg_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 def fit(meas: dict) -> Constants:
     """Constants from one setup's measurements (see the module docstring for which from what)."""
-    walls, micro = meas["micro"]["job_wall_s"], meas["micro"]
-    per_task = max(0.0, walls["2"] - walls["1"])
+    micro, inputs, cases = meas["micro"], meas["inputs"], meas["cases"]
     rows = micro["apply"]
     a = np.array([[r["payloads"], r["entries"]] for r in rows], float)
     coef = np.linalg.lstsq(a, np.array([r["s"] for r in rows]), rcond=None)[0]
-    c = Constants(job_s=max(0.0, walls["1"] - per_task), job_task_s=per_task,
-                  apply_payload_s=max(0.0, float(coef[0])), apply_entry_s=max(0.0, float(coef[1])),
+    c = Constants(apply_payload_s=max(0.0, float(coef[0])), apply_entry_s=max(0.0, float(coef[1])),
                   select_s=micro["select_s_per_param"])
-    inputs, cases = meas["inputs"], meas["cases"]
     for tr in TRANSPORTS:
         xs, ys = [], []
         for case in (v for v in cases.values() if v["transport"] == tr):
             x = exchange_of(inputs, case)
-            known = sum(exchange_cpu(x, c))  # apply and selection; c_x = β_x = 0 so far
+            known = sum(exchange_cpu(x, c))  # job share, apply and selection; c_x = β_x = 0 so far
             measured = sum(v for k, v in case["cpu_ms_per_exchange"].items() if k != "total") / 1000
             up, _ = payload(x.params, x.density_up, x.small_params, x.bytes_per_nonzero)
             down, _ = payload(x.params, x.density_down, x.small_params, x.bytes_per_nonzero)
             xs.append(up + down)
             ys.append(measured - x.steps * x.t_step - known)  # the training's own CPU left out
-        fixed, per_byte = _nonneg_line(np.array(xs), np.array(ys))
-        c = replace(c, **{f"cpu_{tr}_s": fixed, f"byte_{tr}_s": per_byte})
-    # J(N) = J₀ + J₁·N from the jobs points themselves (T − H·t − N·(wire + o_driver − c_jobs)), split
-    # as the micro-measured empty jobs split it: those ran at the start, under other load
-    x_jobs = [(exchange_of(inputs, v), v) for v in cases.values() if v["transport"] == "jobs"]
-    spare = [x.n * x.steps * x.batch / v["images_per_s"] - exchange_time(x, replace(c, job_s=0.0, job_task_s=0.0))
-             ["latency"] for x, v in x_jobs]
-    if spare:
-        j_n, n = max(0.0, float(np.median(spare))), x_jobs[0][0].n
-        f = min(1.0, 2 * per_task / walls["2"]) if walls["2"] > 0 else 0.0  # J₁·2 / J(2), micro
-        c = replace(c, job_task_s=f * j_n / n, job_s=(1 - f) * j_n)
+        if not xs:
+            continue
+        x_, y_ = np.array(xs), np.array(ys)
+        if tr == "jobs":  # the job's fixed CPU is measured: only the per-byte cost is left
+            c = replace(c, byte_jobs_s=max(0.0, float(x_ @ y_ / (x_ @ x_))))
+        else:
+            fixed, per_byte = _nonneg_line(x_, y_)
+            c = replace(c, cpu_stream_s=fixed, byte_stream_s=per_byte)
     grid = np.arange(0.0, 2.0001, 0.005)
     loss = [sum((math.log(images_per_s(exchange_of(inputs, v), replace(c, share=float(phi))) / v["images_per_s"])) ** 2
                 for v in cases.values()) for phi in grid]
@@ -224,9 +242,12 @@ def validate(meas: dict, c: Constants) -> list[dict]:
     return out
 
 
-def speedup_curve(c: Constants, params: int, t_step: float, small_params: int, k: float) -> dict:
+def speedup_curve(c: Constants, inputs: dict) -> dict:
     """Predicted speed-up for N = 1 … 256 at 1 and 10 Gbit/s, dedicated cores, H = 1 and 10:
-    dense / sparse (0.001 up, 0.01 down) x jobs (sync) / stream (async)."""
+    dense / sparse (0.001 up, 0.01 down) x jobs (sync) / stream (async); ``inputs``: the setup
+    whose step time and Spark jobs (extrapolated linearly in the tasks) it assumes."""
+    params, t_step, small_params, k = (inputs[f] for f in ("params", "t_step", "small_params",
+                                                           "bytes_per_nonzero"))
     ns = [2 ** i for i in range(9)]
     out = {"n": ns}
     for gbit in (1, 10):
@@ -235,7 +256,8 @@ def speedup_curve(c: Constants, params: int, t_step: float, small_params: int, k
                 for kind, (du, dd) in (("dense", (None, None)), ("sparse", (0.001, 0.01))):
                     x = [Exchange(n=n, bandwidth=gbit * 1e9 / 8, params=params, t_step=t_step, steps=h,
                                   density_up=du, density_down=dd, transport=tr, mode=mode,
-                                  small_params=small_params, bytes_per_nonzero=k) for n in ns]
+                                  small_params=small_params, bytes_per_nonzero=k,
+                                  **dict(zip(("job_wall_s", "job_cpu_s"), job_cost(inputs, n)))) for n in ns]
                     out[f"{gbit}gbit_h{h}_{tr}_{kind}"] = [round(speedup(e, c), 3) for e in x]
     return out
 
@@ -255,8 +277,7 @@ def _summary(reports: list[dict], measurements: list[dict]) -> dict:
             "validation": held_out, "max_abs_error": worst, "within_25pct": worst <= 0.25,
             "fit_residuals": {r["direction"]: r["fit"] for r in reports},
             "speedup_curve": {"constants_from": source["setup"],
-                              **speedup_curve(c, inputs["params"], inputs["t_step"], inputs["small_params"],
-                                              inputs["bytes_per_nonzero"])},
+                              **speedup_curve(c, inputs)},
             "measurements": measurements}
 
 
