@@ -38,8 +38,8 @@ def test_older_results_move_to_the_archive_untouched(results):
 
 def test_the_full_plan_runs_the_seed_table_and_every_benchmark():
     full, quick = ra.benchmarks(False, 3), ra.benchmarks(True, 3)
-    assert list(full) == list(quick) == ["accuracy", "throughput", "jobcost", "scale", "balance", "cifar",
-                                         "costmodel"]
+    assert list(full) == ["accuracy", "throughput", "jobcost", "scale", "balance", "cifar", "costmodel"]
+    assert list(quick) == ["accuracy", "throughput", "jobcost", "scale", "cifar"]  # no standalone cluster
     assert {"--keras", "--stream", "all"} <= set(full["accuracy"]) and "--quick" not in full["accuracy"]
     assert full["accuracy"][full["accuracy"].index("--seeds") + 1] == "3"
     assert all("--quick" in argv for name, argv in quick.items() if name != "jobcost")
