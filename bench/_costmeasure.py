@@ -8,9 +8,9 @@ bench/throughput.py), bytes per exchange and the CPU per exchange of every proce
 setup (this driver, its JVM, the executors' JVMs and Python workers).
 
 Inputs of the model, measured on the setup itself: the loopback bandwidth (a socket copy);
-its fixed costs (:func:`fixed_costs`): one step's time with no exchange, and the wall and
-the CPU of every process of an empty Spark job of 1 and of 2 tasks, taken back to back
-in the same session before and after the grid (their mean: the machine's load drifts).
+its fixed costs (:func:`fixed_costs`): one step's time with no exchange, and the wall of
+an empty Spark job of 1 and of 2 tasks with the CPU of this driver and the JVMs for it (bench/jobcost.py's way: 30 warm-up jobs first, Python workers left out), taken
+back to back in the same session before and after the grid (their mean: the load drifts).
 Micro-measurements behind the fitted constants: the driver's apply by payloads and
 entries, threshold selection per parameter.
 """
@@ -30,6 +30,7 @@ from bench._common import CpuMeter, TimedSink, ensure_data, log, proc_stat, slic
 BLOCKS, BATCH = 2, 64
 SPARSE = ["compression.method=threshold", "compression.density=0.001", "compression.density_down=0.01",
           "compression.warmup_epochs=0"]
+WARM_JOBS = 30  # warm-up jobs of each kind before a Spark job's cost is taken, as bench/jobcost.py
 CASES = {f"{tr}_{mode}_h{h}_{kind}": (tr, mode, h, kind) for tr, mode in (("jobs", "sync"), ("stream", "async"))
          for h in (1, 10) for kind in ("dense", "sparse")}
 
@@ -86,19 +87,25 @@ def loopback_bandwidth(megabytes: int) -> float:
     return got[0] / dt
 
 
-def job_costs(backend, meter, jobs: int) -> dict:
-    """Wall and CPU seconds (every process ``meter`` counts) of one Spark job of 1 and of 2
-    empty tasks, each after ``jobs // 2`` warm-ups: {"wall_s": {"1": …, "2": …}, "cpu_s": …}."""
+def job_costs(setup: "Setup", backend, jobs: int) -> dict:
+    """Wall and CPU seconds of one Spark job of 1 and of 2 empty tasks, as bench/jobcost.py
+    measures them: after :data:`WARM_JOBS` warm-up jobs of each kind (a cold job costs several
+    times a warm one's CPU), the CPU of this driver and of the JVMs only (the driver's; on a
+    cluster the executors' too), not of idle Python workers: {"wall_s": {"1": …, "2": …}, "cpu_s": …}."""
+    from bench.jobcost import cpu_s, measure as measure_jobs
+
+    jvm = int(setup.spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+    kinds = {"1": [0], "2": [0, 1]}
+    for blocks in kinds.values():
+        measure_jobs(backend, blocks, b"", WARM_JOBS, jvm)
     out = {"wall_s": {}, "cpu_s": {}}
-    for tasks in (1, 2):
-        for _ in range(jobs // 2):
-            backend.map_blocks(lambda b, ctx: b"", list(range(tasks)), "sparkcnn costmodel job", universe=BLOCKS)
-        c0, t0 = meter.sample(), time.perf_counter()
-        for _ in range(jobs):
-            backend.map_blocks(lambda b, ctx: b"", list(range(tasks)), "sparkcnn costmodel job", universe=BLOCKS)
-        wall, c1 = time.perf_counter() - t0, meter.sample()
-        out["wall_s"][str(tasks)] = wall / jobs
-        out["cpu_s"][str(tasks)] = sum(c1[k] - c0[k] for k in c0) / jobs
+    for tasks, blocks in kinds.items():
+        executors = list(setup.roots())  # executor JVMs (none in local mode: one JVM)
+        e0 = sum(cpu_s(p) for p in executors)
+        r = measure_jobs(backend, blocks, b"", jobs, jvm)
+        e1 = sum(cpu_s(p) for p in executors)
+        out["wall_s"][tasks] = r["wall_ms_per_job"] / 1000
+        out["cpu_s"][tasks] = (r["jvm_cpu_ms_per_job"] + r["driver_cpu_ms_per_job"]) / 1000 + (e1 - e0) / jobs
     return out
 
 
@@ -111,7 +118,7 @@ def fixed_costs(setup, data: str, tag: str, quick: bool) -> dict:
     layout = tuple(int(s) for s in probe.spec.layout)
     limit = probe.backend.map_blocks(_limit_task(probe.spec, 30 if quick else 60), list(range(BLOCKS)),
                                      "sparkcnn costmodel step time", universe=BLOCKS)
-    jobs = job_costs(probe.backend, TreeCpuMeter(setup.roots), 10 if quick else 30)
+    jobs = job_costs(setup, probe.backend, 10 if quick else 30)
     probe.backend.close()
     log("%s (%s): step %.1f ms, empty job of 2 tasks %.1f ms wall, %.1f ms CPU", setup.name, tag,
         float(np.mean([r["step_ms"] for r in limit])), 1000 * jobs["wall_s"]["2"], 1000 * jobs["cpu_s"]["2"])

@@ -29,9 +29,9 @@ The job's wall already holds its JVM's CPU, so the latency bound adds only the d
 own work (a_driver), never Jcpu.
 
 Measured per setup, inputs like the bandwidth (bench/_costmeasure.py): B (loopback), t (one
-step, both blocks training at once, no exchange), Jwall(n) and Jcpu(n), the wall and the CPU
-of every process of an empty Spark job of n tasks (measured at 1 and 2, linear beyond), k
-and the cores C. They hold what is a property of the setup: separate executor JVMs, RPC.
+step, both blocks training at once, no exchange), Jwall(n) and Jcpu(n), the wall of an
+empty Spark job of n tasks and the CPU of the driver and the JVMs for it, after 30 warm-up
+jobs, as bench/jobcost.py (measured at 1 and 2, linear beyond), k and the cores C. They hold what is a property of the setup: separate executor JVMs, RPC.
 
 Fitted (:class:`Constants`), the costs that carry from one setup to another: α_p, α_e (the
 driver's apply per payload and per entry) and σ (selection per parameter) from the
@@ -81,7 +81,7 @@ class Exchange:
     small_params: int = 0          # parameters in tensors sent whole (float16, no index)
     bytes_per_nonzero: float = 3.5  # codec, sparse entries (scale.py: 3.0 at 0.01, 3.5 at 0.001)
     job_wall_s: float = 0.0        # Jwall: an empty Spark job of this exchange's tasks, measured (s)
-    job_cpu_s: float = 0.0         # Jcpu: CPU of every process for that job, measured (s)
+    job_cpu_s: float = 0.0         # Jcpu: driver and JVM CPU for that job, measured (s)
 
     def __post_init__(self):
         if self.n < 1 or self.steps < 1 or self.params < 1 or self.t_step <= 0 or self.bandwidth <= 0:
