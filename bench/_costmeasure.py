@@ -8,8 +8,10 @@ bench/throughput.py), bytes per exchange and the CPU per exchange of every proce
 setup (this driver, its JVM, the executors' JVMs and Python workers).
 
 Inputs of the model, measured on the setup itself: the loopback bandwidth (a socket copy);
-its fixed costs (:func:`fixed_costs`): one step's time with no exchange, and the wall of
-an empty Spark job of 1 and of 2 tasks with the CPU of this driver and the JVMs for it (bench/jobcost.py's way: 30 warm-up jobs first, Python workers left out), taken
+its fixed costs (:func:`fixed_costs`): one step's time, both blocks training at once in the
+setup's warm Spark Python workers with no exchange (bench/throughput.py's compute limit),
+and the wall of an empty Spark job of 1 and of 2 tasks with the CPU of this driver and the
+JVMs for it (bench/jobcost.py's way: 30 warm-up jobs first, Python workers left out), taken
 back to back in the same session before and after the grid (their mean: the load drifts).
 Micro-measurements behind the fitted constants: the driver's apply by payloads and
 entries, threshold selection per parameter.
@@ -109,14 +111,19 @@ def job_costs(setup: "Setup", backend, jobs: int) -> dict:
     return out
 
 
-def fixed_costs(setup, data: str, tag: str, quick: bool) -> dict:
+def fixed_costs(setup, data: str, tag: str, quick: bool, rows_per_block: int) -> dict:
     """The setup's fixed costs, back to back in one probe engine's executors: one step of
-    each block trained alone (both at once, no exchange: ``t_step``, s) and :func:`job_costs`."""
+    each block trained alone in the setup's warm Spark Python workers, both at once, no
+    exchange (bench/throughput.py's compute limit: ``t_step``, s), and :func:`job_costs`.
+    ``data`` must hold full batches for every step the limit takes (``rows_per_block``)."""
     from bench.throughput import _limit_task
 
+    steps = 30 if quick else 60
+    if (steps + 5) * BATCH > rows_per_block:  # past its rows a block's batches are empty, and fast
+        raise ValueError(f"fixed_costs: {rows_per_block} rows per block, {steps + 5} batches of {BATCH} needed")
     probe = setup.engine(data, f"cost-{setup.name}-probe-{tag}", [])
     layout = tuple(int(s) for s in probe.spec.layout)
-    limit = probe.backend.map_blocks(_limit_task(probe.spec, 30 if quick else 60), list(range(BLOCKS)),
+    limit = probe.backend.map_blocks(_limit_task(probe.spec, steps), list(range(BLOCKS)),
                                      "sparkcnn costmodel step time", universe=BLOCKS)
     jobs = job_costs(setup, probe.backend, 10 if quick else 30)
     probe.backend.close()
@@ -237,12 +244,13 @@ def measure(setup_name: str, quick: bool) -> dict:
     with ExitStack() as stack:
         setup = Setup(setup_name, stack)
         log("%s: session up in %.1f s", setup_name, time.perf_counter() - t0)
-        before = fixed_costs(setup, short, "before", quick)
+        rows = steps * BATCH  # per block of ``main``: full batches for the step-time probe
+        before = fixed_costs(setup, main, "before", quick, rows)
         cases = {}
         for name, (tr, _, h, _) in CASES.items():
             log("%s: %s", setup_name, name)
             cases[name] = run_case(setup, short if (tr, h) == ("jobs", 1) else main, name)
-        after = fixed_costs(setup, short, "after", quick)
+        after = fixed_costs(setup, main, "after", quick, rows)
     layout = before.pop("layout")
     after.pop("layout")
     mean = lambda k: {n: (before[k][n] + after[k][n]) / 2 for n in before[k]}  # noqa: E731

@@ -29,9 +29,11 @@ The job's wall already holds its JVM's CPU, so the latency bound adds only the d
 own work (a_driver), never Jcpu.
 
 Measured per setup, inputs like the bandwidth (bench/_costmeasure.py): B (loopback), t (one
-step, both blocks training at once, no exchange), Jwall(n) and Jcpu(n), the wall of an
-empty Spark job of n tasks and the CPU of the driver and the JVMs for it, after 30 warm-up
-jobs, as bench/jobcost.py (measured at 1 and 2, linear beyond), k and the cores C. They hold what is a property of the setup: separate executor JVMs, RPC.
+step, both blocks training at once in the setup's warm Spark Python workers, no exchange,
+full batches), Jwall(n) and Jcpu(n), the wall of an empty Spark job of n tasks and the CPU
+of the driver and the JVMs for it, after 30 warm-up jobs, as bench/jobcost.py (measured at
+1 and 2, linear beyond), k and the cores C. They hold what is a property of the setup:
+separate executor JVMs, RPC.
 
 Fitted (:class:`Constants`), the costs that carry from one setup to another: α_p, α_e (the
 driver's apply per payload and per entry) and σ (selection per parameter) from the
