@@ -12,7 +12,8 @@ its fixed costs (:func:`fixed_costs`): one step's time, both blocks training at 
 setup's warm Spark Python workers with no exchange (bench/throughput.py's compute limit),
 and the wall of an empty Spark job of 1 and of 2 tasks with the CPU of this driver and the
 JVMs for it (bench/jobcost.py's way: 30 warm-up jobs first, Python workers left out), taken
-back to back in the same session before and after the grid (their mean: the load drifts).
+back to back in the same session before and after the grid (the step: their mean, the load
+drifts; a job: after the grid, warm as the grid's measured windows are).
 Micro-measurements behind the fitted constants: the driver's apply by payloads and
 entries, threshold selection per parameter.
 """
@@ -253,13 +254,14 @@ def measure(setup_name: str, quick: bool) -> dict:
         after = fixed_costs(setup, main, "after", quick, rows)
     layout = before.pop("layout")
     after.pop("layout")
-    mean = lambda k: {n: (before[k][n] + after[k][n]) / 2 for n in before[k]}  # noqa: E731
     return {"setup": setup_name, "quick": quick,
             "inputs": {"n": BLOCKS, "cores": os.cpu_count(), "bandwidth": bandwidth, "params": sum(layout),
                        "small_params": sum(s for s in layout if s < 16384), "batch": BATCH,
-                       # measured on this setup, the mean of before and after the grid
+                       # measured on this setup: the step, the mean of before and after the grid;
+                       # a Spark job's cost after it, warm as the grid's measured windows are (before
+                       # the grid, right after the session starts, an empty job took 3x its wall)
                        "t_step": (before["t_step"] + after["t_step"]) / 2,
-                       "job_wall_s": mean("wall_s"), "job_cpu_s": mean("cpu_s"),
+                       "job_wall_s": after["wall_s"], "job_cpu_s": after["cpu_s"],
                        "bytes_per_nonzero": codec_k(layout)},
             "micro": {"fixed_before": before, "fixed_after": after,
                       "apply": apply_rows(layout, 2 if quick else 5),
