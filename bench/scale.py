@@ -42,7 +42,6 @@ side, never against absolute numbers from another machine.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -53,6 +52,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench._common import emit  # noqa: E402
 from sparkcnn.compression import SparseDelta, Sparsifier, decode_batch, encode  # noqa: E402
 from sparkcnn.compression.delta import Layout  # noqa: E402
 from sparkcnn.compression import native  # noqa: E402
@@ -319,7 +319,7 @@ def main(argv=None) -> None:
                                              "codec_bytes_per_nonzero": {"0.01": "<= 3.2", "0.001": "<= 3.5"},
                                              "driver_apply_s[25M][256]": "<= 0.3"})
     result["wall_s"] = round(time.perf_counter() - t0, 2)
-    print(json.dumps(result))
+    emit(result)
 
 
 if __name__ == "__main__":
