@@ -22,8 +22,14 @@ README = ("# sparkcnn\n\nIntro.\n\n<!-- benchmarks:begin -->\nold headline\n<!--
           "\n## Usage\n\nTail.\n")
 
 
+def committed_path(name: str) -> str:
+    """Where the file is: bench/results/, or bench/results/archive/ once a full run_all moved it."""
+    here = os.path.join(COMMITTED, name)
+    return here if os.path.exists(here) else os.path.join(COMMITTED, "archive", name)
+
+
 def committed(name: str) -> dict:
-    with open(os.path.join(COMMITTED, name), encoding="utf-8") as fh:
+    with open(committed_path(name), encoding="utf-8") as fh:
         return json.load(fh)
 
 
@@ -32,7 +38,7 @@ def results(tmp_path):
     out = tmp_path / "results"
     out.mkdir()
     for src, dst in COPIES.items():
-        shutil.copyfile(os.path.join(COMMITTED, src), out / dst)
+        shutil.copyfile(committed_path(src), out / dst)
     return out
 
 
