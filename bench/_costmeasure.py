@@ -8,7 +8,7 @@ bench/throughput.py), bytes per exchange and the CPU per exchange of every proce
 setup (this driver, its JVM, the executors' JVMs and Python workers).
 
 Inputs of the model, measured on the setup itself: the loopback bandwidth (a socket copy);
-its fixed costs (:func:`fixed_costs`): one step's time, both blocks training at once in the
+its fixed costs (:func:`fixed_costs`): one step's time and CPU, both blocks training at once in the
 setup's warm Spark Python workers with no exchange (bench/throughput.py's compute limit),
 and the wall of an empty Spark job of 1 and of 2 tasks with the CPU of this driver and the
 JVMs for it (bench/jobcost.py's way: 30 warm-up jobs first, Python workers left out), taken
@@ -94,22 +94,61 @@ def job_costs(setup: "Setup", backend, jobs: int) -> dict:
     """Wall and CPU seconds of one Spark job of 1 and of 2 empty tasks, as bench/jobcost.py
     measures them: after :data:`WARM_JOBS` warm-up jobs of each kind (a cold job costs several
     times a warm one's CPU), the CPU of this driver and of the JVMs only (the driver's; on a
-    cluster the executors' too), not of idle Python workers: {"wall_s": {"1": …, "2": …}, "cpu_s": …}."""
-    from bench.jobcost import cpu_s, measure as measure_jobs
+    cluster the executors' too), not of idle Python workers: {"wall_s": {"1": …, "2": …}, "cpu_s": …}.
+    And what each byte of a task's result adds to both, from jobs of 2 tasks that return a dense
+    delta's bytes each (``byte_wall_s``, ``byte_cpu_s``: seconds per byte): Spark's result path
+    (the executor's JVM, its RPC to the driver's, the driver's unpickling) is the setup's, as the
+    link is. And what a new broadcast of the model in each job's closure adds (``bcast_wall_s``,
+    ``bcast_cpu_s``: seconds per job, :func:`broadcast_jobs`)."""
+    from bench.jobcost import DENSE_DELTA_BYTES, cpu_s, measure as measure_jobs
 
     jvm = int(setup.spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
-    kinds = {"1": [0], "2": [0, 1]}
-    for blocks in kinds.values():
-        measure_jobs(backend, blocks, b"", WARM_JOBS, jvm)
-    out = {"wall_s": {}, "cpu_s": {}}
-    for tasks, blocks in kinds.items():
+    result = os.urandom(DENSE_DELTA_BYTES)  # incompressible, as float32 deltas nearly are
+    kinds = {"1": ([0], b""), "2": ([0, 1], b""), "2 with results": ([0, 1], result)}
+    for blocks, data in kinds.values():
+        measure_jobs(backend, blocks, data, WARM_JOBS, jvm)
+    wall, cpu = {}, {}
+    for kind, (blocks, data) in kinds.items():
         executors = list(setup.roots())  # executor JVMs (none in local mode: one JVM)
         e0 = sum(cpu_s(p) for p in executors)
-        r = measure_jobs(backend, blocks, b"", jobs, jvm)
+        r = measure_jobs(backend, blocks, data, jobs, jvm)
         e1 = sum(cpu_s(p) for p in executors)
-        out["wall_s"][tasks] = r["wall_ms_per_job"] / 1000
-        out["cpu_s"][tasks] = (r["jvm_cpu_ms_per_job"] + r["driver_cpu_ms_per_job"]) / 1000 + (e1 - e0) / jobs
-    return out
+        wall[kind] = r["wall_ms_per_job"] / 1000
+        cpu[kind] = (r["jvm_cpu_ms_per_job"] + r["driver_cpu_ms_per_job"]) / 1000 + (e1 - e0) / jobs
+    moved = 2 * len(result)
+    b = broadcast_jobs(backend, jobs, jvm, setup.roots)
+    return {"wall_s": {k: wall[k] for k in ("1", "2")}, "cpu_s": {k: cpu[k] for k in ("1", "2")},
+            "byte_wall_s": max(0.0, (wall["2 with results"] - wall["2"]) / moved),
+            "byte_cpu_s": max(0.0, (cpu["2 with results"] - cpu["2"]) / moved),
+            "bcast_wall_s": max(0.0, b["wall_s"] - wall["2"]), "bcast_cpu_s": max(0.0, b["cpu_s"] - cpu["2"])}
+
+
+def broadcast_jobs(backend, jobs: int, jvm: int, roots) -> dict:
+    """Wall and CPU seconds of a job of 2 empty tasks whose closure holds a new broadcast of a
+    dense model's bytes, the older ones destroyed two jobs later, as the jobs transport sends
+    every version (the tasks of a sparse downlink never read its value, yet each executor's JVM
+    fetches a broadcast its task's closure names): after :data:`WARM_JOBS` warm-up jobs."""
+    from bench.jobcost import DENSE_DELTA_BYTES, cpu_s
+
+    data, held = os.urandom(DENSE_DELTA_BYTES), []
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            bc = backend.broadcast(data)
+            held.append(bc)
+            backend.map_blocks(lambda block, ctx: (bc, b"")[1], [0, 1], "sparkcnn costmodel broadcast", universe=2)
+            while len(held) > 2:
+                backend.unpersist(held.pop(0))
+
+    run(WARM_JOBS)
+    executors = list(roots())
+    jvm0, me0, e0, t0 = cpu_s(jvm), cpu_s(), sum(cpu_s(p) for p in executors), time.perf_counter()
+    run(jobs)
+    wall = time.perf_counter() - t0
+    cpu = cpu_s(jvm) - jvm0 + cpu_s() - me0 + sum(cpu_s(p) for p in executors) - e0
+    for bc in held:
+        backend.unpersist(bc)
+    return {"wall_s": wall / jobs, "cpu_s": cpu / jobs}
 
 
 def fixed_costs(setup, data: str, tag: str, quick: bool, rows_per_block: int) -> dict:
@@ -128,9 +167,12 @@ def fixed_costs(setup, data: str, tag: str, quick: bool, rows_per_block: int) ->
                                      "sparkcnn costmodel step time", universe=BLOCKS)
     jobs = job_costs(setup, probe.backend, 10 if quick else 30)
     probe.backend.close()
-    log("%s (%s): step %.1f ms, empty job of 2 tasks %.1f ms wall, %.1f ms CPU", setup.name, tag,
-        float(np.mean([r["step_ms"] for r in limit])), 1000 * jobs["wall_s"]["2"], 1000 * jobs["cpu_s"]["2"])
-    return {"layout": layout, "t_step": float(np.mean([r["step_ms"] for r in limit])) / 1000, **jobs}
+    log("%s (%s): step %.1f ms (%.1f ms CPU), empty job of 2 tasks %.1f ms wall, %.1f ms CPU, "
+        "%.1f ns CPU per result byte, a broadcast per job %.1f ms CPU", setup.name, tag, float(np.mean([r["step_ms"] for r in limit])),
+        float(np.mean([r["step_cpu_ms"] for r in limit])), 1000 * jobs["wall_s"]["2"], 1000 * jobs["cpu_s"]["2"],
+        1e9 * jobs["byte_cpu_s"], 1000 * jobs["bcast_cpu_s"])
+    return {"layout": layout, "t_step": float(np.mean([r["step_ms"] for r in limit])) / 1000,
+            "t_cpu": float(np.mean([r["step_cpu_ms"] for r in limit])) / 1000, **jobs}
 
 
 def apply_rows(layout: tuple, repeat: int) -> list[dict]:
@@ -247,6 +289,9 @@ def measure(setup_name: str, quick: bool) -> dict:
         log("%s: session up in %.1f s", setup_name, time.perf_counter() - t0)
         rows = steps * BATCH  # per block of ``main``: full batches for the step-time probe
         before = fixed_costs(setup, main, "before", quick, rows)
+        # one unmeasured case first: the first sparse exchange in each Python worker traces its TF
+        # functions, which cost a short grid point's window a third of its images/s
+        run_case(setup, short, "jobs_sync_h1_sparse")
         cases = {}
         for name, (tr, _, h, _) in CASES.items():
             log("%s: %s", setup_name, name)
@@ -261,7 +306,10 @@ def measure(setup_name: str, quick: bool) -> dict:
                        # a Spark job's cost after it, warm as the grid's measured windows are (before
                        # the grid, right after the session starts, an empty job took 3x its wall)
                        "t_step": (before["t_step"] + after["t_step"]) / 2,
+                       "t_cpu": (before["t_cpu"] + after["t_cpu"]) / 2,
                        "job_wall_s": after["wall_s"], "job_cpu_s": after["cpu_s"],
+                       "job_byte_wall_s": after["byte_wall_s"], "job_byte_cpu_s": after["byte_cpu_s"],
+                       "job_bcast_wall_s": after["bcast_wall_s"], "job_bcast_cpu_s": after["bcast_cpu_s"],
                        "bytes_per_nonzero": codec_k(layout)},
             "micro": {"fixed_before": before, "fixed_after": after,
                       "apply": apply_rows(layout, 2 if quick else 5),
