@@ -10,17 +10,21 @@ parameters, driver link of B bytes/s, C cores shared by everything, or
     down        = 4P, or k·d_down·P_big + 2·P_small
     bytes       = up + down
     sel         = σ·P per sparse direction          threshold selection (uplink: worker, downlink: driver)
-    a_driver    = c_x + α_p + α_e·nnz_up + β_x·bytes/2 + sel_down   the driver's own work on the exchange
-    o_driver    = a_driver + Jcpu / tasks           + the Spark job's CPU, jobs only (tasks: N sync, 1 async)
-    o_worker    = β_x·bytes/2 + sel_up              worker CPU beyond training
-    o           = o_driver + o_worker           (x = jobs | stream: c_jobs = 0, c_stream per message pair;
+    a_driver    = c_stream + α_p + α_e·nnz_up + β_x·bytes/2 + sel_down   the driver's own work on the exchange
+    o_driver    = a_driver + (Jcpu + Bcpu) / tasks + Jb·bytes   + the Spark job's CPU, jobs only
+                                                 (tasks: N sync, 1 async; a broadcast per version)
+    o_worker    = c_jobs + β_x·bytes/2 + sel_up     worker CPU beyond training
+    o           = o_driver + o_worker           (x = jobs | stream: c_jobs per task in its Python worker,
+                                                 0 on the stream; c_stream per message pair, 0 for jobs;
                                                  β_x per byte encoded, copied and decoded)
-    T_cpu  = max(H·t, (N·H·t + φ·N·o) / C)       cores shared: φ of that CPU comes out of training
+    T_cpu  = max(H·t, (N·H·t_c + φ·N·o) / C)     cores shared: φ of that CPU comes out of training
            = H·t + o_worker                      dedicated cores
     T_drv  = N·o_driver                           the driver serves every block's exchange in turn
     T_link = N·bytes / B
-    T_lat  = H·t + o_worker + Jwall(N) + N·(bytes/B + a_driver)   jobs, sync: a job per round, workers wait
-           = H·t + o_worker + Jwall(1) + bytes/B + a_driver       jobs, async: a job per exchange
+    T_lat  = H·t + o_worker + Jwall(N) + Bwall + N·(bytes/B + Jw·bytes + a_driver)   jobs, sync: a
+                                                       job per round, workers wait
+           = H·t + o_worker + Jwall(1) + Bwall + bytes/B + Jw·bytes + a_driver   jobs, async: a job
+                                                       per exchange
            = H·t                                        stream: the exchange overlaps the next steps
     T      = max(T_cpu, T_drv, T_link, T_lat)             seconds per exchange of every block
     images/s = N·H·b / T,   speed-up = images/s / (b / t)  (one worker alone, no exchange)
@@ -28,18 +32,22 @@ parameters, driver link of B bytes/s, C cores shared by everything, or
 The job's wall already holds its JVM's CPU, so the latency bound adds only the driver's
 own work (a_driver), never Jcpu.
 
-Measured per setup, inputs like the bandwidth (bench/_costmeasure.py): B (loopback), t (one
-step, both blocks training at once in the setup's warm Spark Python workers, no exchange,
-full batches), Jwall(n) and Jcpu(n), the wall of an empty Spark job of n tasks and the CPU
-of the driver and the JVMs for it, after 30 warm-up jobs, as bench/jobcost.py (measured at
-1 and 2, linear beyond), k and the cores C. They hold what is a property of the setup:
-separate executor JVMs, RPC.
+Measured per setup, inputs like the bandwidth (bench/_costmeasure.py): B (loopback), t and
+t_c (one step's wall and its worker's CPU, both blocks training at once in the setup's warm
+Spark Python workers, no exchange, full batches), Jwall(n) and Jcpu(n), the wall of an
+empty Spark job of n tasks and the CPU of the driver and the JVMs for it, after 30 warm-up
+jobs, as bench/jobcost.py (measured at 1 and 2, linear beyond), Jw and Jb, the wall and
+that CPU a byte of a task's result adds (jobs returning a dense delta each), Bwall and Bcpu,
+what a new broadcast of the dense model in a job's closure adds to it (the jobs transport
+makes one per version: executors fetch it even when their tasks never read it), k and the
+cores C. They hold what is a property of the setup: separate executor JVMs, RPC.
 
 Fitted (:class:`Constants`), the costs that carry from one setup to another: α_p, α_e (the
 driver's apply per payload and per entry) and σ (selection per parameter) from the
-training setup's micro-measurements; β_jobs, c_stream, β_stream from its measured CPU per
-exchange beyond H·t and the known terms (non-negative least squares, per transport; jobs
-through the origin); φ from its images/s (one-dimensional least squares on the log).
+training setup's micro-measurements; c_jobs, β_jobs, c_stream, β_stream from its measured
+CPU per exchange beyond H·t_c and the known terms (Spark's own Jcpu and Jb among them):
+non-negative least squares against the bytes, per transport, each case weighted 1/H (what
+is left beyond H·t_c carries H steps' noise); φ from its images/s (one-dimensional least squares on the log).
 
     python bench/costmodel.py [--quick]                       measure both setups, fit each way
     python bench/costmodel.py measure --setup local|cluster [--quick]
@@ -84,12 +92,18 @@ class Exchange:
     bytes_per_nonzero: float = 3.5  # codec, sparse entries (scale.py: 3.0 at 0.01, 3.5 at 0.001)
     job_wall_s: float = 0.0        # Jwall: an empty Spark job of this exchange's tasks, measured (s)
     job_cpu_s: float = 0.0         # Jcpu: driver and JVM CPU for that job, measured (s)
+    job_byte_wall_s: float = 0.0   # Jw: the wall a byte of a task's result adds to its job (s/byte)
+    job_byte_cpu_s: float = 0.0    # Jb: the driver and JVM CPU it adds (s/byte)
+    job_bcast_wall_s: float = 0.0  # Bwall: the wall a broadcast of the model adds to its job (s)
+    job_bcast_cpu_s: float = 0.0   # Bcpu: the driver and JVM CPU it adds (s)
+    t_cpu: float | None = None     # t_c: the CPU of one step (s); None: t_step
 
     def __post_init__(self):
         if self.n < 1 or self.steps < 1 or self.params < 1 or self.t_step <= 0 or self.bandwidth <= 0:
             raise ValueError(f"Exchange: n, steps, params, t_step and bandwidth must be > 0, got {self}")
-        if self.job_wall_s < 0 or self.job_cpu_s < 0:
-            raise ValueError(f"Exchange.job_wall_s and job_cpu_s must be >= 0, got {self}")
+        if min(self.job_wall_s, self.job_cpu_s, self.job_byte_wall_s, self.job_byte_cpu_s, self.job_bcast_wall_s,
+               self.job_bcast_cpu_s) < 0:
+            raise ValueError(f"Exchange.job_wall_s, job_cpu_s and their per-byte costs must be >= 0, got {self}")
         if self.transport not in TRANSPORTS:
             raise ValueError(f"Exchange.transport must be one of {TRANSPORTS}, got {self.transport!r}")
         if self.mode not in MODES:
@@ -105,6 +119,7 @@ class Constants:
     apply_entry_s: float = 0.0     # α_e: the same, per entry carried
     select_s: float = 0.0          # σ: threshold selection per parameter, per sparse direction
     cpu_stream_s: float = 0.0      # c_stream: CPU per Flight message pair, both ends
+    cpu_jobs_s: float = 0.0        # c_jobs: a task's CPU in its Python worker beyond training (closure, state)
     byte_jobs_s: float = 0.0       # β_jobs: CPU per byte moved through a job's result
     byte_stream_s: float = 0.0     # β_stream: CPU per byte moved on the stream
     share: float = 1.0             # φ: share of the non-training CPU that comes out of training
@@ -126,23 +141,31 @@ def job_cost(inputs: dict, tasks: int) -> tuple[float, float]:
     return line(inputs["job_wall_s"]), line(inputs["job_cpu_s"])
 
 
+def moved_bytes(x: Exchange) -> float:
+    """Bytes of one block's exchange, up and down."""
+    up, _ = payload(x.params, x.density_up, x.small_params, x.bytes_per_nonzero)
+    down, _ = payload(x.params, x.density_down, x.small_params, x.bytes_per_nonzero)
+    return up + down
+
+
 def job_share(x: Exchange) -> float:
-    """Jcpu / tasks: one exchange's share of its Spark job's CPU (0 on the stream)."""
+    """(Jcpu + Bcpu) / tasks + Jb·bytes: one exchange's share of its Spark job's CPU (0 on the stream)."""
     if x.transport != "jobs":
         return 0.0
-    return x.job_cpu_s / (x.n if x.mode == "sync" else 1)
+    return (x.job_cpu_s + x.job_bcast_cpu_s) / (x.n if x.mode == "sync" else 1) + x.job_byte_cpu_s * moved_bytes(x)
 
 
 def exchange_cpu(x: Exchange, c: Constants) -> tuple[float, float]:
     """(o_driver, o_worker): CPU seconds per exchange of one block beyond its training."""
     up, nnz_up = payload(x.params, x.density_up, x.small_params, x.bytes_per_nonzero)
     down, _ = payload(x.params, x.density_down, x.small_params, x.bytes_per_nonzero)
-    fixed, per_byte = ((0.0, c.byte_jobs_s) if x.transport == "jobs" else (c.cpu_stream_s, c.byte_stream_s))
+    fixed, task, per_byte = ((0.0, c.cpu_jobs_s, c.byte_jobs_s) if x.transport == "jobs"
+                             else (c.cpu_stream_s, 0.0, c.byte_stream_s))
     moved = per_byte * (up + down) / 2  # each byte encoded on one side, decoded on the other
     sel_up = c.select_s * x.params if x.density_up is not None else 0.0
     sel_down = c.select_s * x.params if x.density_down is not None else 0.0
     own = fixed + c.apply_payload_s + c.apply_entry_s * nnz_up + moved + sel_down
-    return own + job_share(x), moved + sel_up
+    return own + job_share(x), task + moved + sel_up
 
 
 def exchange_time(x: Exchange, c: Constants) -> dict:
@@ -156,13 +179,16 @@ def exchange_time(x: Exchange, c: Constants) -> dict:
     if x.cores is None:
         cpu = compute + o_w
     else:
-        cpu = max(compute, (x.n * compute + c.share * x.n * (o_d + o_w)) / x.cores)
+        t_cpu = x.t_step if x.t_cpu is None else x.t_cpu
+        cpu = max(compute, (x.n * x.steps * t_cpu + c.share * x.n * (o_d + o_w)) / x.cores)
+    result = x.job_byte_wall_s * moved_bytes(x)  # through Spark's task results and closures
+    job = x.job_wall_s + x.job_bcast_wall_s
     if x.transport == "stream":
         lat = compute
     elif x.mode == "sync":
-        lat = compute + o_w + x.job_wall_s + x.n * (wire + own)
+        lat = compute + o_w + job + x.n * (wire + result + own)
     else:
-        lat = compute + o_w + x.job_wall_s + wire + own
+        lat = compute + o_w + job + wire + result + own
     bounds = {"cpu": cpu, "driver": x.n * o_d, "link": x.n * wire, "latency": lat}
     return {"T": max(bounds.values()), "bound": max(bounds, key=bounds.get), **bounds}
 
@@ -183,18 +209,24 @@ def exchange_of(inputs: dict, case: dict, **over) -> Exchange:
     """The :class:`Exchange` of one measured grid point (sparse = uplink 0.001, downlink 0.01)
     with its setup's measured inputs."""
     wall, cpu = job_cost(inputs, inputs["n"] if case["mode"] == "sync" else 1)
-    return Exchange(job_wall_s=wall, job_cpu_s=cpu, n=inputs["n"], bandwidth=inputs["bandwidth"], params=inputs["params"], t_step=inputs["t_step"],
+    return Exchange(job_wall_s=wall, job_cpu_s=cpu, job_byte_wall_s=inputs.get("job_byte_wall_s", 0.0),
+                    job_byte_cpu_s=inputs.get("job_byte_cpu_s", 0.0),
+                    job_bcast_wall_s=inputs.get("job_bcast_wall_s", 0.0),
+                    job_bcast_cpu_s=inputs.get("job_bcast_cpu_s", 0.0), t_cpu=inputs.get("t_cpu"), n=inputs["n"],
+                    bandwidth=inputs["bandwidth"], params=inputs["params"], t_step=inputs["t_step"],
                     steps=case["steps"], density_up=None if case["dense"] else 0.001,
                     density_down=None if case["dense"] else 0.01, transport=case["transport"], mode=case["mode"],
                     batch=inputs["batch"], cores=inputs["cores"], small_params=inputs["small_params"],
                     bytes_per_nonzero=inputs["bytes_per_nonzero"], **over)
 
 
-def _nonneg_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Least squares ``y ≈ a + b·x`` with a, b >= 0 (a coefficient that would be negative is 0)."""
-    a, b = np.linalg.lstsq(np.stack([np.ones_like(x), x], 1), y, rcond=None)[0]
+def _nonneg_line(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, float]:
+    """Weighted least squares ``y ≈ a + b·x`` (weights ``w`` on the residuals) with a, b >= 0
+    (a coefficient that would be negative is 0, the other refitted alone)."""
+    x, y = w * x, w * y
+    a, b = np.linalg.lstsq(np.stack([w, x], 1), y, rcond=None)[0]
     if b < 0:
-        return max(0.0, float(np.mean(y))), 0.0
+        return max(0.0, float(w @ y / (w @ w))), 0.0
     if a < 0:
         return 0.0, max(0.0, float(x @ y / (x @ x)))
     return float(a), float(b)
@@ -209,7 +241,7 @@ def fit(meas: dict) -> Constants:
     c = Constants(apply_payload_s=max(0.0, float(coef[0])), apply_entry_s=max(0.0, float(coef[1])),
                   select_s=micro["select_s_per_param"])
     for tr in TRANSPORTS:
-        xs, ys = [], []
+        xs, ys, ws = [], [], []
         for case in (v for v in cases.values() if v["transport"] == tr):
             x = exchange_of(inputs, case)
             known = sum(exchange_cpu(x, c))  # job share, apply and selection; c_x = β_x = 0 so far
@@ -217,14 +249,15 @@ def fit(meas: dict) -> Constants:
             up, _ = payload(x.params, x.density_up, x.small_params, x.bytes_per_nonzero)
             down, _ = payload(x.params, x.density_down, x.small_params, x.bytes_per_nonzero)
             xs.append(up + down)
-            ys.append(measured - x.steps * x.t_step - known)  # the training's own CPU left out
+            ws.append(1.0 / x.steps)
+            t_cpu = x.t_step if x.t_cpu is None else x.t_cpu
+            ys.append(measured - x.steps * t_cpu - known)  # the training's own CPU left out
         if not xs:
             continue
-        x_, y_ = np.array(xs), np.array(ys)
-        if tr == "jobs":  # the job's fixed CPU is measured: only the per-byte cost is left
-            c = replace(c, byte_jobs_s=max(0.0, float(x_ @ y_ / (x_ @ x_))))
+        fixed, per_byte = _nonneg_line(np.array(xs), np.array(ys), np.array(ws))
+        if tr == "jobs":
+            c = replace(c, cpu_jobs_s=fixed, byte_jobs_s=per_byte)
         else:
-            fixed, per_byte = _nonneg_line(x_, y_)
             c = replace(c, cpu_stream_s=fixed, byte_stream_s=per_byte)
     grid = np.arange(0.0, 2.0001, 0.005)
     loss = [sum((math.log(images_per_s(exchange_of(inputs, v), replace(c, share=float(phi))) / v["images_per_s"])) ** 2
@@ -257,6 +290,10 @@ def speedup_curve(c: Constants, inputs: dict) -> dict:
             for tr, mode in (("jobs", "sync"), ("stream", "async")):
                 for kind, (du, dd) in (("dense", (None, None)), ("sparse", (0.001, 0.01))):
                     x = [Exchange(n=n, bandwidth=gbit * 1e9 / 8, params=params, t_step=t_step, steps=h,
+                                  t_cpu=inputs.get("t_cpu"), job_byte_wall_s=inputs.get("job_byte_wall_s", 0.0),
+                                  job_byte_cpu_s=inputs.get("job_byte_cpu_s", 0.0),
+                    job_bcast_wall_s=inputs.get("job_bcast_wall_s", 0.0),
+                    job_bcast_cpu_s=inputs.get("job_bcast_cpu_s", 0.0),
                                   density_up=du, density_down=dd, transport=tr, mode=mode,
                                   small_params=small_params, bytes_per_nonzero=k,
                                   **dict(zip(("job_wall_s", "job_cpu_s"), job_cost(inputs, n)))) for n in ns]

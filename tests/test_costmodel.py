@@ -143,3 +143,24 @@ def test_exchange_validates_its_fields():
         ex(transport="mail")
     with pytest.raises(ValueError, match="Exchange.mode"):
         ex(mode="eventually")
+
+
+def test_a_jobs_broadcast_and_result_bytes_cost_the_jobs_transport_only():
+    base = dict(steps=1, density_up=None, density_down=None, job_wall_s=0.09, job_cpu_s=0.05)
+    bare = {"jobs": ex(transport="jobs", mode="sync", **base), "stream": ex(**base)}
+    extra = dict(job_bcast_wall_s=0.02, job_bcast_cpu_s=0.012, job_byte_wall_s=1e-8, job_byte_cpu_s=3e-8)
+    moved = 8.0 * P  # dense both ways
+    x, y = bare["jobs"], replace(bare["jobs"], **extra)
+    # the round's one broadcast is shared by its N tasks' exchanges; every byte pays Spark's result path
+    assert exchange_cpu(y, C)[0] - exchange_cpu(x, C)[0] == pytest.approx(0.012 / 2 + 3e-8 * moved)
+    assert exchange_time(y, C)["latency"] - exchange_time(x, C)["latency"] == pytest.approx(0.02 + 2 * 1e-8 * moved)
+    s = bare["stream"]
+    assert exchange_time(replace(s, **extra), C) == exchange_time(s, C)
+
+
+def test_shared_cores_count_the_steps_cpu_not_their_wall():
+    x = ex(n=2, cores=2, steps=10)
+    lean = replace(x, t_cpu=0.5 * T)  # a step that waits half its wall leaves CPU to the exchange
+    assert exchange_time(lean, C)["cpu"] < exchange_time(x, C)["cpu"]
+    assert exchange_time(lean, C)["cpu"] >= 10 * T  # and is never faster than its steps' wall
+    assert exchange_time(replace(x, t_cpu=T), C) == exchange_time(x, C)
