@@ -353,16 +353,24 @@ def spark_backend(spark, run_id: str, pool: str | None = None):
     return SparkBackend(spark, run_id, pool=pool)
 
 
-def _git(*args: str) -> str:
+def _git(*args: str, root: str = ROOT) -> str:
     try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
 
 
+def tree_dirty(root: str = ROOT) -> bool:
+    """Whether tracked files differ from the commit, results aside: ``bench/run_all.py`` moves
+    the older ``bench/results/`` files into its archive before the benchmarks start, and what
+    a run measures is the code, not the results folder it writes into."""
+    return bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results",
+                     root=root))
+
+
 # read when the benchmark starts (this module is imported first): what the run measures
 _STARTED = {"git_commit": _git("rev-parse", "HEAD") or None,
-            "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+            "git_dirty": tree_dirty(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": [os.path.basename(sys.executable), *sys.argv]}
 
 

@@ -2,6 +2,7 @@
 
 import importlib
 import os
+import subprocess
 
 import pytest
 
@@ -34,6 +35,30 @@ def test_older_results_move_to_the_archive_untouched(results):
     with pytest.raises(SystemExit, match="archive/throughput.json exists"):
         ra.archive_older()
     assert (results / "archive" / "throughput.json").read_text() == '{"a": 1}'  # nothing overwritten
+
+
+def test_the_archive_move_leaves_the_tree_clean_for_the_benchmarks(tmp_path):
+    """Each benchmark reads ``git_dirty`` at its start, after run_all has moved the older
+    results: moved results are not a modified tree; any other change is."""
+    from bench._common import tree_dirty
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "bench" / "results" / "throughput.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "c")
+    assert not tree_dirty(str(tmp_path))
+    os.makedirs(tmp_path / "bench" / "results" / "archive")
+    os.rename(tmp_path / "bench" / "results" / "throughput.json",
+              tmp_path / "bench" / "results" / "archive" / "throughput.json")
+    assert not tree_dirty(str(tmp_path))
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert tree_dirty(str(tmp_path))
 
 
 def test_the_full_plan_runs_the_seed_table_and_every_benchmark():
