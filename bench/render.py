@@ -175,7 +175,7 @@ def seed_table(acc: dict | None, fig) -> str:
     body = []
     for r in rows:
         name, seeds = _name(r), r.get("seeds")
-        label = f"{NAMES.get(name, name)} (`{name}`" + (f", {len(seeds)} seeds)" if isinstance(seeds, list) else ")")
+        label = f"{NAMES.get(name, name)} (`{name}`" + (f", {_plural(len(seeds), 'seed')})" if isinstance(seeds, list) else ")")
         body.append([label, _h(r), _pm(*_stat(r, "test_accuracy"), 4), _pm(*_stat(r, "wall_s"), 1),
                      _pm(*_stat(r, "time_to_0_88_s"), 1) + _reached(r, "time_to_0_88_s"),
                      _pm(*_stat(r, "time_to_0_90_s"), 1) + _reached(r, "time_to_0_90_s"),
@@ -397,11 +397,15 @@ def run_table(ra: dict | None) -> str:
     return "\n".join(out)
 
 
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def headline(acc: dict | None, thr: dict | None, doc_link: str) -> str:
     """The README block: three numbers, one line each, and a link to the whole document."""
     by = {_name(r): r for r in seed_rows(acc)}
     ms = by.get("stream-gs-asgd-ms", {})
-    seeds = len(ms["seeds"]) if isinstance(ms.get("seeds"), list) else DASH
+    seeds = _plural(len(ms["seeds"]), "seed") if isinstance(ms.get("seeds"), list) else f"{DASH} seeds"
     h1 = [m for _, m, _ in throughput_rows(thr)
           if m.get("steps_per_exchange") == 1 and _num(m.get("efficiency_vs_limit"))]
     best = max(h1, key=lambda m: m["efficiency_vs_limit"], default={})
@@ -411,7 +415,7 @@ def headline(acc: dict | None, thr: dict | None, doc_link: str) -> str:
     return "\n".join([
         "",
         f"- **GS-ASGD + model-parameter sparsification, H = 1:** final test accuracy "
-        f"{_pm(*_stat(ms, 'test_accuracy'), 4)} over {seeds} seeds, downlink compressed "
+        f"{_pm(*_stat(ms, 'test_accuracy'), 4)} over {seeds}, downlink compressed "
         f"{_f(_stat(ms, 'steady_downlink_ratio')[0], 1)}x in the steady state.",
         f"- **Closest to the compute limit at H = 1:** {_f(best.get('efficiency_vs_limit'), 1, 100, ' %')} of it "
         f"({best_case}, {_f(best.get('images_per_s'), 1)} images/s).",
