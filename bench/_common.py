@@ -353,6 +353,13 @@ def spark_backend(spark, run_id: str, pool: str | None = None):
     return SparkBackend(spark, run_id, pool=pool)
 
 
+def portable_path(p: str) -> str:
+    """A path as a result may carry it: relative to the repository inside it, else ``<tmp>/``
+    and its last part (no path of the machine that ran it)."""
+    p = os.path.abspath(p)
+    return os.path.relpath(p, ROOT) if p.startswith(ROOT + os.sep) else f"<tmp>/{os.path.basename(p)}"
+
+
 def _git(*args: str, root: str = ROOT) -> str:
     try:
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30).stdout.strip()
@@ -371,7 +378,8 @@ def tree_dirty(root: str = ROOT) -> bool:
 # read when the benchmark starts (this module is imported first): what the run measures
 _STARTED = {"git_commit": _git("rev-parse", "HEAD") or None,
             "git_dirty": tree_dirty(),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": [os.path.basename(sys.executable), *sys.argv]}
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": [os.path.basename(sys.executable),
+                        *(portable_path(a) if os.path.isabs(a) else a for a in sys.argv)]}
 
 
 def provenance() -> dict:
@@ -422,6 +430,5 @@ def config_of(cfg) -> dict:
 
     d = cfg.to_dict()
     for section, key in (("data", "path"), ("run", "out_dir")):
-        p = os.path.abspath(d[section][key])
-        d[section][key] = os.path.relpath(p, ROOT) if p.startswith(ROOT + os.sep) else f"<tmp>/{os.path.basename(p)}"
+        d[section][key] = portable_path(d[section][key])
     return {"config_sha256": hashlib.sha256(yaml.safe_dump(d, sort_keys=True).encode()).hexdigest(), "config": d}

@@ -78,3 +78,11 @@ def test_bad_arguments_exit_2_with_one_line(results, capsys, argv, message):
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert os.listdir(results) == []  # nothing written, nothing archived
+
+
+def test_results_carry_no_path_of_the_machine():
+    from bench._common import ROOT, _STARTED, portable_path
+
+    assert portable_path(os.path.join(ROOT, "bench", "costmodel.py")) == os.path.join("bench", "costmodel.py")
+    assert portable_path("/somewhere/else/data") == "<tmp>/data"
+    assert not any(os.path.isabs(a) for a in _STARTED["command"][1:])
