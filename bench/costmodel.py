@@ -170,9 +170,7 @@ def exchange_cpu(x: Exchange, c: Constants) -> tuple[float, float]:
 
 def exchange_time(x: Exchange, c: Constants) -> dict:
     """Seconds per exchange of every block (``T``) and each bound of the module docstring."""
-    up, _ = payload(x.params, x.density_up, x.small_params, x.bytes_per_nonzero)
-    down, _ = payload(x.params, x.density_down, x.small_params, x.bytes_per_nonzero)
-    wire = (up + down) / x.bandwidth  # one block's bytes on the driver's link
+    wire = moved_bytes(x) / x.bandwidth  # one block's bytes on the driver's link
     o_d, o_w = exchange_cpu(x, c)
     own = o_d - job_share(x)  # the job's wall already holds its CPU
     compute = x.steps * x.t_step
@@ -205,15 +203,18 @@ def speedup(x: Exchange, c: Constants) -> float:
 
 # -- fitting ----------------------------------------------------------------------------------
 
+def measured_costs(inputs: dict) -> dict:
+    """The :class:`Exchange` fields a setup's measurement gives beyond its Spark job of n tasks
+    (absent from older records: the model's defaults)."""
+    keys = ("job_byte_wall_s", "job_byte_cpu_s", "job_bcast_wall_s", "job_bcast_cpu_s")
+    return {"t_cpu": inputs.get("t_cpu"), **{k: inputs.get(k, 0.0) for k in keys}}
+
+
 def exchange_of(inputs: dict, case: dict, **over) -> Exchange:
     """The :class:`Exchange` of one measured grid point (sparse = uplink 0.001, downlink 0.01)
     with its setup's measured inputs."""
     wall, cpu = job_cost(inputs, inputs["n"] if case["mode"] == "sync" else 1)
-    return Exchange(job_wall_s=wall, job_cpu_s=cpu, job_byte_wall_s=inputs.get("job_byte_wall_s", 0.0),
-                    job_byte_cpu_s=inputs.get("job_byte_cpu_s", 0.0),
-                    job_bcast_wall_s=inputs.get("job_bcast_wall_s", 0.0),
-                    job_bcast_cpu_s=inputs.get("job_bcast_cpu_s", 0.0), t_cpu=inputs.get("t_cpu"), n=inputs["n"],
-                    bandwidth=inputs["bandwidth"], params=inputs["params"], t_step=inputs["t_step"],
+    return Exchange(job_wall_s=wall, job_cpu_s=cpu, **measured_costs(inputs), n=inputs["n"], bandwidth=inputs["bandwidth"], params=inputs["params"], t_step=inputs["t_step"],
                     steps=case["steps"], density_up=None if case["dense"] else 0.001,
                     density_down=None if case["dense"] else 0.01, transport=case["transport"], mode=case["mode"],
                     batch=inputs["batch"], cores=inputs["cores"], small_params=inputs["small_params"],
@@ -246,9 +247,7 @@ def fit(meas: dict) -> Constants:
             x = exchange_of(inputs, case)
             known = sum(exchange_cpu(x, c))  # job share, apply and selection; c_x = β_x = 0 so far
             measured = sum(v for k, v in case["cpu_ms_per_exchange"].items() if k != "total") / 1000
-            up, _ = payload(x.params, x.density_up, x.small_params, x.bytes_per_nonzero)
-            down, _ = payload(x.params, x.density_down, x.small_params, x.bytes_per_nonzero)
-            xs.append(up + down)
+            xs.append(moved_bytes(x))
             ws.append(1.0 / x.steps)
             t_cpu = x.t_step if x.t_cpu is None else x.t_cpu
             ys.append(measured - x.steps * t_cpu - known)  # the training's own CPU left out
@@ -290,10 +289,7 @@ def speedup_curve(c: Constants, inputs: dict) -> dict:
             for tr, mode in (("jobs", "sync"), ("stream", "async")):
                 for kind, (du, dd) in (("dense", (None, None)), ("sparse", (0.001, 0.01))):
                     x = [Exchange(n=n, bandwidth=gbit * 1e9 / 8, params=params, t_step=t_step, steps=h,
-                                  t_cpu=inputs.get("t_cpu"), job_byte_wall_s=inputs.get("job_byte_wall_s", 0.0),
-                                  job_byte_cpu_s=inputs.get("job_byte_cpu_s", 0.0),
-                    job_bcast_wall_s=inputs.get("job_bcast_wall_s", 0.0),
-                    job_bcast_cpu_s=inputs.get("job_bcast_cpu_s", 0.0),
+                                  **measured_costs(inputs),
                                   density_up=du, density_down=dd, transport=tr, mode=mode,
                                   small_params=small_params, bytes_per_nonzero=k,
                                   **dict(zip(("job_wall_s", "job_cpu_s"), job_cost(inputs, n)))) for n in ns]
