@@ -103,8 +103,7 @@ def job_costs(setup: "Setup", backend, jobs: int) -> dict:
     from bench.jobcost import DENSE_DELTA_BYTES, cpu_s, measure as measure_jobs
 
     jvm = int(setup.spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
-    result = os.urandom(DENSE_DELTA_BYTES)  # incompressible, as float32 deltas nearly are
-    kinds = {"1": ([0], b""), "2": ([0, 1], b""), "2 with results": ([0, 1], result)}
+    kinds = {"1": ([0], 0), "2": ([0, 1], 0), "2 with results": ([0, 1], DENSE_DELTA_BYTES)}
     for blocks, data in kinds.values():
         measure_jobs(backend, blocks, data, WARM_JOBS, jvm)
     wall, cpu = {}, {}
@@ -115,7 +114,7 @@ def job_costs(setup: "Setup", backend, jobs: int) -> dict:
         e1 = sum(cpu_s(p) for p in executors)
         wall[kind] = r["wall_ms_per_job"] / 1000
         cpu[kind] = (r["jvm_cpu_ms_per_job"] + r["driver_cpu_ms_per_job"]) / 1000 + (e1 - e0) / jobs
-    moved = 2 * len(result)
+    moved = 2 * DENSE_DELTA_BYTES
     b = broadcast_jobs(backend, jobs, jvm, setup.roots)
     return {"wall_s": {k: wall[k] for k in ("1", "2")}, "cpu_s": {k: cpu[k] for k in ("1", "2")},
             "byte_wall_s": max(0.0, (wall["2 with results"] - wall["2"]) / moved),

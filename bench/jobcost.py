@@ -1,9 +1,11 @@
 """Spark's own CPU per job on local[2]: what every round or async job costs before any training.
 
 Prints one JSON object. Jobs of 2 tasks (one per block, as a sync round) and of
-1 task (an async job) through ``SparkBackend``, each task returning ``payload``
-bytes (0, or a dense ``fmnist_cnn`` delta: 900 kB). After 30 warm-up jobs of
-each kind, for each kind over ``--jobs`` jobs:
+1 task (an async job) through ``SparkBackend``, each task returning
+``result_bytes`` bytes (0, or a dense ``fmnist_cnn`` delta: 900 kB) that it makes
+itself: a closure holding them would send them down through Py4J as the task's
+command, a cost the jobs transport never pays (its model goes by broadcast).
+After 30 warm-up jobs of each kind, for each kind over ``--jobs`` jobs:
 
 - ``jvm_cpu_ms_per_job``: CPU time of the JVM (driver and executor in one
   process in local mode: scheduling, task launch, moving results), from
@@ -40,15 +42,17 @@ def cpu_s(pid: int | str = "self") -> float:
     return proc_stat(pid)[1]
 
 
-def measure(backend, blocks: list[int], payload: bytes, jobs: int, jvm_pid: int) -> dict:
+def measure(backend, blocks: list[int], result_bytes: int, jobs: int, jvm_pid: int) -> dict:
+    """``jobs`` jobs of one task per block, each returning ``result_bytes`` bytes made in the task.
+    Their content does not matter: Spark's task-result path copies them and compresses nothing."""
     def fn(block, ctx):
-        return payload
+        return bytes(result_bytes)
 
     jvm0, me0, t0 = cpu_s(jvm_pid), cpu_s(), time.perf_counter()
     for _ in range(jobs):
         backend.map_blocks(fn, blocks, "sparkcnn jobcost", universe=2)
     wall, jvm, me = time.perf_counter() - t0, cpu_s(jvm_pid) - jvm0, cpu_s() - me0
-    return {"tasks": len(blocks), "result_bytes_per_task": len(payload),
+    return {"tasks": len(blocks), "result_bytes_per_task": result_bytes,
             "jvm_cpu_ms_per_job": 1000 * jvm / jobs, "driver_cpu_ms_per_job": 1000 * me / jobs,
             "wall_ms_per_job": 1000 * wall / jobs}
 
@@ -64,9 +68,9 @@ def main(argv=None) -> dict:
     jvm_pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
     backend = spark_backend(spark, "jobcost")
     out = {"bench": "jobcost", "master": "local[2]", "cpus": os.cpu_count(), "jobs": a.jobs, "kinds": {}}
-    payload = os.urandom(DENSE_DELTA_BYTES)  # incompressible, as float32 deltas nearly are
-    kinds = (("2 tasks, empty", [0, 1], b""), ("2 tasks, 900 kB each", [0, 1], payload),
-             ("1 task, empty", [0], b""), ("1 task, 900 kB", [0], payload))
+    dense = DENSE_DELTA_BYTES
+    kinds = (("2 tasks, empty", [0, 1], 0), ("2 tasks, 900 kB each", [0, 1], dense),
+             ("1 task, empty", [0], 0), ("1 task, 900 kB", [0], dense))
     log("warm-up: 30 jobs of each kind (Python workers, JIT)")
     for _, blocks, data in kinds:
         measure(backend, blocks, data, 30, jvm_pid)
