@@ -81,6 +81,20 @@ def test_jobs_at_one_step_are_bounded_by_the_job():
         ex(n=16, steps=1), C)
 
 
+def test_a_jobs_task_own_cpu_and_its_job_wall_overlap():
+    """The empty job's wall holds an empty task's run: the latency bound takes the larger of it and
+    the task's CPU beyond training, not their sum."""
+    x = ex(n=2, steps=1, transport="jobs", mode="sync", job_wall_s=0.1)
+    lean, heavy = replace(C, cpu_jobs_s=0.02), replace(C, cpu_jobs_s=0.3)
+    o_lean, o_heavy = exchange_cpu(x, lean)[1], exchange_cpu(x, heavy)[1]
+    assert o_lean < 0.1 < o_heavy
+    rest = exchange_time(x, lean)["latency"] - T - 0.1  # the driver's share: bytes, apply
+    assert rest > 0
+    assert exchange_time(x, heavy)["latency"] == pytest.approx(T + o_heavy + rest)
+    assert exchange_time(replace(x, job_wall_s=0.05), lean)["latency"] == pytest.approx(T + 0.05 + rest)
+    assert exchange_time(replace(x, job_wall_s=0.2), heavy)["latency"] == pytest.approx(T + o_heavy + rest)
+
+
 def test_payload_sizes():
     assert payload(P, None, SMALL, 3.5) == (4.0 * P, P)
     b, nnz = payload(P, 0.001, SMALL, 3.5)
