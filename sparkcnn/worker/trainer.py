@@ -127,6 +127,7 @@ class Trainer:
 
         self._gradient = tf.function(flat_gradient, reduce_retracing=True)
         self._gradient_at = gradient_at
+        self._gradient_at_for: dict[tuple, object] = {}  # (x dtype, x shape, y dtype) -> concrete function
         self._set_weights, self._set_momentum = set_weights, set_momentum
         self._get_weights, self._get_momentum = get_weights, get_momentum
 
@@ -168,8 +169,26 @@ class Trainer:
         if at is None:
             loss, correct, flat = self._gradient(images[idx], labels[idx])
         else:
-            loss, correct, flat = self._gradient_at(np.asarray(at, np.float32), images[idx], labels[idx])
+            tf = self.tf
+            fn = self._concrete_gradient_at(images, labels)
+            loss, correct, flat = fn(tf.constant(np.asarray(at, np.float32)), tf.constant(images[idx]),
+                                     tf.constant(labels[idx]))
         return flat.numpy(), float(loss) * len(idx), int(correct), len(idx)
+
+    def _concrete_gradient_at(self, images: np.ndarray, labels: np.ndarray):
+        """The traced ``gradient_at`` for these arrays' dtypes and shapes, called directly. Each
+        call of the polymorphic function matches its arguments against its traces first: at one
+        step per exchange that cost ~1 ms of a ~49 ms step (fmnist_cnn, one core: 49.4-51.0 ms
+        per call that way, 48.5-49.5 ms this way)."""
+        key = (images.dtype.str, images.shape[1:], labels.dtype.str)
+        fn = self._gradient_at_for.get(key)
+        if fn is None:
+            tf = self.tf
+            fn = self._gradient_at_for[key] = self._gradient_at.get_concrete_function(
+                tf.TensorSpec([int(self.offsets[-1])], tf.float32),
+                tf.TensorSpec([None, *images.shape[1:]], tf.as_dtype(images.dtype)),
+                tf.TensorSpec([None], tf.as_dtype(labels.dtype)))
+        return fn
 
     @functools.cached_property
     def non_trainable_mask(self) -> np.ndarray:
