@@ -254,7 +254,7 @@ def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: 
                       "resync": view.resyncs > resyncs_sent, "pid": os.getpid(), "executor": executor}
             resyncs_sent = view.resyncs
             pending = link.send(header, payload)
-            if attempt == 0 and _chaos_draw(spec, seq, block, 1) < spec.chaos_kill_p:
+            if spec.chaos_kill_p > 0 and attempt == 0 and _chaos_draw(spec, seq, block, 1) < spec.chaos_kill_p:
                 link.wait(pending)  # the push has landed: its retry must be a duplicate
                 log.warning("chaos: killing the Python worker (block %s exchange %s)", block, seq)
                 os._exit(17)
