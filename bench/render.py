@@ -109,9 +109,10 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _stat(d: dict, key: str):
-    """(mean, std) of an over-seeds aggregate (``key_mean``/``key_std``), else (d[key], None)."""
+    """(mean, std) of an over-seeds aggregate (``key_mean``/``key_std``), else (d[key], None).
+    Over one seed the std is None: its 0 would read as a spread measured to be nil."""
     if f"{key}_mean" in d:
-        return d.get(f"{key}_mean"), d.get(f"{key}_std")
+        return d.get(f"{key}_mean"), None if len(d.get("seeds") or []) == 1 else d.get(f"{key}_std")
     return d.get(key), None
 
 

@@ -69,6 +69,18 @@ def test_stream_gs_asgd_ms_row_shows_its_accuracy_and_ratios(results):
     assert "— (0/3)" in sa
 
 
+def test_a_row_over_one_seed_shows_no_spread(results):
+    acc = committed("accuracy-stream.json")
+    one = {**acc, "stream": [{**r, "seeds": r["seeds"][:1]} for r in acc["stream"]]}
+    (results / "accuracy.json").write_text(json.dumps(one), encoding="utf-8")
+    doc = render.render(str(results))["benchmarks"]
+    [row] = [ln for ln in doc.splitlines() if "`stream-gs-asgd-ms`" in ln]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    ms = next(r for r in acc["stream"] if r["name"] == "stream-gs-asgd-ms")
+    assert cells[2] == f"{ms['test_accuracy_mean']:.4f}"  # a std over one seed would read as none measured
+    assert "±" not in row
+
+
 def test_every_table_follows_its_machine_command_date_line_and_precedes_a_paragraph(results):
     doc = render.render(str(results))["benchmarks"]
     lines = doc.splitlines()
