@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -137,8 +138,9 @@ def test_sparse_and_dense_apply_agree_bitwise():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.sampled_from([0.05, 0.2, 0.5]), st.integers(0, 12))
-def test_sparse_downlink_is_topk_of_residual_minus_zeros(seed, density, dense_below):
+@given(st.integers(0, 2**32 - 1), st.sampled_from([0.05, 0.2, 0.5]), st.integers(0, 12), st.booleans())
+def test_sparse_downlink_is_topk_of_residual_minus_zeros(seed, density, dense_below, native):
+    """On the compiled support scan and on numpy's alike (``SPARKCNN_NATIVE=0``)."""
     rng = np.random.default_rng(seed)
     sp = Sparsifier("topk", dense_below=dense_below)
     ps = make_ps(density_down=density, sparsifier=sp)
@@ -147,7 +149,8 @@ def test_sparse_downlink_is_topk_of_residual_minus_zeros(seed, density, dense_be
     residual = ps.W - ps.U
     expected = sp.select(residual, LAYOUT, density)
     expected_idx = expected.indices[expected.values != 0]
-    dl = ps.downlink()
+    with mock.patch.dict("os.environ", {} if native else {"SPARKCNN_NATIVE": "0"}):
+        dl = ps.downlink()
     assert np.array_equal(dl.delta.indices, expected_idx)
     assert np.array_equal(bits(dl.delta.values), bits(residual[expected_idx]))
 
@@ -168,6 +171,19 @@ def test_downlink_density_of_one_call_overrides_density_down(seed, density):
     assert ps.view_version == ps.version
     with pytest.raises(BadInput, match="density"):
         ps.downlink(0.0)
+
+
+def test_signed_zeros_are_not_in_the_residual_support():
+    """+0.0 in W against -0.0 in U differ in bits, not in value: not in the support (both scans)."""
+    ps = make_ps(weights=np.zeros(P, np.float32), density_down=1.0)
+    state = ps.state_dict()
+    state["U"][5] = -0.0
+    state["W"][3] = 1.5
+    ps.load_state_dict(state)
+    for env in ({}, {"SPARKCNN_NATIVE": "0"}):
+        with mock.patch.dict("os.environ", env):
+            idx, vals = ps._residual_support()
+            assert idx.tolist() == [3] and vals.tolist() == [1.5]
 
 
 # -- replicas -----------------------------------------------------------------------------
