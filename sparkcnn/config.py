@@ -152,6 +152,8 @@ class EngineConfig:
     max_message_bytes: int = 0  # stream: larger messages are refused unread; 0 = 8 x parameters + 1 MiB
     stream_lookahead: bool = True  # stream: tasks compute at their view extrapolated by the staleness the
                                    # server measured for their last push (delay compensation)
+    stream_downlink: str = "update"  # async stream: update (a downlink after every applied push, DESIGN)
+                                     # | round (one per N applied pushes, N blocks: as a sync round)
 
     def validate(self, p: str) -> None:
         _check(self.mode in ("sync", "async"), f"{p}.mode", "one of sync, async", self.mode)
@@ -160,6 +162,8 @@ class EngineConfig:
         _check(self.transport in ("jobs", "stream"), f"{p}.transport", "one of jobs, stream", self.transport)
         _check(self.stream_timeout_s > 0, f"{p}.stream_timeout_s", "> 0", self.stream_timeout_s)
         _check(self.max_message_bytes >= 0, f"{p}.max_message_bytes", ">= 0", self.max_message_bytes)
+        _check(self.stream_downlink in ("update", "round"), f"{p}.stream_downlink", "one of update, round",
+               self.stream_downlink)
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,7 @@ def test_stream_run_in_process(tiny_cfg, tmp_path):
     assert all(r["transport"] == "stream" and r["exposed_comm_s"] >= 0 for r in rounds)
     assert summary["exposed_comm_ms_per_step"] >= 0
     assert summary["bytes_down"] < summary["dense_bytes_down"] / 5  # sparse downlink
+    assert all(r["nnz_down"] > 0 for r in rounds)  # a downlink after every applied push
     assert not _listening(svc.port)
     token = svc.token.encode()
     for dirpath, _, files in os.walk(summary["run_dir"]):
@@ -170,11 +171,24 @@ def test_stream_on_spark_names_its_stages_and_checks_slots(spark, tiny_cfg):
         train(_cfg(tiny_cfg, data__num_blocks=3), backend=SparkBackend(spark, "t-stream-slots"))
 
 
+def test_round_downlinks_follow_every_nth_push(tiny_cfg):
+    """engine.stream_downlink=round: one downlink per N = 2 applied pushes; replicas follow them."""
+    from sparkcnn.train import train
+
+    summary = train(_cfg(tiny_cfg, engine__master="inprocess", train__epochs=1, engine__stream_downlink="round"))
+    rounds = [r for r in read_jsonl(os.path.join(summary["run_dir"], "metrics.jsonl")) if r["kind"] == "round"]
+    assert len(rounds) == 2 * (600 // 32) and summary["replica_resyncs"] == 0
+    assert [r["nnz_down"] > 0 for r in rounds] == [r["round"] % 2 == 1 for r in rounds]
+    assert summary["test_accuracy"] > 0.5
+
+
 def test_stream_config_is_checked():
     from sparkcnn import config
 
     with pytest.raises(BadInput, match=r"engine\.transport must be one of jobs, stream, got 'carrier'"):
         config.load(None, ["engine.transport=carrier"])
+    with pytest.raises(BadInput, match=r"engine\.stream_downlink must be one of update, round, got 'often'"):
+        config.load(None, ["engine.stream_downlink=often"])
     assert np.isfinite(config.load(None, ["engine.stream_timeout_s=5"]).engine.stream_timeout_s)
 
 

@@ -5,8 +5,9 @@ driver's parameter-server service every H steps, instead of one Spark job per ex
         plan every block: first seq, step offset, steps, the state it continues from
         one barrier job over the placed blocks: worker.stream.run_stream_task per block
         each push -> RoundDriver (dedup (block, seq) -> staleness rule -> decode + guard -> apply
-                     -> downlink), exactly as the async jobs transport; the reply carries the
-                     downlink since the worker's replica (or a dense resync), lr and density
+                     -> downlink), exactly as the async jobs transport (engine.stream_downlink=round:
+                     a downlink per N applied pushes, one per round as BSP); the reply carries the
+                     downlinks since the worker's replica (or a dense resync), lr and density
         stage done: evaluate, record, checkpoint
 
 ASGD: a push is applied on arrival, ``W -= lambda(tau) * S_k / N``. BSP (sync): a push's
@@ -86,6 +87,8 @@ class StreamEngine(DriverShorthands):
         self.staleness_hist: dict[int, int] = {}
         self.staleness_rule = resolve_rule(cfg.ps.staleness, cfg.engine.stream_lookahead)
         self.tau: dict[int, int] = {}  # block -> staleness of its last applied push (its lookahead)
+        self.since_downlink = 0  # async: pushes applied since the last downlink
+        self.downlink_every = self.num_blocks if cfg.engine.stream_downlink == "round" else 1
         self.exposed_s = 0.0
         self.service: PSService | None = None
 
@@ -225,7 +228,12 @@ class StreamEngine(DriverShorthands):
             return
         scale = staleness_scale(tau, self.staleness_rule) / self.num_blocks
         out = d.apply([r], lr, factor=scale)
-        nnz_down = d.send_downlink(self.epoch_float)
+        # engine.stream_downlink: after every applied push (DESIGN), or one per N of them as a
+        # BSP round has: each costs a selection and an encoding here and a decoding in every task
+        self.since_downlink += 1
+        nnz_down = 0
+        if self.since_downlink >= self.downlink_every:
+            nnz_down, self.since_downlink = d.send_downlink(self.epoch_float), 0
         d.count_flags([r])
         order = RoundOrder(seq=r.seq, steps={r.block: r.steps}, step_offset={}, lr=lr, density=density,
                            base_version=r.base_version)
