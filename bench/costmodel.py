@@ -27,12 +27,12 @@ parameters, driver link of B bytes/s, C cores shared by everything, or
                                                        job per exchange
            = H·t                                        stream: the exchange overlaps the next steps
     T      = max(T_cpu, T_drv, T_link, T_lat)             seconds per exchange of every block
+    images/s = N·H·b / T,   speed-up = images/s / (b / t)  (one worker alone, no exchange)
 
 Every bound is a lower bound on T. An empty job's wall already holds an empty task's run in
 its Python worker, the fixed part of o_worker, so the two overlap: T_lat takes the larger,
 not their sum (with the sum, a local[2] jobs round at H = 1 came out at 348 ms against the
 185 ms measured, a round bound by the CPU).
-    images/s = N·H·b / T,   speed-up = images/s / (b / t)  (one worker alone, no exchange)
 
 The job's wall already holds its JVM's CPU, so the latency bound adds only the driver's
 own work (a_driver), never Jcpu.
@@ -219,7 +219,8 @@ def exchange_of(inputs: dict, case: dict, **over) -> Exchange:
     """The :class:`Exchange` of one measured grid point (sparse = uplink 0.001, downlink 0.01)
     with its setup's measured inputs."""
     wall, cpu = job_cost(inputs, inputs["n"] if case["mode"] == "sync" else 1)
-    return Exchange(job_wall_s=wall, job_cpu_s=cpu, **measured_costs(inputs), n=inputs["n"], bandwidth=inputs["bandwidth"], params=inputs["params"], t_step=inputs["t_step"],
+    return Exchange(job_wall_s=wall, job_cpu_s=cpu, **measured_costs(inputs), n=inputs["n"],
+                    bandwidth=inputs["bandwidth"], params=inputs["params"], t_step=inputs["t_step"],
                     steps=case["steps"], density_up=None if case["dense"] else 0.001,
                     density_down=None if case["dense"] else 0.01, transport=case["transport"], mode=case["mode"],
                     batch=inputs["batch"], cores=inputs["cores"], small_params=inputs["small_params"],
