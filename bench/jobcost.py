@@ -68,9 +68,8 @@ def main(argv=None) -> dict:
     jvm_pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
     backend = spark_backend(spark, "jobcost")
     out = {"bench": "jobcost", "master": "local[2]", "cpus": os.cpu_count(), "jobs": a.jobs, "kinds": {}}
-    dense = DENSE_DELTA_BYTES
-    kinds = (("2 tasks, empty", [0, 1], 0), ("2 tasks, 900 kB each", [0, 1], dense),
-             ("1 task, empty", [0], 0), ("1 task, 900 kB", [0], dense))
+    kinds = (("2 tasks, empty", [0, 1], 0), ("2 tasks, 900 kB each", [0, 1], DENSE_DELTA_BYTES),
+             ("1 task, empty", [0], 0), ("1 task, 900 kB", [0], DENSE_DELTA_BYTES))
     log("warm-up: 30 jobs of each kind (Python workers, JIT)")
     for _, blocks, data in kinds:
         measure(backend, blocks, data, 30, jvm_pid)
