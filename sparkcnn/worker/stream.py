@@ -32,7 +32,7 @@ from sparkcnn.compression.feedback import make_policy
 from sparkcnn.protocol import StreamTicket, TaskContextInfo, TaskSpec
 from sparkcnn.streamwire import pack, unpack
 from sparkcnn.worker.round import (
-    _chaos_draw,
+    _chaos_hit,
     block_batches,
     block_state_at,
     compute,
@@ -254,7 +254,7 @@ def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: 
                       "resync": view.resyncs > resyncs_sent, "pid": os.getpid(), "executor": executor}
             resyncs_sent = view.resyncs
             pending = link.send(header, payload)
-            if spec.chaos_kill_p > 0 and attempt == 0 and _chaos_draw(spec, seq, block, 1) < spec.chaos_kill_p:
+            if attempt == 0 and _chaos_hit(spec, seq, block, 1, spec.chaos_kill_p):
                 link.wait(pending)  # the push has landed: its retry must be a duplicate
                 log.warning("chaos: killing the Python worker (block %s exchange %s)", block, seq)
                 os._exit(17)
