@@ -206,7 +206,6 @@ class StreamEngine(DriverShorthands):
     def _record(self, rec: dict, results: list, wait_s: float, t0: float) -> None:
         d = self.driver
         samples, compute = sum(r.samples for r in results), max(r.compute_s for r in results)
-        self.exposed_s += wait_s
         d.check_loss(f"exchange {rec['round']}", rec["loss"], rec["samples"])
         rec.update(epoch=min(int(self.epoch_float - 1e-9) if self.samples_done else 0, self.cfg.train.epochs - 1),
                    compute_s=compute, exposed_comm_s=wait_s, round_overhead_s=wait_s,
@@ -312,9 +311,11 @@ class StreamEngine(DriverShorthands):
                 missing = [k for k in self.block_rows if self.block_step[k] or self.block_epoch[k] <= e]
                 if missing:
                     log.warning("epoch %s: blocks %s did not finish their steps", e + 1, missing)
+                exposed = sum(t["exposed_comm_s"] for t in totals)  # the tasks' waits, the last reply's too
+                self.exposed_s += exposed
                 d.write_epoch(e, time.perf_counter() - t_start, on_epoch,
                               staleness_histogram={str(k): v for k, v in sorted(self.staleness_hist.items())},
-                              exposed_comm_s=sum(t["exposed_comm_s"] for t in totals))
+                              exposed_comm_s=exposed)
                 self.next_epoch = e + 1
                 if d.run_dir is not None:
                     self.save_checkpoint()
