@@ -94,7 +94,7 @@ def test_worker_stops_when_the_server_is_gone(tiny_cfg):
         port = s.getsockname()[1]
     t0 = time.monotonic()
     with pytest.raises(ServerGone, match=r"parameter server .* (unreachable|stream failed|did not answer)"):
-        _Link(StreamTicket("127.0.0.1", port, "t", timeout_s=2.0), 0, 0).start()
+        _Link(StreamTicket("127.0.0.1", port, "t", timeout_s=2.0), 0).start()
     assert time.monotonic() - t0 < 10
 
     class Silent(_Recorder):
@@ -106,7 +106,7 @@ def test_worker_stops_when_the_server_is_gone(tiny_cfg):
     try:
         t0 = time.monotonic()
         with pytest.raises(ServerGone, match=r"did not answer within 1 s"):
-            _Link(StreamTicket("127.0.0.1", svc.port, svc.token, timeout_s=1.0), 0, 0).start()
+            _Link(StreamTicket("127.0.0.1", svc.port, svc.token, timeout_s=1.0), 0).start()
         assert time.monotonic() - t0 < 4
     finally:
         svc.close()

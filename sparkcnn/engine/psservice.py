@@ -3,7 +3,7 @@
 One Arrow Flight ``DoExchange`` stream per stream task (block); every message
 is a :mod:`sparkcnn.streamwire` buffer sent as Flight app metadata::
 
-    task  -> server   descriptor {"block", "attempt"}; then push, push, ..., done
+    task  -> server   descriptor {"block"}; then push, push, ..., done
     server -> task    start (plan and weights); then one reply per push
 
 Rules of the listener:

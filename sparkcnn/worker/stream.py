@@ -55,7 +55,7 @@ class ServerGone(RuntimeError):
 class _Link:
     """One DoExchange stream to the parameter server; every call bounded by ``timeout_s``."""
 
-    def __init__(self, ticket: StreamTicket, block: int, attempt: int):
+    def __init__(self, ticket: StreamTicket, block: int):
         import pyarrow as pa
         import pyarrow.flight as flight
 
@@ -65,7 +65,7 @@ class _Link:
         try:
             self.client = flight.FlightClient(f"grpc+tcp://{where}")
             opts = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {ticket.token}".encode())])
-            desc = flight.FlightDescriptor.for_command(json.dumps({"block": block, "attempt": attempt}).encode())
+            desc = flight.FlightDescriptor.for_command(json.dumps({"block": block}).encode())
             self.writer, self.reader = self.client.do_exchange(desc, opts)
         except Exception as e:  # noqa: BLE001 - any failure to reach it means the same to the task
             raise ServerGone(f"parameter server at {where} unreachable ({type(e).__name__})") from None
@@ -209,7 +209,7 @@ def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: 
     root = local_root(spec, ctx)
     images, labels = blockstore.get_block(root, spec.run_id, "train", spec.num_blocks, block)
     trainer = get_trainer(spec, ctx)
-    link = _Link(ticket, block, ctx.attempt)
+    link = _Link(ticket, block)
     try:
         start, blobs = link.start()
         plan = start["plan"]
