@@ -10,7 +10,8 @@ parameters, driver link of B bytes/s, C cores shared by everything, or
     down        = 4P, or k·d_down·P_big + 2·P_small
     bytes       = up + down
     sel         = σ·P per sparse direction          threshold selection (uplink: worker, downlink: driver)
-    a_driver    = c_stream + α_p + α_e·nnz_up + β_x·bytes/2 + sel_down   the driver's own work on the exchange
+    a_driver    = c_stream + α_p + α_e·nnz_up + β_x·bytes/2 + sel_down·δ   the driver's own work on the
+                                                 exchange; δ = downlinks per exchange: 1 async, 1/N sync
     o_driver    = a_driver + (Jcpu + Bcpu) / tasks + Jb·bytes   + the Spark job's CPU, jobs only
                                                  (tasks: N sync, 1 async; a broadcast per version)
     o_worker    = c_jobs + β_x·bytes/2 + sel_up     worker CPU beyond training
@@ -160,6 +161,12 @@ def job_share(x: Exchange) -> float:
     return (x.job_cpu_s + x.job_bcast_cpu_s) / (x.n if x.mode == "sync" else 1) + x.job_byte_cpu_s * moved_bytes(x)
 
 
+def downlinks_per_exchange(x: Exchange) -> float:
+    """Downlinks the driver builds per exchange of one block: async, one per applied result;
+    sync, one per round of N exchanges (the stream's ``engine.stream_downlink=round`` is not modelled)."""
+    return 1.0 if x.mode == "async" else 1.0 / x.n
+
+
 def exchange_cpu(x: Exchange, c: Constants) -> tuple[float, float]:
     """(o_driver, o_worker): CPU seconds per exchange of one block beyond its training."""
     up, nnz_up = payload(x.params, x.density_up, x.small_params, x.bytes_per_nonzero)
@@ -168,7 +175,7 @@ def exchange_cpu(x: Exchange, c: Constants) -> tuple[float, float]:
                              else (c.cpu_stream_s, 0.0, c.byte_stream_s))
     moved = per_byte * (up + down) / 2  # each byte encoded on one side, decoded on the other
     sel_up = c.select_s * x.params if x.density_up is not None else 0.0
-    sel_down = c.select_s * x.params if x.density_down is not None else 0.0
+    sel_down = c.select_s * x.params * downlinks_per_exchange(x) if x.density_down is not None else 0.0
     own = fixed + c.apply_payload_s + c.apply_entry_s * nnz_up + moved + sel_down
     return own + job_share(x), task + moved + sel_up
 

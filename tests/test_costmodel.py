@@ -178,3 +178,16 @@ def test_shared_cores_count_the_steps_cpu_not_their_wall():
     assert exchange_time(lean, C)["cpu"] < exchange_time(x, C)["cpu"]
     assert exchange_time(lean, C)["cpu"] >= 10 * T  # and is never faster than its steps' wall
     assert exchange_time(replace(x, t_cpu=T), C) == exchange_time(x, C)
+
+
+def test_the_driver_selects_a_downlink_per_async_apply_and_per_sync_round():
+    """One downlink per applied result (async), one per round of N exchanges (sync): an
+    exchange's share of the driver's selection, σ·P·δ."""
+    for transport, mode, per in (("jobs", "async", 1.0), ("jobs", "sync", 0.5), ("stream", "async", 1.0),
+                                 ("stream", "sync", 0.5)):
+        sparse, plain = ex(transport=transport, mode=mode), ex(transport=transport, mode=mode, density_down=None)
+        own = exchange_cpu(sparse, C)[0] - exchange_cpu(plain, C)[0]
+        moved = C.byte_stream_s if transport == "stream" else C.byte_jobs_s
+        k = sparse.bytes_per_nonzero
+        down = payload(P, 0.01, SMALL, k)[0] - payload(P, None, SMALL, k)[0]  # fewer bytes moved
+        assert own == pytest.approx(C.select_s * P * per + moved * down / 2), (transport, mode)
