@@ -100,7 +100,7 @@ def job_costs(setup: "Setup", backend, jobs: int) -> dict:
     (the executor's JVM, its RPC to the driver's, the driver's unpickling) is the setup's, as the
     link is. And what a new broadcast of the model in each job's closure adds (``bcast_wall_s``,
     ``bcast_cpu_s``: seconds per job, :func:`broadcast_jobs`)."""
-    from bench.jobcost import DENSE_DELTA_BYTES, cpu_s, measure as measure_jobs
+    from bench.jobcost import DENSE_DELTA_BYTES, measure as measure_jobs
 
     jvm = int(setup.spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
     kinds = {"1": ([0], 0), "2": ([0, 1], 0), "2 with results": ([0, 1], DENSE_DELTA_BYTES)}
@@ -109,11 +109,10 @@ def job_costs(setup: "Setup", backend, jobs: int) -> dict:
     wall, cpu = {}, {}
     for kind, (blocks, data) in kinds.items():
         executors = list(setup.roots())  # executor JVMs (none in local mode: one JVM)
-        e0 = sum(cpu_s(p) for p in executors)
-        r = measure_jobs(backend, blocks, data, jobs, jvm)
-        e1 = sum(cpu_s(p) for p in executors)
+        r = measure_jobs(backend, blocks, data, jobs, jvm, executors)
         wall[kind] = r["wall_ms_per_job"] / 1000
-        cpu[kind] = (r["jvm_cpu_ms_per_job"] + r["driver_cpu_ms_per_job"]) / 1000 + (e1 - e0) / jobs
+        cpu[kind] = (r["jvm_cpu_ms_per_job"] + r["driver_cpu_ms_per_job"]
+                     + r.get("executors_cpu_ms_per_job", 0.0)) / 1000
     moved = 2 * DENSE_DELTA_BYTES
     b = broadcast_jobs(backend, jobs, jvm, setup.roots)
     return {"wall_s": {k: wall[k] for k in ("1", "2")}, "cpu_s": {k: cpu[k] for k in ("1", "2")},
@@ -127,27 +126,23 @@ def broadcast_jobs(backend, jobs: int, jvm: int, roots) -> dict:
     dense model's bytes, the older ones destroyed two jobs later, as the jobs transport sends
     every version (the tasks of a sparse downlink never read its value, yet each executor's JVM
     fetches a broadcast its task's closure names): after :data:`WARM_JOBS` warm-up jobs."""
-    from bench.jobcost import DENSE_DELTA_BYTES, cpu_s
+    from bench.jobcost import DENSE_DELTA_BYTES, time_jobs
 
     data, held = os.urandom(DENSE_DELTA_BYTES), []
 
-    def run(n: int) -> None:
-        for _ in range(n):
-            bc = backend.broadcast(data)
-            held.append(bc)
-            backend.map_blocks(lambda block, ctx: (bc, b"")[1], [0, 1], "sparkcnn costmodel broadcast", universe=2)
-            while len(held) > 2:
-                backend.unpersist(held.pop(0))
+    def one() -> None:
+        bc = backend.broadcast(data)
+        held.append(bc)
+        backend.map_blocks(lambda block, ctx: (bc, b"")[1], [0, 1], "sparkcnn costmodel broadcast", universe=2)
+        while len(held) > 2:
+            backend.unpersist(held.pop(0))
 
-    run(WARM_JOBS)
-    executors = list(roots())
-    jvm0, me0, e0, t0 = cpu_s(jvm), cpu_s(), sum(cpu_s(p) for p in executors), time.perf_counter()
-    run(jobs)
-    wall = time.perf_counter() - t0
-    cpu = cpu_s(jvm) - jvm0 + cpu_s() - me0 + sum(cpu_s(p) for p in executors) - e0
+    for _ in range(WARM_JOBS):
+        one()
+    t = time_jobs(one, jobs, jvm, roots())
     for bc in held:
         backend.unpersist(bc)
-    return {"wall_s": wall / jobs, "cpu_s": cpu / jobs}
+    return {"wall_s": t["wall_s"], "cpu_s": t["jvm_cpu_s"] + t["driver_cpu_s"] + t["executors_cpu_s"]}
 
 
 def fixed_costs(setup, data: str, tag: str, quick: bool, rows_per_block: int) -> dict:

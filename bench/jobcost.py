@@ -42,19 +42,31 @@ def cpu_s(pid: int | str = "self") -> float:
     return proc_stat(pid)[1]
 
 
-def measure(backend, blocks: list[int], result_bytes: int, jobs: int, jvm_pid: int) -> dict:
+def time_jobs(run_job, jobs: int, jvm_pid: int, executors=()) -> dict:
+    """Seconds per job over ``jobs`` calls of ``run_job()``: wall, and the CPU of the driver's JVM,
+    of this process and of the ``executors`` (pids of executor JVMs; none in local mode)."""
+    executors = list(executors)
+    jvm0, me0, e0, t0 = cpu_s(jvm_pid), cpu_s(), sum(cpu_s(p) for p in executors), time.perf_counter()
+    for _ in range(jobs):
+        run_job()
+    wall = time.perf_counter() - t0
+    return {"wall_s": wall / jobs, "jvm_cpu_s": (cpu_s(jvm_pid) - jvm0) / jobs, "driver_cpu_s": (cpu_s() - me0) / jobs,
+            "executors_cpu_s": (sum(cpu_s(p) for p in executors) - e0) / jobs}
+
+
+def measure(backend, blocks: list[int], result_bytes: int, jobs: int, jvm_pid: int, executors=()) -> dict:
     """``jobs`` jobs of one task per block, each returning ``result_bytes`` bytes made in the task.
     Their content does not matter: Spark's task-result path copies them and compresses nothing."""
     def fn(block, ctx):
         return bytes(result_bytes)
 
-    jvm0, me0, t0 = cpu_s(jvm_pid), cpu_s(), time.perf_counter()
-    for _ in range(jobs):
-        backend.map_blocks(fn, blocks, "sparkcnn jobcost", universe=2)
-    wall, jvm, me = time.perf_counter() - t0, cpu_s(jvm_pid) - jvm0, cpu_s() - me0
-    return {"tasks": len(blocks), "result_bytes_per_task": result_bytes,
-            "jvm_cpu_ms_per_job": 1000 * jvm / jobs, "driver_cpu_ms_per_job": 1000 * me / jobs,
-            "wall_ms_per_job": 1000 * wall / jobs}
+    t = time_jobs(lambda: backend.map_blocks(fn, blocks, "sparkcnn jobcost", universe=2), jobs, jvm_pid, executors)
+    out = {"tasks": len(blocks), "result_bytes_per_task": result_bytes,
+           "jvm_cpu_ms_per_job": 1000 * t["jvm_cpu_s"], "driver_cpu_ms_per_job": 1000 * t["driver_cpu_s"],
+           "wall_ms_per_job": 1000 * t["wall_s"]}
+    if executors:
+        out["executors_cpu_ms_per_job"] = 1000 * t["executors_cpu_s"]
+    return out
 
 
 def main(argv=None) -> dict:
