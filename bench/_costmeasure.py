@@ -145,11 +145,12 @@ def broadcast_jobs(backend, jobs: int, jvm: int, roots) -> dict:
     return {"wall_s": t["wall_s"], "cpu_s": t["jvm_cpu_s"] + t["driver_cpu_s"] + t["executors_cpu_s"]}
 
 
-def fixed_costs(setup, data: str, tag: str, quick: bool, rows_per_block: int) -> dict:
+def fixed_costs(setup, data: str, tag: str, quick: bool, rows_per_block: int, *, jobs: bool = True) -> dict:
     """The setup's fixed costs, back to back in one probe engine's executors: one step of
     each block trained alone in the setup's warm Spark Python workers, both at once, no
-    exchange (bench/throughput.py's compute limit: ``t_step``, s), and :func:`job_costs`.
-    ``data`` must hold full batches for every step the limit takes (``rows_per_block``)."""
+    exchange (bench/throughput.py's compute limit: ``t_step``, s), and with ``jobs``
+    :func:`job_costs`. ``data`` must hold full batches for every step the limit takes
+    (``rows_per_block``)."""
     from bench.throughput import _limit_task
 
     steps = 30 if quick else 60
@@ -159,14 +160,16 @@ def fixed_costs(setup, data: str, tag: str, quick: bool, rows_per_block: int) ->
     layout = tuple(int(s) for s in probe.spec.layout)
     limit = probe.backend.map_blocks(_limit_task(probe.spec, steps), list(range(BLOCKS)),
                                      "sparkcnn costmodel step time", universe=BLOCKS)
-    jobs = job_costs(setup, probe.backend, 10 if quick else 30)
+    costs = job_costs(setup, probe.backend, 10 if quick else 30) if jobs else {}
     probe.backend.close()
-    log("%s (%s): step %.1f ms (%.1f ms CPU), empty job of 2 tasks %.1f ms wall, %.1f ms CPU, "
-        "%.1f ns CPU per result byte, a broadcast per job %.1f ms CPU", setup.name, tag, float(np.mean([r["step_ms"] for r in limit])),
-        float(np.mean([r["step_cpu_ms"] for r in limit])), 1000 * jobs["wall_s"]["2"], 1000 * jobs["cpu_s"]["2"],
-        1e9 * jobs["byte_cpu_s"], 1000 * jobs["bcast_cpu_s"])
-    return {"layout": layout, "t_step": float(np.mean([r["step_ms"] for r in limit])) / 1000,
-            "t_cpu": float(np.mean([r["step_cpu_ms"] for r in limit])) / 1000, **jobs}
+    step_ms = float(np.mean([r["step_ms"] for r in limit]))
+    step_cpu_ms = float(np.mean([r["step_cpu_ms"] for r in limit]))
+    log("%s (%s): step %.1f ms (%.1f ms CPU)", setup.name, tag, step_ms, step_cpu_ms)
+    if costs:
+        log("%s (%s): empty job of 2 tasks %.1f ms wall, %.1f ms CPU, %.1f ns CPU per result byte, "
+            "a broadcast per job %.1f ms CPU", setup.name, tag, 1000 * costs["wall_s"]["2"],
+            1000 * costs["cpu_s"]["2"], 1e9 * costs["byte_cpu_s"], 1000 * costs["bcast_cpu_s"])
+    return {"layout": layout, "t_step": step_ms / 1000, "t_cpu": step_cpu_ms / 1000, **costs}
 
 
 def apply_rows(layout: tuple, repeat: int) -> list[dict]:
@@ -282,7 +285,8 @@ def measure(setup_name: str, quick: bool) -> dict:
         setup = Setup(setup_name, stack)
         log("%s: session up in %.1f s", setup_name, time.perf_counter() - t0)
         rows = steps * BATCH  # per block of ``main``: full batches for the step-time probe
-        before = fixed_costs(setup, main, "before", quick, rows)
+        # the step before and after the grid; a Spark job's costs after it only (see inputs)
+        before = fixed_costs(setup, main, "before", quick, rows, jobs=False)
         # one unmeasured case first: the first sparse exchange in each Python worker traces its TF
         # functions, which cost a short grid point's window a third of its images/s
         run_case(setup, short, "jobs_sync_h1_sparse")
