@@ -38,13 +38,16 @@ NAMES = {
     "stream-asgd": "ASGD",
     "stream-gs-asgd": "GS-ASGD",
     "stream-gs-asgd-ms": "GS-ASGD + MS",
+    "stream-gs-asgd-ms-round": "GS-ASGD + MS, a downlink per round of N pushes",
     "async-dense": "ASGD",
     "async-sparse": "GS-ASGD",
     "async-sparse-bidir": "GS-ASGD + MS",
     "stream-gs-asgd-samomentum": "GS-ASGD + MS, sparsification-aware momentum",
 }
 # throughput.json's stream cases -> row labels (sparse: uplink 0.001, downlink 0.01)
-STREAM_CASES = {"async_h1_sparse": "Stream, async, H = 1, sparse", "async_h1_dense": "Stream, async, H = 1, dense",
+STREAM_CASES = {"async_h1_sparse": "Stream, async, H = 1, sparse",
+                "async_h1_sparse_round": "Stream, async, H = 1, sparse, a downlink per round",
+                "async_h1_dense": "Stream, async, H = 1, dense",
                 "async_h10": "Stream, async, H = 10, sparse", "sync_h10": "Stream, sync, H = 10, sparse"}
 
 
