@@ -173,6 +173,43 @@ def test_downlink_density_of_one_call_overrides_density_down(seed, density):
         ps.downlink(0.0)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["threshold", "topk"]), st.integers(0, 60))
+def test_float16_downlink_skips_crumbs_bitwise_as_the_selector(seed, method, sendable):
+    """A float16 server's residual is mostly rounding crumbs (|R| <= 2**-25, 0 in float16): with
+    few enough sendable entries it sends them without running the selector, and sends exactly
+    what the selector's choice minus the zeros would be (either side of the (1 - 0.2) k bound)."""
+    layout, n = (6, 10, 2000), 2016
+    rng = np.random.default_rng(seed)
+    w = rng.normal(0, 1e-3, n).astype(np.float32)  # small: W - U is exact down to ~1e-10
+    u = w.copy()
+    crumbs = rng.choice(n, 900, replace=False)
+    tiny = np.float32(2.0**-25) * rng.choice([0.25, 0.5, 1.0], crumbs.size).astype(np.float32)
+    u[crumbs] = w[crumbs] - tiny * rng.choice([-1, 1], crumbs.size).astype(np.float32)
+    big = rng.choice(np.setdiff1d(np.arange(n), crumbs), sendable, replace=False)
+    u[big] = w[big] - rng.normal(0, 0.01, big.size).astype(np.float32)
+    edge = rng.choice(crumbs, 3, replace=False)  # just above the crumb bound: rounds to 2**-24
+    u[edge] = w[edge] - np.float32(1.01 * 2.0**-25)
+
+    def downlink(short_cut: bool):
+        ps = ParameterServer(w, layout, density_down=0.02, value_dtype="float16",
+                             sparsifier=Sparsifier(method, dense_below=0))
+        state = ps.state_dict()
+        state["U"][:] = u
+        state["version"] = 1
+        ps.load_state_dict(state)
+        if short_cut:
+            return ps.downlink(), ps.U.copy()
+        with mock.patch.object(ParameterServer, "_sendable", return_value=None):
+            return ps.downlink(), ps.U.copy()
+
+    (fast, u_fast), (ref, u_ref) = downlink(True), downlink(False)
+    assert fast.delta.nnz > 0
+    assert np.array_equal(fast.delta.indices, ref.delta.indices)
+    assert np.array_equal(bits(fast.delta.values), bits(ref.delta.values))
+    assert np.array_equal(bits(u_fast), bits(u_ref)) and fast.checksum_after == ref.checksum_after
+
+
 def test_signed_zeros_are_not_in_the_residual_support():
     """+0.0 in W against -0.0 in U differ in bits, not in value: not in the support (both scans)."""
     ps = make_ps(weights=np.zeros(P, np.float32), density_down=1.0)
