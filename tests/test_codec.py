@@ -378,6 +378,30 @@ def test_compiled_kernels_are_in_use():
         assert not native.enabled()
 
 
+@settings(max_examples=300, deadline=None)
+@given(case=layouts_and_deltas(), value_dtype=st.sampled_from(["float16", "float32"]))
+def test_compiled_encoder_writes_the_bytes_numpy_writes(case, value_dtype):
+    layout, delta = case
+    native_bytes = encode(delta, layout, value_dtype=value_dtype)
+    with _numpy_path():
+        assert encode(delta, layout, value_dtype=value_dtype) == native_bytes
+
+
+def test_compiled_encoder_on_wide_gaps_and_every_rice_parameter():
+    """Gaps from 0 to 2**28 (Rice parameters 0 to 27, remainders wider than a byte)."""
+    layout = (2**28, 2**28, 64, 5)
+    rng = np.random.default_rng(3)
+    for count in (1, 2, 7, 300, 5000):
+        idx = np.concatenate([np.sort(rng.choice(2**28, count, replace=False)),
+                              2**28 + np.sort(rng.choice(2**28, count // 2 + 1, replace=False)),
+                              2**29 + np.arange(0, 64, 3), [2**29 + 64 + 4]])
+        delta = SparseDelta(sum(layout), idx, rng.standard_normal(idx.size))
+        native_bytes = encode(delta, layout)
+        with _numpy_path():
+            assert encode(delta, layout) == native_bytes
+        assert np.array_equal(decode(native_bytes, layout).indices, idx)
+
+
 @settings(max_examples=400, deadline=None)
 @given(pos=st.integers(0, 10_000), byte=st.integers(0, 255), layout_kind=st.integers(0, 3),
        density=st.sampled_from([0.002, 0.02, 0.3]))

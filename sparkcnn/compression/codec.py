@@ -83,11 +83,17 @@ def _segment_starts(counts: np.ndarray) -> np.ndarray:
     return starts
 
 
+def _rice_start(gap_sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per segment, ``floor(log2(mean gap · ln 2))`` (at least 0): the Rice parameter of a
+    geometric gap distribution, around which the exact bit counts are compared."""
+    mean = gap_sums / counts
+    return np.floor(np.log2(np.maximum(mean * np.log(2), 1.0))).astype(np.int64)
+
+
 def _rice_parameters(gaps: np.ndarray, counts: np.ndarray, max_rice: np.ndarray) -> np.ndarray:
     """Per segment, the b minimising ``count·(1 + b) + Σ (gap >> b)`` near log2(mean·ln 2)."""
     starts = _segment_starts(counts)
-    mean = np.add.reduceat(gaps.astype(np.float64), starts) / counts
-    b0 = np.floor(np.log2(np.maximum(mean * np.log(2), 1.0))).astype(np.int64)
+    b0 = _rice_start(np.add.reduceat(gaps.astype(np.float64), starts), counts)
     best_b, best_bits = None, None
     for shift in (-1, 0, 1):
         b = np.clip(b0 + shift, 0, max_rice)
@@ -161,6 +167,35 @@ def encode(delta: SparseDelta, layout: Layout, *, value_dtype: str = "float16",
     counts = np.diff(bounds)
     dense = counts == info.sizes
     sparse = (counts > 0) & ~dense
+    wire = _DTYPES[_DTYPE_CODES[value_dtype]]
+    if native.enabled():
+        rice, values, unary, rem = _encode_native(idx, vals, bounds, counts, sparse, info)
+    else:
+        rice, values, unary, rem = _encode_numpy(idx, vals, counts, sparse, info)
+    header = _HEADER.pack(MAGIC, VERSION, _DTYPE_CODES[value_dtype], 0, counts.size, len(unary))
+    return b"".join(
+        (header, counts.astype("<u4").tobytes(), rice.astype(np.uint8).tobytes(),
+         values.astype(wire).tobytes(), unary, rem)
+    )
+
+
+def _encode_native(idx, vals, bounds, counts, sparse, info: _LayoutInfo):
+    """(rice, values in wire order, unary, rem) from the compiled encoder: bitwise as _encode_numpy.
+    A sparse tensor's gaps sum to its last local index - count + 1, so its start parameter
+    needs no pass over the entries."""
+    b0 = np.zeros(counts.size, np.int64)
+    if sparse.any():
+        sp_counts = counts[sparse]
+        last_local = idx[bounds[1:][sparse] - 1] - info.offsets[:-1][sparse]
+        b0[sparse] = _rice_start((last_local - sp_counts + 1).astype(np.float64), sp_counts)
+    rice = np.zeros(counts.size, np.int64)
+    values = np.empty(idx.size, np.float32)
+    unary, rem = native.rice_encode(idx, vals, bounds, info.offsets, sparse, b0, info.max_rice, values, rice)
+    return rice, values, unary.tobytes(), rem.tobytes()
+
+
+def _encode_numpy(idx, vals, counts, sparse, info: _LayoutInfo):
+    """(rice, values in wire order, unary, rem): the reference encoder."""
     entry_sparse = np.repeat(sparse, counts)
     rice = np.zeros(counts.size, dtype=np.int64)
     unary = rem = b""
@@ -180,14 +215,7 @@ def encode(delta: SparseDelta, layout: Layout, *, value_dtype: str = "float16",
         bits[ones] = 1
         unary = np.packbits(bits).tobytes()
         rem = _pack_fields(gaps & ((np.int64(1) << b) - 1), b)
-
-    wire = _DTYPES[_DTYPE_CODES[value_dtype]]
-    values = np.concatenate([vals[~entry_sparse], vals[entry_sparse]]).astype(wire)
-    header = _HEADER.pack(MAGIC, VERSION, _DTYPE_CODES[value_dtype], 0, counts.size, len(unary))
-    return b"".join(
-        (header, counts.astype("<u4").tobytes(), rice.astype(np.uint8).tobytes(),
-         values.tobytes(), unary, rem)
-    )
+    return rice, np.concatenate([vals[~entry_sparse], vals[entry_sparse]]), unary, rem
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Compiled loops for the driver's hot path: Rice index decoding, the blocked weighted add and
+"""Compiled loops for the hot paths: Rice index coding both ways, the blocked weighted add and
 the support of the parameter server's residual.
 
 numba compiles them on first use (cached on disk afterwards); importing this
@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 _lock = threading.Lock()
-_kernels = None  # (rice_indices, scatter_runs, residual_support) once compiled, False when unavailable
+_kernels = None  # the compiled kernels (see _compile's return) once compiled, False when unavailable
 
 # Output floats per chunk of the blocked add: 64 Ki float32 = 256 KiB, which
 # stays in L2 while every payload adds its entries of the chunk.
@@ -166,7 +166,71 @@ def _compile(cache: bool):
             c += d != 0
         return c
 
-    return rice_indices, scatter_runs, residual_support
+    @numba.njit(cache=cache, nogil=True, boundscheck=False)
+    def rice_encode(idx, vals, bounds, offsets, sparse, b0, max_rice, out_vals, rice):
+        """The encoder's streams in one pass per sparse tensor (codec.encode is the reference).
+
+        Per tensor t, ``idx[bounds[t]:bounds[t + 1]]`` are its entries; ``sparse[t]`` says it
+        is coded by gaps. Its Rice parameter: of ``b0[t] + (-1, 0, 1)``, each clipped to
+        ``[0, max_rice[t]]``, the first with the fewest bits ``count (1 + b) + sum(gap >> b)``,
+        into ``rice[t]``. ``out_vals``: the dense tensors' values, then the sparse ones, in
+        tensor order. Returns the unary and remainder streams (MSB first, zero-padded).
+        """
+        T = sparse.size
+        ubits = 0
+        rbits = 0
+        for t in range(T):
+            if not sparse[t]:
+                continue
+            lo = bounds[t]
+            hi = bounds[t + 1]
+            best_b = -1
+            best_bits = 0
+            for shift in range(-1, 2):
+                b = min(max(b0[t] + shift, 0), max_rice[t])
+                bits = (hi - lo) * (1 + b)
+                prev = offsets[t] - 1
+                for j in range(lo, hi):
+                    bits += (idx[j] - prev - 1) >> b
+                    prev = idx[j]
+                if best_b < 0 or bits < best_bits:
+                    best_b = b
+                    best_bits = bits
+            rice[t] = best_b
+            ubits += best_bits - (hi - lo) * best_b
+            rbits += (hi - lo) * best_b
+        unary = np.zeros((ubits + 7) >> 3, np.uint8)
+        rem = np.zeros((rbits + 7) >> 3, np.uint8)
+        ubit = 0
+        rbit = 0
+        k = 0
+        for t in range(T):  # dense tensors' values first
+            if not sparse[t]:
+                for j in range(bounds[t], bounds[t + 1]):
+                    out_vals[k] = vals[j]
+                    k += 1
+        for t in range(T):
+            if not sparse[t]:
+                continue
+            b = rice[t]
+            mask = (np.int64(1) << b) - 1
+            prev = offsets[t] - 1
+            for j in range(bounds[t], bounds[t + 1]):
+                out_vals[k] = vals[j]
+                k += 1
+                gap = idx[j] - prev - 1
+                prev = idx[j]
+                ubit += gap >> b  # q zeros, then a one
+                unary[ubit >> 3] |= np.uint8(0x80 >> (ubit & 7))
+                ubit += 1
+                r = gap & mask
+                for i in range(b - 1, -1, -1):  # b bits, most significant first
+                    if (r >> i) & 1:
+                        rem[rbit >> 3] |= np.uint8(0x80 >> (rbit & 7))
+                    rbit += 1
+        return unary, rem
+
+    return rice_indices, scatter_runs, residual_support, rice_encode
 
 
 def _load():
@@ -194,6 +258,12 @@ def enabled() -> bool:
 def rice_indices(unary, rem, counts, rice, bases, sizes, out) -> bool:
     """Run the compiled decoder (see _compile); True when the stream is consistent."""
     return _load()[0](unary, rem, counts, rice, bases, sizes, out) == OK
+
+
+def rice_encode(idx, vals, bounds, offsets, sparse, b0, max_rice, out_vals, rice) -> tuple[np.ndarray, np.ndarray]:
+    """Run the compiled encoder (see _compile): fills ``out_vals`` and ``rice``, returns the
+    unary and remainder streams as uint8 arrays."""
+    return _load()[3](idx, vals, bounds, offsets, sparse, b0, max_rice, out_vals, rice)
 
 
 def residual_support(w: np.ndarray, u: np.ndarray, idx: np.ndarray, vals: np.ndarray) -> int:
