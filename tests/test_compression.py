@@ -6,6 +6,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -184,6 +185,44 @@ def _reference_topk(v, layout, density):
         out.append(np.sort(np.argsort(-np.abs(v[start:start + n]), kind="stable")[:k]) + start)
         start += n
     return np.concatenate(out)
+
+
+def _numpy_path():
+    return mock.patch.dict("os.environ", {"SPARKCNN_NATIVE": "0"})
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), kind=st.sampled_from(["normal", "cauchy", "lognormal"]),
+       density=st.sampled_from([0.2, 0.01, 0.001]), sampled=st.booleans())
+def test_threshold_selection_is_the_same_compiled_and_on_numpy(seed, kind, density, sampled):
+    x = _tensor(kind, 60_000, np.random.default_rng(seed)).astype(np.float32)
+    x[::7] = 0.0  # ties at zero
+    fast = threshold_indices(x, density, rng=np.random.default_rng(seed) if sampled else None)
+    with _numpy_path():
+        slow = threshold_indices(x, density, rng=np.random.default_rng(seed) if sampled else None)
+    assert np.array_equal(fast, slow)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), dtype=st.sampled_from(["float32", "float16"]), masking=st.booleans())
+def test_dgc_step_is_bitwise_the_same_compiled_and_on_numpy(seed, dtype, masking):
+    """The one-pass momentum update and threshold count against numpy's passes, over steps."""
+    layout = (40, 30_000, 5000)
+    rng = np.random.default_rng(seed)
+    grads = [(rng.standard_normal(sum(layout)) * 10.0 ** rng.integers(-6, 2)).astype(np.float32) for _ in range(5)]
+
+    def run():
+        dgc = DGCMomentum(layout, Sparsifier("threshold", dense_below=1000), value_dtype=dtype, momentum=0.9,
+                          masking=masking)
+        sent = [dgc.step(g, 0.01, lr=0.1, weights=None) for g in grads]
+        return sent, dgc.momentum.view(np.uint32), dgc.velocity.view(np.uint32)
+
+    fast_sent, fast_u, fast_v = run()
+    with _numpy_path():
+        slow_sent, slow_u, slow_v = run()
+    for a, b in zip(fast_sent, slow_sent):
+        assert np.array_equal(a.indices, b.indices) and np.array_equal(a.values.view(np.uint32), b.values.view(np.uint32))
+    assert np.array_equal(fast_u, slow_u) and np.array_equal(fast_v, slow_v)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

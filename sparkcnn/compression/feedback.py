@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import BadInput
+from . import native
 from .codec import FLOAT16_MAX, VALUE_DTYPES
 from .delta import Layout, SparseDelta, layout_offsets
 from .sparsify import METHODS, Sparsifier
@@ -189,9 +190,12 @@ class DGCMomentum(_FlatState):
 
     def step(self, update: np.ndarray, density: float, *, lr: float, weights: np.ndarray | None) -> SparseDelta:
         g = self._check_input("update", update)
-        self.momentum *= self.m
-        self.momentum += g
-        self.velocity += self.momentum
+        if native.enabled():  # one pass instead of three, bitwise the same
+            native.momentum_step(self.momentum, self.velocity, g, self.m)
+        else:
+            self.momentum *= self.m
+            self.momentum += g
+            self.velocity += self.momentum
         sent = self._send(self.velocity, density)
         if self.masking:
             self.momentum[self.selected(sent.indices)] = 0.0

@@ -1,5 +1,5 @@
-"""Compiled loops for the hot paths: Rice index coding both ways, the blocked weighted add and
-the support of the parameter server's residual.
+"""Compiled loops for the hot paths: Rice index coding both ways, the blocked weighted add, the
+support of the parameter server's residual, and the worker's per-step momentum and threshold passes.
 
 numba compiles them on first use (cached on disk afterwards); importing this
 module imports nothing heavy. Where numba is missing, or ``SPARKCNN_NATIVE=0``,
@@ -230,7 +230,27 @@ def _compile(cache: bool):
                     rbit += 1
         return unary, rem
 
-    return rice_indices, scatter_runs, residual_support, rice_encode
+    @numba.njit(cache=cache, nogil=True, boundscheck=False)
+    def momentum_step(u, v, g, m):
+        """``u = m·u + g; v += u`` in one pass (DGC's momentum correction), rounding the
+        product, then each sum, in float32 as numpy's three passes do."""
+        for i in range(u.size):
+            ui = u[i] * m
+            ui = ui + g[i]
+            u[i] = ui
+            v[i] = v[i] + ui
+
+    @numba.njit(cache=cache, nogil=True, boundscheck=False)
+    def abs_at_least(x, thr, out):
+        """Every i with ``|x[i]| >= thr``, ascending, into ``out``; returns how many."""
+        c = 0
+        for i in range(x.size):
+            if abs(x[i]) >= thr:  # rare (density <= a few %): a branch that predicts well
+                out[c] = i
+                c += 1
+        return c
+
+    return rice_indices, scatter_runs, residual_support, rice_encode, momentum_step, abs_at_least
 
 
 def _load():
@@ -270,6 +290,17 @@ def residual_support(w: np.ndarray, u: np.ndarray, idx: np.ndarray, vals: np.nda
     """Indices where ``float32(w - u) != 0`` (ascending) into ``idx``, the differences into ``vals``
     (each at least ``w.size`` long); returns their count."""
     return int(_load()[2](w, u, idx, vals))
+
+
+def momentum_step(u: np.ndarray, v: np.ndarray, g: np.ndarray, m: np.float32) -> None:
+    """``u = m·u + g; v += u`` in place (float32 arrays of one size), bitwise as numpy."""
+    _load()[4](u, v, g, np.float32(m))
+
+
+def abs_at_least(x: np.ndarray, thr: np.float32) -> np.ndarray:
+    """``np.flatnonzero(np.abs(x) >= thr)`` in one pass, without the temporaries."""
+    out = np.empty(x.size, np.int64)
+    return out[:_load()[5](x, np.float32(thr), out)]
 
 
 class Runs(NamedTuple):
