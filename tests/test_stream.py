@@ -3,6 +3,7 @@
 import os
 import socket
 import time
+from unittest import mock
 
 import numpy as np
 import pyarrow as pa
@@ -331,6 +332,26 @@ def test_stream_on_a_standalone_cluster(standalone_cluster, tiny_data, tmp_path)
     assert len(out["executors"]) == 2 and out["stream"]["streams"] == 2
     assert out["stream"]["unauthenticated_refused"] == 0 and out["duplicates_dropped"] == 0
     assert out["test_accuracy"] > 0.3
+
+
+def test_lookahead_is_bitwise_the_same_compiled_and_on_numpy():
+    from sparkcnn.worker.stream import _Lookahead
+
+    rng = np.random.default_rng(4)
+    views = [rng.standard_normal(1000).astype(np.float32)]
+    for _ in range(4):
+        views.append(views[-1] + rng.standard_normal(1000).astype(np.float32) * np.float32(1e-3))
+
+    def run():
+        look, out = _Lookahead(), []
+        for i, (w, tau) in enumerate(zip(views, [None, 2, 3, 1, 5])):
+            look.observe(w, 3 * i, tau)
+            out.append(look.weights(w).copy())
+        return np.stack(out).view(np.uint32)
+
+    fast = run()
+    with mock.patch.dict("os.environ", {"SPARKCNN_NATIVE": "0"}):
+        assert np.array_equal(run(), fast)
 
 
 def test_lookahead_extrapolates_the_view_by_the_measured_staleness():

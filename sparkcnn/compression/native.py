@@ -1,5 +1,6 @@
 """Compiled loops for the hot paths: Rice index coding both ways, the blocked weighted add, the
-support of the parameter server's residual, and the worker's per-step momentum and threshold passes.
+support of the parameter server's residual, and the worker's per-step passes (momentum, threshold,
+extrapolation).
 
 numba compiles them on first use (cached on disk afterwards); importing this
 module imports nothing heavy. Where numba is missing, or ``SPARKCNN_NATIVE=0``,
@@ -250,7 +251,21 @@ def _compile(cache: bool):
                 c += 1
         return c
 
-    return rice_indices, scatter_runs, residual_support, rice_encode, momentum_step, abs_at_least
+    @numba.njit(cache=cache, nogil=True, boundscheck=False)
+    def velocity_step(w, prev, vel, s):
+        """``vel = (w - prev) · s; prev = w`` in one pass (float32, each operation rounded)."""
+        for i in range(w.size):
+            vel[i] = (w[i] - prev[i]) * s
+            prev[i] = w[i]
+
+    @numba.njit(cache=cache, nogil=True, boundscheck=False)
+    def axpy(a, x, y, out):
+        """``out = a·x + y`` in one pass (float32; the product rounded, then the sum: no FMA)."""
+        for i in range(x.size):
+            out[i] = a * x[i] + y[i]
+
+    return (rice_indices, scatter_runs, residual_support, rice_encode, momentum_step, abs_at_least,
+            velocity_step, axpy)
 
 
 def _load():
@@ -301,6 +316,17 @@ def abs_at_least(x: np.ndarray, thr: np.float32) -> np.ndarray:
     """``np.flatnonzero(np.abs(x) >= thr)`` in one pass, without the temporaries."""
     out = np.empty(x.size, np.int64)
     return out[:_load()[5](x, np.float32(thr), out)]
+
+
+def velocity_step(w: np.ndarray, prev: np.ndarray, vel: np.ndarray, s: float) -> None:
+    """``vel = (w - prev) · s; prev[:] = w`` in place (float32 arrays), bitwise as numpy."""
+    _load()[6](w, prev, vel, np.float32(s))
+
+
+def axpy(a: float, x: np.ndarray, y: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out = float32(a) · x + y`` (float32 arrays), bitwise as numpy's multiply then add."""
+    _load()[7](np.float32(a), x, y, out)
+    return out
 
 
 class Runs(NamedTuple):
