@@ -87,7 +87,6 @@ class StreamEngine(DriverShorthands):
         self.staleness_hist: dict[int, int] = {}
         self.staleness_rule = resolve_rule(cfg.ps.staleness, cfg.engine.stream_lookahead)
         self.tau: dict[int, int] = {}  # block -> staleness of its last applied push (its lookahead)
-        self.since_downlink = 0  # async: pushes applied since the last downlink
         self.downlink_every = self.num_blocks if cfg.engine.stream_downlink == "round" else 1
         self.exposed_s = 0.0
         self.service: PSService | None = None
@@ -229,10 +228,9 @@ class StreamEngine(DriverShorthands):
         out = d.apply([r], lr, factor=scale)
         # engine.stream_downlink: after every applied push (DESIGN), or one per N of them as a
         # BSP round has: each costs a selection and an encoding here and a decoding in every task
-        self.since_downlink += 1
         nnz_down = 0
-        if self.since_downlink >= self.downlink_every:
-            nnz_down, self.since_downlink = d.send_downlink(self.epoch_float), 0
+        if (self.exchanges + 1) % self.downlink_every == 0:  # this push is the exchange's count + 1
+            nnz_down = d.send_downlink(self.epoch_float)
         d.count_flags([r])
         order = RoundOrder(seq=r.seq, steps={r.block: r.steps}, step_offset={}, lr=lr, density=density,
                            base_version=r.base_version)
