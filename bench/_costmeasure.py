@@ -112,7 +112,7 @@ def job_costs(setup: "Setup", backend, jobs: int) -> dict:
         r = measure_jobs(backend, blocks, data, jobs, jvm, executors)
         wall[kind] = r["wall_ms_per_job"] / 1000
         cpu[kind] = (r["jvm_cpu_ms_per_job"] + r["driver_cpu_ms_per_job"]
-                     + r.get("executors_cpu_ms_per_job", 0.0)) / 1000
+                     + r["executors_cpu_ms_per_job"]) / 1000
     moved = 2 * DENSE_DELTA_BYTES
     b = broadcast_jobs(backend, jobs, jvm, setup.roots)
     return {"wall_s": {k: wall[k] for k in ("1", "2")}, "cpu_s": {k: cpu[k] for k in ("1", "2")},

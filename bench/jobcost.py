@@ -61,12 +61,10 @@ def measure(backend, blocks: list[int], result_bytes: int, jobs: int, jvm_pid: i
         return bytes(result_bytes)
 
     t = time_jobs(lambda: backend.map_blocks(fn, blocks, "sparkcnn jobcost", universe=2), jobs, jvm_pid, executors)
-    out = {"tasks": len(blocks), "result_bytes_per_task": result_bytes,
-           "jvm_cpu_ms_per_job": 1000 * t["jvm_cpu_s"], "driver_cpu_ms_per_job": 1000 * t["driver_cpu_s"],
-           "wall_ms_per_job": 1000 * t["wall_s"]}
-    if executors:
-        out["executors_cpu_ms_per_job"] = 1000 * t["executors_cpu_s"]
-    return out
+    return {"tasks": len(blocks), "result_bytes_per_task": result_bytes,
+            "jvm_cpu_ms_per_job": 1000 * t["jvm_cpu_s"], "driver_cpu_ms_per_job": 1000 * t["driver_cpu_s"],
+            "executors_cpu_ms_per_job": 1000 * t["executors_cpu_s"],  # 0 in local mode: no executor JVM
+            "wall_ms_per_job": 1000 * t["wall_s"]}
 
 
 def main(argv=None) -> dict:
