@@ -34,6 +34,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from sparkcnn.compression import native
 from sparkcnn.compression.delta import SparseDelta
 from sparkcnn.errors import SparkCNNError
 
@@ -116,6 +117,8 @@ def apply_delta(U: np.ndarray, delta: SparseDelta, *, assign: bool = False) -> i
     rests on it). ``delta.indices`` are unique (a SparseDelta invariant).
     """
     idx = delta.indices
+    if U.dtype == np.float32 and U.flags.c_contiguous and native.enabled():
+        return native.apply_delta(U, idx, delta.values, assign)  # one pass, bitwise the same
     before = _mix_sum(U[idx], idx)
     if assign:
         U[idx] = delta.values

@@ -345,6 +345,27 @@ def test_checksum_changes_with_any_single_bit(U, j, bit):
     assert checksum(U) != checksum(V)
 
 
+@settings(max_examples=100, deadline=None)
+@given(arrays(np.float32, 300, elements=st.floats(width=32, allow_nan=False, allow_infinity=False)),
+       st.integers(0, 2**32 - 1), st.booleans())
+def test_compiled_apply_delta_is_bitwise_numpys(U, seed, assign):
+    """The one-pass apply (U and its checksum change) against numpy's, signed zeros included."""
+    from sparkcnn.replica import apply_delta
+
+    rng = np.random.default_rng(seed)
+    idx = np.sort(rng.choice(U.size, int(rng.integers(0, U.size)), replace=False))
+    vals = rng.choice(np.array([0.0, -0.0, 1e-30, -3.5, 2.0**-149, 1e30], np.float32), idx.size)
+    vals[::3] = -U[idx][::3]  # exact cancellations: +0.0
+    delta = SparseDelta(U.size, idx, vals)
+    fast = U.copy()
+    change = apply_delta(fast, delta, assign=assign)
+    slow = U.copy()
+    with mock.patch.dict("os.environ", {"SPARKCNN_NATIVE": "0"}):
+        assert apply_delta(slow, delta, assign=assign) == change
+    assert np.array_equal(fast.view(np.uint32), slow.view(np.uint32))
+    assert (checksum(U) + change) & ((1 << 64) - 1) == checksum(fast)
+
+
 def test_checksum_order_sensitive_and_formatted():
     U = np.arange(8, dtype=np.float32)
     assert checksum(U) != checksum(U[::-1].copy())

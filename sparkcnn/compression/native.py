@@ -1,6 +1,6 @@
 """Compiled loops for the hot paths: Rice index coding both ways, the blocked weighted add, the
-support of the parameter server's residual, and the worker's per-step passes (momentum, threshold,
-extrapolation).
+support of the parameter server's residual, a downlink's apply with its checksum change, and the
+worker's per-step passes (momentum, threshold, extrapolation).
 
 numba compiles them on first use (cached on disk afterwards); importing this
 module imports nothing heavy. Where numba is missing, or ``SPARKCNN_NATIVE=0``,
@@ -264,8 +264,36 @@ def _compile(cache: bool):
         for i in range(x.size):
             out[i] = a * x[i] + y[i]
 
+    c1 = np.uint64(0xBF58476D1CE4E5B9)
+    c2 = np.uint64(0x94D049BB133111EB)
+    s29, s32 = np.uint64(29), np.uint64(32)
+
+    @numba.njit(cache=cache, nogil=True, boundscheck=False)
+    def mix64(i, bits):
+        w = (np.uint64(i) << s32) | np.uint64(bits)
+        w *= c1
+        w ^= w >> s29
+        w *= c2
+        return w ^ (w >> s32)
+
+    @numba.njit(cache=cache, nogil=True, boundscheck=False)
+    def apply_delta(u, ubits, idx, vals, assign):
+        """``u[idx] = u[idx] + vals`` (float32, rounded once) or ``= vals``; returns the change of
+        ``sum_i mix64((i << 32) | bits(u[i]))`` mod 2**64 (replica.py's checksum; ``ubits`` is
+        ``u`` viewed as uint32)."""
+        change = np.uint64(0)
+        for j in range(idx.size):
+            i = idx[j]
+            change -= mix64(i, ubits[i])
+            if assign:
+                u[i] = vals[j]
+            else:
+                u[i] = u[i] + vals[j]
+            change += mix64(i, ubits[i])
+        return change
+
     return (rice_indices, scatter_runs, residual_support, rice_encode, momentum_step, abs_at_least,
-            velocity_step, axpy)
+            velocity_step, axpy, apply_delta)
 
 
 def _load():
@@ -327,6 +355,12 @@ def axpy(a: float, x: np.ndarray, y: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``out = float32(a) · x + y`` (float32 arrays), bitwise as numpy's multiply then add."""
     _load()[7](np.float32(a), x, y, out)
     return out
+
+
+def apply_delta(u: np.ndarray, idx: np.ndarray, vals: np.ndarray, assign: bool) -> int:
+    """``replica.apply_delta`` in one pass (float32 ``u``, int64 ``idx`` unique, float32 ``vals``):
+    updates ``u`` in place, returns the checksum change mod 2**64."""
+    return int(_load()[8](u, u.view(np.uint32), idx, vals, bool(assign)))
 
 
 class Runs(NamedTuple):
