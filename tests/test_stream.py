@@ -113,10 +113,15 @@ def test_worker_stops_when_the_server_is_gone(tiny_cfg):
         svc.close()
 
 
-def test_stream_run_in_process(tiny_cfg, tmp_path):
-    """H = 1, sparse both ways: every push applied once, the listener closed, the token nowhere."""
+def test_stream_run_in_process(tiny_cfg, tmp_path, monkeypatch):
+    """H = 1, sparse both ways: every push applied once, the listener closed, the token nowhere;
+    the task froze the heap before streaming (no full collection walks TF's objects mid-stage)."""
+    import gc
+
     from sparkcnn.train import train
 
+    monkeypatch.setattr("sparkcnn.worker.round._HEAP_FROZEN", False)
+    gc.unfreeze()
     cfg = _cfg(tiny_cfg, engine__master="inprocess")
     seen = {}
     import sparkcnn.engine.stream as stream_mod
@@ -134,6 +139,7 @@ def test_stream_run_in_process(tiny_cfg, tmp_path):
     finally:
         stream_mod.PSService = real
     svc = seen["svc"]
+    assert gc.get_freeze_count() > 0
     assert summary["transport"] == "stream" and summary["epochs"] == 2
     assert summary["test_accuracy"] > 0.6
     rounds = [r for r in read_jsonl(os.path.join(summary["run_dir"], "metrics.jsonl")) if r["kind"] == "round"]
