@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import os
 import threading
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import numpy as np
 
 _lock = threading.Lock()
-_kernels = None  # the compiled kernels (see _compile's return) once compiled, False when unavailable
+_kernels = None  # the compiled kernels by name (see _compile) once compiled, False when unavailable
 
 # Output floats per chunk of the blocked add: 64 Ki float32 = 256 KiB, which
 # stays in L2 while every payload adds its entries of the chunk.
@@ -292,8 +293,9 @@ def _compile(cache: bool):
             change += mix64(i, ubits[i])
         return change
 
-    return (rice_indices, scatter_runs, residual_support, rice_encode, momentum_step, abs_at_least,
-            velocity_step, axpy, apply_delta)
+    return SimpleNamespace(rice_indices=rice_indices, scatter_runs=scatter_runs, residual_support=residual_support,
+                           rice_encode=rice_encode, momentum_step=momentum_step, abs_at_least=abs_at_least,
+                           velocity_step=velocity_step, axpy=axpy, apply_delta=apply_delta)
 
 
 def _load():
@@ -320,47 +322,47 @@ def enabled() -> bool:
 
 def rice_indices(unary, rem, counts, rice, bases, sizes, out) -> bool:
     """Run the compiled decoder (see _compile); True when the stream is consistent."""
-    return _load()[0](unary, rem, counts, rice, bases, sizes, out) == OK
+    return _load().rice_indices(unary, rem, counts, rice, bases, sizes, out) == OK
 
 
 def rice_encode(idx, vals, bounds, offsets, sparse, b0, max_rice, out_vals, rice) -> tuple[np.ndarray, np.ndarray]:
     """Run the compiled encoder (see _compile): fills ``out_vals`` and ``rice``, returns the
     unary and remainder streams as uint8 arrays."""
-    return _load()[3](idx, vals, bounds, offsets, sparse, b0, max_rice, out_vals, rice)
+    return _load().rice_encode(idx, vals, bounds, offsets, sparse, b0, max_rice, out_vals, rice)
 
 
 def residual_support(w: np.ndarray, u: np.ndarray, idx: np.ndarray, vals: np.ndarray) -> int:
     """Indices where ``float32(w - u) != 0`` (ascending) into ``idx``, the differences into ``vals``
     (each at least ``w.size`` long); returns their count."""
-    return int(_load()[2](w, u, idx, vals))
+    return int(_load().residual_support(w, u, idx, vals))
 
 
 def momentum_step(u: np.ndarray, v: np.ndarray, g: np.ndarray, m: np.float32) -> None:
     """``u = m·u + g; v += u`` in place (float32 arrays of one size), bitwise as numpy."""
-    _load()[4](u, v, g, np.float32(m))
+    _load().momentum_step(u, v, g, np.float32(m))
 
 
 def abs_at_least(x: np.ndarray, thr: np.float32) -> np.ndarray:
     """``np.flatnonzero(np.abs(x) >= thr)`` in one pass, without the temporaries."""
     out = np.empty(x.size, np.int64)
-    return out[:_load()[5](x, np.float32(thr), out)]
+    return out[:_load().abs_at_least(x, np.float32(thr), out)]
 
 
 def velocity_step(w: np.ndarray, prev: np.ndarray, vel: np.ndarray, s: float) -> None:
     """``vel = (w - prev) · s; prev[:] = w`` in place (float32 arrays), bitwise as numpy."""
-    _load()[6](w, prev, vel, np.float32(s))
+    _load().velocity_step(w, prev, vel, np.float32(s))
 
 
 def axpy(a: float, x: np.ndarray, y: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``out = float32(a) · x + y`` (float32 arrays), bitwise as numpy's multiply then add."""
-    _load()[7](np.float32(a), x, y, out)
+    _load().axpy(np.float32(a), x, y, out)
     return out
 
 
 def apply_delta(u: np.ndarray, idx: np.ndarray, vals: np.ndarray, assign: bool) -> int:
     """``replica.apply_delta`` in one pass (float32 ``u``, int64 ``idx`` unique, float32 ``vals``):
     updates ``u`` in place, returns the checksum change mod 2**64."""
-    return int(_load()[8](u, u.view(np.uint32), idx, vals, bool(assign)))
+    return int(_load().apply_delta(u, u.view(np.uint32), idx, vals, bool(assign)))
 
 
 class Runs(NamedTuple):
@@ -381,4 +383,4 @@ class Runs(NamedTuple):
 
 def scatter_runs(acc: np.ndarray, runs: Runs, lo: int, hi: int, chunk: int = CHUNK) -> None:
     """``acc[lo:hi] += Σ_k runs.weights[k] · payload k`` (see _compile), payload order per element."""
-    _load()[1](acc, *runs, int(lo), int(hi), int(chunk))
+    _load().scatter_runs(acc, *runs, int(lo), int(hi), int(chunk))
