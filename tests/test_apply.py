@@ -15,6 +15,7 @@ from sparkcnn.compression import SparseDelta, Sparsifier, decode, encode, sparse
 from sparkcnn.engine.apply import Applied, apply_deltas
 from sparkcnn.guard import DivergenceGuard
 from sparkcnn.ps import ParameterServer
+from tests.native_env import compiled
 
 LAYOUT = (40, 3000, 7, 2000)  # small tensors go whole, big ones sparse
 P = sum(LAYOUT)
@@ -67,8 +68,7 @@ def test_applied_weights_are_bitwise_the_reference(case, threads, native):
     payloads, samples, factors = case
     ps = make_ps()
     W0 = ps.W.copy()
-    env = {} if native else {"SPARKCNN_NATIVE": "0"}
-    with mock.patch.dict("os.environ", env), mock.patch.object(sparse_sum, "PARALLEL_MIN_BYTES", 0):
+    with compiled(native), mock.patch.object(sparse_sum, "PARALLEL_MIN_BYTES", 0):
         out = apply_deltas(ps, payloads, samples, factors, threads=threads)
     good = [k for k in range(len(payloads)) if samples[k] > 0]
     assert out == Applied(tuple(good), {})

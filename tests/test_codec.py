@@ -14,6 +14,7 @@ from sparkcnn.compression import SparseDelta, decode, decode_batch, decode_parts
 from sparkcnn.compression import native, sparse_sum
 from sparkcnn.compression.codec import FLOAT16_MAX, MAGIC, _first_unfit, wire_to_float32
 from sparkcnn.errors import CodecError
+from tests.native_env import compiled
 
 FAST = settings(max_examples=80, deadline=None)
 HEADER = 16  # magic, version, dtype, reserved, tensor count, unary length
@@ -308,7 +309,7 @@ def test_batch_sum_is_bitwise_the_reference_for_any_thread_count_and_both_paths(
     step = data.draw(st.sampled_from([5, sparse_sum.DENSE_STEP]))  # dense values taken a few at a time, or at once
     with mock.patch.object(sparse_sum, "PARALLEL_MIN_BYTES", 0), mock.patch.object(sparse_sum, "DENSE_STEP", step):
         for numpy_only in (False, True):
-            with _numpy_path() if numpy_only else mock.patch.dict("os.environ", {}):
+            with compiled(not numpy_only):
                 for threads in (1, 2, 3, 4):
                     batch = decode_batch(payloads, layout, threads=threads)
                     assert batch.threads == threads and not batch.errors
@@ -367,14 +368,10 @@ def test_round_trip_of_wide_gaps_uses_64_bit_fields():
 # --------------------------------------------------------------------------- compiled kernels
 
 
-def _numpy_path():
-    return mock.patch.dict("os.environ", {"SPARKCNN_NATIVE": "0"})
-
-
 def test_compiled_kernels_are_in_use():
     # numba is a dependency: a silent fall back to numpy would lose the driver's speed.
     assert native.enabled()
-    with _numpy_path():
+    with compiled(False):
         assert not native.enabled()
 
 
@@ -383,7 +380,7 @@ def test_compiled_kernels_are_in_use():
 def test_compiled_encoder_writes_the_bytes_numpy_writes(case, value_dtype):
     layout, delta = case
     native_bytes = encode(delta, layout, value_dtype=value_dtype)
-    with _numpy_path():
+    with compiled(False):
         assert encode(delta, layout, value_dtype=value_dtype) == native_bytes
 
 
@@ -397,7 +394,7 @@ def test_compiled_encoder_on_wide_gaps_and_every_rice_parameter():
                               2**29 + np.arange(0, 64, 3), [2**29 + 64 + 4]])
         delta = SparseDelta(sum(layout), idx, rng.standard_normal(idx.size))
         native_bytes = encode(delta, layout)
-        with _numpy_path():
+        with compiled(False):
             assert encode(delta, layout) == native_bytes
         assert np.array_equal(decode(native_bytes, layout).indices, idx)
 
@@ -415,7 +412,7 @@ def test_compiled_decoder_accepts_and_rejects_exactly_what_numpy_does(pos, byte,
         data[pos % len(data)] = byte
     results = []
     for numpy_only in (False, True):
-        with _numpy_path() if numpy_only else mock.patch.dict("os.environ", {}):
+        with compiled(not numpy_only):
             try:
                 p = decode_parts(bytes(data), layout)
                 results.append(("ok", p.sparse_indices.tolist(), p.sparse_values.tobytes(), p.dense_values.tobytes()))

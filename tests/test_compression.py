@@ -6,7 +6,6 @@ import math
 import subprocess
 import sys
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -32,6 +31,7 @@ from sparkcnn.compression import (
     weighted_sum,
 )
 from sparkcnn.errors import BadInput
+from tests.native_env import compiled
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = settings(max_examples=60, deadline=None)
@@ -187,10 +187,6 @@ def _reference_topk(v, layout, density):
     return np.concatenate(out)
 
 
-def _numpy_path():
-    return mock.patch.dict("os.environ", {"SPARKCNN_NATIVE": "0"})
-
-
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), kind=st.sampled_from(["normal", "cauchy", "lognormal"]),
        density=st.sampled_from([0.2, 0.01, 0.001]), sampled=st.booleans())
@@ -198,7 +194,7 @@ def test_threshold_selection_is_the_same_compiled_and_on_numpy(seed, kind, densi
     x = _tensor(kind, 60_000, np.random.default_rng(seed)).astype(np.float32)
     x[::7] = 0.0  # ties at zero
     fast = threshold_indices(x, density, rng=np.random.default_rng(seed) if sampled else None)
-    with _numpy_path():
+    with compiled(False):
         slow = threshold_indices(x, density, rng=np.random.default_rng(seed) if sampled else None)
     assert np.array_equal(fast, slow)
 
@@ -218,7 +214,7 @@ def test_dgc_step_is_bitwise_the_same_compiled_and_on_numpy(seed, dtype, masking
         return sent, dgc.momentum.view(np.uint32), dgc.velocity.view(np.uint32)
 
     fast_sent, fast_u, fast_v = run()
-    with _numpy_path():
+    with compiled(False):
         slow_sent, slow_u, slow_v = run()
     for a, b in zip(fast_sent, slow_sent):
         assert np.array_equal(a.indices, b.indices) and np.array_equal(a.values.view(np.uint32), b.values.view(np.uint32))

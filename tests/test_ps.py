@@ -18,6 +18,7 @@ from sparkcnn.errors import BadInput
 from sparkcnn.ps import ParameterServer
 from sparkcnn.replica import Replica, ReplicaOutOfSync, checksum, format_checksum
 from sparkcnn.staleness import held_back, staleness_scale
+from tests.native_env import compiled
 
 LAYOUT = (6, 10, 24)  # three tensors, P = 40
 P = sum(LAYOUT)
@@ -149,7 +150,7 @@ def test_sparse_downlink_is_topk_of_residual_minus_zeros(seed, density, dense_be
     residual = ps.W - ps.U
     expected = sp.select(residual, LAYOUT, density)
     expected_idx = expected.indices[expected.values != 0]
-    with mock.patch.dict("os.environ", {} if native else {"SPARKCNN_NATIVE": "0"}):
+    with compiled(native):
         dl = ps.downlink()
     assert np.array_equal(dl.delta.indices, expected_idx)
     assert np.array_equal(bits(dl.delta.values), bits(residual[expected_idx]))
@@ -217,8 +218,8 @@ def test_signed_zeros_are_not_in_the_residual_support():
     state["U"][5] = -0.0
     state["W"][3] = 1.5
     ps.load_state_dict(state)
-    for env in ({}, {"SPARKCNN_NATIVE": "0"}):
-        with mock.patch.dict("os.environ", env):
+    for on in (True, False):
+        with compiled(on):
             idx, vals = ps._residual_support()
             assert idx.tolist() == [3] and vals.tolist() == [1.5]
 
@@ -360,7 +361,7 @@ def test_compiled_apply_delta_is_bitwise_numpys(U, seed, assign):
     fast = U.copy()
     change = apply_delta(fast, delta, assign=assign)
     slow = U.copy()
-    with mock.patch.dict("os.environ", {"SPARKCNN_NATIVE": "0"}):
+    with compiled(False):
         assert apply_delta(slow, delta, assign=assign) == change
     assert np.array_equal(fast.view(np.uint32), slow.view(np.uint32))
     assert (checksum(U) + change) & ((1 << 64) - 1) == checksum(fast)

@@ -3,7 +3,6 @@
 import os
 import socket
 import time
-from unittest import mock
 
 import numpy as np
 import pyarrow as pa
@@ -15,6 +14,7 @@ from sparkcnn.errors import BadInput
 from sparkcnn.metrics import read_jsonl
 from sparkcnn.protocol import StreamTicket
 from sparkcnn.streamwire import pack, unpack
+from tests.native_env import compiled
 
 def _cfg(tiny_cfg, **kw):
     """Async over the stream, H = 1, sparse both ways (uplink 0.01, downlink 0.05)."""
@@ -356,7 +356,7 @@ def test_lookahead_is_bitwise_the_same_compiled_and_on_numpy():
         return np.stack(out).view(np.uint32)
 
     fast = run()
-    with mock.patch.dict("os.environ", {"SPARKCNN_NATIVE": "0"}):
+    with compiled(False):
         assert np.array_equal(run(), fast)
 
 
