@@ -41,10 +41,7 @@ from sparkcnn.errors import SparkCNNError
 log = logging.getLogger(__name__)
 
 MASK64 = (1 << 64) - 1
-_C1 = np.uint64(0xBF58476D1CE4E5B9)
-_C2 = np.uint64(0x94D049BB133111EB)
-_S29 = np.uint64(29)
-_S32 = np.uint64(32)
+_C1, _C2, _S29, _S32 = native.MIX_C1, native.MIX_C2, native.MIX_S1, native.MIX_S2  # the compiled path's too
 _CHUNK = 1 << 16  # 64 K entries: the uint64 work buffers stay in L2 (4x faster than 1 M)
 MAX_SIZE = 1 << 32  # the index must fit the high half of the mixed word
 

@@ -39,6 +39,11 @@ CHUNK = 1 << 16
 
 OK, FAULT = 0, 1
 
+# The checksum's mixing of one (index, float32 bits) word (replica.py), for both paths:
+#   w *= C1; w ^= w >> S1; w *= C2; w ^= w >> S2   (uint64, wrapping)
+MIX_C1, MIX_C2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+MIX_S1, MIX_S2 = np.uint64(29), np.uint64(32)
+
 
 def _compile(cache: bool):
     import numba
@@ -265,9 +270,7 @@ def _compile(cache: bool):
         for i in range(x.size):
             out[i] = a * x[i] + y[i]
 
-    c1 = np.uint64(0xBF58476D1CE4E5B9)
-    c2 = np.uint64(0x94D049BB133111EB)
-    s29, s32 = np.uint64(29), np.uint64(32)
+    c1, c2, s29, s32 = MIX_C1, MIX_C2, MIX_S1, MIX_S2
 
     @numba.njit(cache=cache, nogil=True, boundscheck=False)
     def mix64(i, bits):
