@@ -196,7 +196,7 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, ctx: TaskCont
         sent = SparseDelta(sent.size, sent.indices, vals)
     payload = codec.encode(sent, spec.layout, value_dtype=spec.value_dtype, unchecked_values=nan_drill)
     t3 = time.perf_counter()
-    _freeze_heap_once()
+    freeze_heap_once()
     if batches and ctx.attempt == 0 and _chaos_hit(spec, order.seq, block, 1, spec.chaos_kill_p):
         log.warning("chaos: killing the Python worker (block %s exchange %s)", block, order.seq)
         os._exit(17)
@@ -242,7 +242,7 @@ def _chaos_slow(spec: TaskSpec, block: int, t1: float, t2: float) -> float:
 _HEAP_FROZEN = False
 
 
-def _freeze_heap_once() -> None:
+def freeze_heap_once() -> None:
     """After the first round in this process (TF loaded, model built and traced), or before a
     stream task opens its stream: collect, then freeze the survivors, so the full GC PySpark runs
     after every task of a reused worker, and the ones Python runs during a long stream task, no

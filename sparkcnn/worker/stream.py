@@ -33,10 +33,10 @@ from sparkcnn.protocol import StreamTicket, TaskContextInfo, TaskSpec
 from sparkcnn.streamwire import pack, unpack
 from sparkcnn.worker.round import (
     _chaos_hit,
-    _freeze_heap_once,
     block_batches,
     block_state_at,
     compute,
+    freeze_heap_once,
     held_state,
     hold_state,
     local_root,
@@ -218,7 +218,7 @@ def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: 
     trainer = get_trainer(spec, ctx)
     # before the stream opens: a full collection walking TF's objects would stall this task
     # for ~0.3 s mid-stage, and the other blocks' pushes would run its staleness past the bound
-    _freeze_heap_once()
+    freeze_heap_once()
     link = _Link(ticket, block)
     try:
         start, blobs = link.start()
