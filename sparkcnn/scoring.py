@@ -20,7 +20,7 @@ import uuid
 
 import numpy as np
 
-from sparkcnn.data.source import first_line, has_images, is_uri, read_images, table_exists
+from sparkcnn.data.source import column_stats, first_line, has_images, is_uri, read_images, table_exists
 from sparkcnn.errors import BadInput
 
 log = logging.getLogger(__name__)
@@ -96,64 +96,22 @@ def read_input(spark, data: str | None, table: str | None, image_col: str):
 def check_input(df, origin: str, image_col: str, shape, *, label_col: str | None = None,
                 num_classes: int | None = None, id_cols=()) -> int:
     """Columns, types, image sizes, labels and row count, in one aggregate query; returns the rows."""
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    from sparkcnn.data.frames import image_kind
-
-    cols = df.columns
-    for role, name in [("--image-col", image_col), *((("--label-col", label_col),) if label_col else ()),
-                       *(("--id-cols", c) for c in id_cols)]:
-        if name not in cols:
-            raise BadInput(f"{origin}: no column {name!r} ({role}; columns: {', '.join(cols) or 'none'})")
-    fields = {f.name: f.dataType for f in df.schema.fields}
-    kind = image_kind(fields[image_col], image_col)
-    if label_col and not isinstance(fields[label_col], T.IntegralType):
-        raise BadInput(f"{origin}: column {label_col!r} has type {fields[label_col].simpleString()}, "
-                       "expected an integer type")
-    img = F.col(image_col)
-    if kind == "struct":
-        dims = [img.height, img.width, img.nChannels]
-    else:
-        dims = [F.length(img) if kind == "binary" else F.size(img)]
-    aggs = [F.count(F.lit(1)), F.count(img), *(f(d) for d in dims for f in (F.min, F.max))]
-    if label_col:
-        lab = F.col(label_col)
-        aggs += [F.count(lab), F.min(lab), F.max(lab)]
-    row = df.agg(*aggs).first()
-    n, n_img = row[0], row[1]
-    sizes = row[2:2 + 2 * len(dims)]
-    if n == 0:
-        raise BadInput(f"{origin}: no rows")
-    if n_img < n:
-        raise BadInput(f"{origin}: column {image_col!r} has {n - n_img} null image(s)")
+    st = column_stats(df, origin, (image_col, "--image-col"), (label_col, "--label-col") if label_col else None,
+                      tuple((c, "--id-cols") for c in id_cols))
     want = "x".join(map(str, shape))
-    if kind == "struct":
-        if sizes[0] < 1:
-            bad = df.filter(img.height < 1).select(img.origin).first()[0]
-            raise BadInput(f"{bad}: image file does not decode (column {image_col!r})")
-        lo, hi = (sizes[0], sizes[2], sizes[4]), (sizes[1], sizes[3], sizes[5])
-        if lo != hi:
-            raise BadInput(f"{origin}: column {image_col!r}: images of unequal size "
-                           f"({'x'.join(map(str, lo))} to {'x'.join(map(str, hi))})")
-        if lo != tuple(shape):
-            raise BadInput(f"{origin}: images are {'x'.join(map(str, lo))}, the model expects {want}")
-    else:
-        unit = "bytes" if kind == "binary" else "values"
-        if sizes[0] != sizes[1]:
-            raise BadInput(f"{origin}: column {image_col!r}: images of unequal size "
-                           f"({sizes[0]} to {sizes[1]} {unit})")
-        if sizes[0] != int(np.prod(shape)):
-            raise BadInput(f"{origin}: images have {sizes[0]} {unit}, the model expects {want} "
-                           f"({int(np.prod(shape))} {unit})")
+    if st.kind == "struct":
+        if st.size != tuple(shape):
+            raise BadInput(f"{origin}: images are {'x'.join(map(str, st.size))}, the model expects {want}")
+    elif st.size[0] != int(np.prod(shape)):
+        unit = "bytes" if st.kind == "binary" else "values"
+        raise BadInput(f"{origin}: images have {st.size[0]} {unit}, the model expects {want} "
+                       f"({int(np.prod(shape))} {unit})")
     if label_col:
-        n_lab, lo, hi = row[-3:]
-        if n_lab < n:
-            raise BadInput(f"{origin}: column {label_col!r} has {n - n_lab} null label(s)")
+        lo, hi = st.labels
         if lo < 0 or hi >= num_classes:
             bad = lo if lo < 0 else hi
             raise BadInput(f"{origin}: column {label_col!r}: label {bad} outside [0, {num_classes})")
-    return int(n)
+    return st.rows
 
 
 def scored(df, data: bytes, shape, image_col: str, batch_size: int):

@@ -207,65 +207,91 @@ def _images(spark, root: str, dcfg, classes) -> Frame:
 
 # -- checks ----------------------------------------------------------------------------------
 
-def _checked(df, dcfg, origin: str, classes) -> Frame:
-    """Select, type-check and aggregate-check the image and label columns (one Spark job)."""
+@dataclasses.dataclass(frozen=True)
+class ColumnStats:
+    """What :func:`column_stats`'s one aggregate query found (after its checks passed)."""
+
+    kind: str  # the image column's kind (frames.KINDS)
+    rows: int
+    size: tuple[int, ...]  # struct: (height, width, channels); else (bytes or values per image,)
+    labels: tuple[int, int] | None  # (smallest, largest) label, with a label column
+
+
+def column_stats(df, origin: str, image: tuple[str, str], label: tuple[str, str] | None = None,
+                 more: tuple[tuple[str, str], ...] = ()) -> ColumnStats:
+    """The checks every image DataFrame gets, training's and scoring's alike, in one Spark job:
+    the columns exist, the label column is an integer type, there are rows, no image or label
+    is null, every image decodes and all have one size. ``image``, ``label`` and each of ``more``
+    are (column, the setting or flag that names it); a failure is one line naming them."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     cols = df.columns
-    for role, name in (("data.image_col", dcfg.image_col), ("data.label_col", dcfg.label_col)):
+    for name, role in (image, *((label,) if label else ()), *more):
         if name not in cols:
             raise BadInput(f"{origin}: no column {name!r} ({role}; columns: {', '.join(cols) or 'none'})")
-    fields = {f.name: f for f in df.schema.fields}
-    kind = image_kind(fields[dcfg.image_col].dataType, dcfg.image_col)
-    if not isinstance(fields[dcfg.label_col].dataType, T.IntegralType):
-        raise BadInput(f"{origin}: column {dcfg.label_col!r} has type "
-                       f"{fields[dcfg.label_col].dataType.simpleString()}, expected an integer type")
-    img, lab = F.col(dcfg.image_col), F.col(dcfg.label_col)
+    fields = {f.name: f.dataType for f in df.schema.fields}
+    image_col = image[0]
+    kind = image_kind(fields[image_col], image_col)
+    if label and not isinstance(fields[label[0]], T.IntegralType):
+        raise BadInput(f"{origin}: column {label[0]!r} has type {fields[label[0]].simpleString()}, "
+                       "expected an integer type")
+    img = F.col(image_col)
     if kind == "struct":
-        size = [F.min(img.height), F.max(img.height), F.min(img.width), F.max(img.width),
-                F.min(img.nChannels), F.max(img.nChannels)]
+        dims = [img.height, img.width, img.nChannels]
     else:
-        length = F.length(img) if kind == "binary" else F.size(img)
-        size = [F.min(length), F.max(length)]
-    row = df.agg(F.count(F.lit(1)), F.min(lab), F.max(lab), F.count(lab), F.count(img), *size).first()
-    n, lo, hi, n_lab, n_img, *sz = row
+        dims = [F.length(img) if kind == "binary" else F.size(img)]
+    aggs = [F.count(F.lit(1)), F.count(img), *(f(d) for d in dims for f in (F.min, F.max))]
+    if label:
+        lab = F.col(label[0])
+        aggs += [F.count(lab), F.min(lab), F.max(lab)]
+    row = df.agg(*aggs).first()
+    n, n_img, sizes = row[0], row[1], row[2:2 + 2 * len(dims)]
     if n == 0:
         raise BadInput(f"{origin}: no rows")
-    if n_lab < n:
-        raise BadInput(f"{origin}: column {dcfg.label_col!r} has {n - n_lab} null label(s)")
+    if label and row[-3] < n:
+        raise BadInput(f"{origin}: column {label[0]!r} has {n - row[-3]} null label(s)")
     if n_img < n:
-        raise BadInput(f"{origin}: column {dcfg.image_col!r} has {n - n_img} null image(s)")
-    shape = _shape(df, dcfg, fields[dcfg.image_col], kind, sz, origin)
+        raise BadInput(f"{origin}: column {image_col!r} has {n - n_img} null image(s)")
+    lo, hi = tuple(int(v) for v in sizes[0::2]), tuple(int(v) for v in sizes[1::2])
+    if kind == "struct" and lo[0] < 1:
+        bad = df.filter(img.height < 1).select(img.origin).first()[0]
+        raise BadInput(f"{bad}: image file does not decode (column {image_col!r})")
+    if lo != hi:
+        unit = "" if kind == "struct" else " bytes" if kind == "binary" else " values"
+        raise BadInput(f"{origin}: column {image_col!r}: images of unequal size "
+                       f"({'x'.join(map(str, lo))} to {'x'.join(map(str, hi))}{unit})")
+    return ColumnStats(kind, int(n), lo, (int(row[-2]), int(row[-1])) if label else None)
+
+
+def _checked(df, dcfg, origin: str, classes) -> Frame:
+    """Select, type-check and aggregate-check the image and label columns (one Spark job)."""
+    from pyspark.sql import functions as F
+
+    st = column_stats(df, origin, (dcfg.image_col, "data.image_col"), (dcfg.label_col, "data.label_col"))
+    fields = {f.name: f for f in df.schema.fields}
+    shape = _shape(dcfg, fields[dcfg.image_col], st, origin)
+    lo, hi = st.labels
     names = _classes(dcfg, fields[dcfg.label_col], classes, hi)
     if lo < 0 or hi >= len(names):
         bad = lo if lo < 0 else hi
         raise BadInput(f"{origin}: column {dcfg.label_col!r}: label {bad} outside [0, {len(names)})")
-    out = df.select(img.alias("image"), lab.cast("int").alias("label"))
-    return Frame(out, kind, shape, names, int(n), origin)
+    out = df.select(F.col(dcfg.image_col).alias("image"), F.col(dcfg.label_col).cast("int").alias("label"))
+    return Frame(out, st.kind, shape, names, st.rows, origin)
 
 
-def _shape(df, dcfg, field, kind: str, sz: list, origin: str) -> tuple[int, int, int]:
-    from pyspark.sql import functions as F
-
+def _shape(dcfg, field, st: ColumnStats, origin: str) -> tuple[int, int, int]:
+    """The images' HWC shape: the struct's own, else data.image_shape or the column's metadata."""
+    if st.kind == "struct":
+        return st.size
     name = dcfg.image_col
-    if kind == "struct":
-        if sz[0] < 1:
-            bad = df.filter(F.col(name).height < 1).select(F.col(name).origin).first()[0]
-            raise BadInput(f"{bad}: image file does not decode (column {name!r})")
-        if sz[0] != sz[1] or sz[2] != sz[3] or sz[4] != sz[5]:
-            raise BadInput(f"{origin}: column {name!r}: images of unequal size "
-                           f"({sz[0]}..{sz[1]} x {sz[2]}..{sz[3]} x {sz[4]}..{sz[5]})")
-        return int(sz[0]), int(sz[2]), int(sz[4])
     given = tuple(dcfg.image_shape) or tuple((field.metadata.get("sparkcnn") or {}).get("shape", ()))
     if len(given) != 3 or not all(isinstance(v, int) and v > 0 for v in given):
-        raise BadInput(f"{origin}: column {name!r} holds {kind} images of unknown shape: "
+        raise BadInput(f"{origin}: column {name!r} holds {st.kind} images of unknown shape: "
                        f"set data.image_shape to [H, W, C]" + (f" (got {list(given)})" if given else ""))
-    if sz[0] != sz[1]:
-        raise BadInput(f"{origin}: column {name!r}: images of unequal size ({sz[0]} to {sz[1]} "
-                       f"{'bytes' if kind == 'binary' else 'values'})")
-    if sz[0] != given[0] * given[1] * given[2]:
-        raise BadInput(f"{origin}: column {name!r}: images have {sz[0]} {'bytes' if kind == 'binary' else 'values'}, "
+    if st.size[0] != given[0] * given[1] * given[2]:
+        raise BadInput(f"{origin}: column {name!r}: images have {st.size[0]} "
+                       f"{'bytes' if st.kind == 'binary' else 'values'}, "
                        f"data.image_shape {list(given)} needs {given[0] * given[1] * given[2]}")
     return tuple(int(v) for v in given)
 
