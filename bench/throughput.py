@@ -158,8 +158,7 @@ def measure_sparkcnn(data: str, H: int, rounds: int, extra: list[str] = (), warm
     limit = None
     if limit_steps:
         log("compute limit: both blocks trained alone in their Spark Python workers, %d steps each", limit_steps)
-        limit = engine.backend.map_blocks(_limit_task(engine.spec, limit_steps), [0, 1],
-                                          "bench compute limit", universe=BLOCKS)
+        limit = _limit_in_workers(engine, limit_steps)
     for t in range(warm_rounds):
         engine.run_round(t)
     recs = []
@@ -271,12 +270,16 @@ TARGET_CASES = {"async_h1_sparse": 0.85, "async_h10": 0.93, "sync_h10": 0.9}
 STREAM_REPS = 3
 
 
-def _adjacent_limit(engine, steps: int) -> float:
+def _limit_in_workers(engine, steps: int) -> list[dict]:
     """The compute limit in ``engine``'s own warm Python workers, now: both blocks trained alone at
-    once, ``steps`` steps each, no communication (images/s, summed)."""
-    rows = engine.backend.map_blocks(_limit_task(engine.spec, steps), [0, 1], "bench compute limit",
+    once, ``steps`` steps each, no communication (one ``_limit_task`` row per block)."""
+    return engine.backend.map_blocks(_limit_task(engine.spec, steps), [0, 1], "bench compute limit",
                                      universe=BLOCKS)
-    return sum(r["images_per_s"] for r in rows)
+
+
+def _adjacent_limit(engine, steps: int) -> float:
+    """:func:`_limit_in_workers` as one figure: images/s of both blocks, summed."""
+    return sum(r["images_per_s"] for r in _limit_in_workers(engine, steps))
 
 
 def measure_stream(data: str, H: int, mode: str, extra: list[str], limit_steps: int = 0, reps: int = 1) -> dict:
@@ -418,8 +421,9 @@ def main(argv=None) -> dict:
                    *((m, "images_per_s") for m in out["stream"].values() if "error" not in m)]:
         m["ratio_vs_keras"] = m[key] / keras_ips
         # a stream case against the limit measured beside it; the run's limit kept for comparison
-        ref = sum(m["limit_before_after"]) / 2 if "limit_before_after" in m else limit_ips
-        if ref is not limit_ips:
+        ref = limit_ips
+        if "limit_before_after" in m:
+            ref = sum(m["limit_before_after"]) / 2
             m["efficiency_vs_run_limit"] = m[key] / limit_ips
         m["efficiency_vs_limit"] = m[key] / ref
         wall_ms = m.pop("wall_ms_per_round", None) or m["round_wall_ms"]
