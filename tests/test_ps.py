@@ -211,6 +211,84 @@ def test_float16_downlink_skips_crumbs_bitwise_as_the_selector(seed, method, sen
     assert np.array_equal(bits(u_fast), bits(u_ref)) and fast.checksum_after == ref.checksum_after
 
 
+CANDIDATE_OPS = st.lists(st.one_of(
+    st.tuples(st.just("sparse"), st.sampled_from([0.002, 0.02, 0.3]), st.sampled_from([1e-4, 1e-2, 0.5])),
+    st.tuples(st.just("dense")),
+    st.tuples(st.just("down"), st.sampled_from([None, 0.01, 0.2, 1.0])),
+    st.tuples(st.just("reload")),
+), min_size=1, max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["threshold", "topk", "none"]), CANDIDATE_OPS)
+def test_float16_downlinks_from_the_candidate_set_are_the_scans_bitwise(seed, method, ops):
+    """A float16 server finds what to send among the indices applied since (and sent in) the
+    last downlink, instead of scanning all P entries; over any mix of sparse and dense applies,
+    downlinks at any density and state reloads, every downlink and U are bitwise the scan's."""
+    layout, n = (6, 10, 1200, 3000), 4216
+    rng = np.random.default_rng(seed)
+    w0 = rng.normal(0, 0.05, n).astype(np.float32)
+
+    def server():
+        return ParameterServer(w0, layout, density_down=0.02, value_dtype="float16",
+                               sparsifier=Sparsifier(method, dense_below=100))
+
+    fast, ref = server(), server()
+    ref._from_candidates = lambda density: None  # always the scan
+    taken = []
+    original = fast._from_candidates
+    fast._from_candidates = lambda density: taken.append(original(density) is not None) or original(density)
+    for op in ops:
+        if op[0] == "sparse":
+            idx = np.sort(rng.choice(n, max(1, int(op[1] * n)), replace=False))
+            delta = SparseDelta(n, idx, (rng.standard_normal(idx.size) * op[2]).astype(np.float32))
+            fast.apply(delta, 0.1), ref.apply(delta, 0.1)
+        elif op[0] == "dense":
+            g = (rng.standard_normal(n) * 1e-3).astype(np.float32)
+            fast.apply(g), ref.apply(g)
+        elif op[0] == "reload":
+            state = ref.state_dict()
+            fast.load_state_dict(state), ref.load_state_dict(state)
+        else:
+            a, b = fast.downlink(op[1]), ref.downlink(op[1])
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert np.array_equal(a.delta.indices, b.delta.indices)
+                assert np.array_equal(bits(a.delta.values), bits(b.delta.values))
+                assert a.checksum_after == b.checksum_after
+        assert np.array_equal(bits(fast.U), bits(ref.U)) and np.array_equal(bits(fast.W), bits(ref.W))
+    # drained (a downlink follows an apply; float16 rounding leaves only crumbs after about
+    # three), then pushes with one downlink each: small ones the candidate set settles without
+    # a scan, large ones (more than (1 - TOLERANCE) k entries of a tensor) go to the selector
+    one = SparseDelta(n, np.array([0]), np.array([1e-3], np.float32))
+    for _ in range(3):
+        fast.apply(one), ref.apply(one)
+        fast.downlink(1.0), ref.downlink(1.0)
+    del taken[:]
+    for i in range(30):
+        idx = np.sort(rng.choice(n, 120 if i % 5 == 4 else 8, replace=False))
+        delta = SparseDelta(n, idx, (rng.standard_normal(idx.size) * 1e-3).astype(np.float32))
+        fast.apply(delta), ref.apply(delta)
+        a, b = fast.downlink(), ref.downlink()
+        assert np.array_equal(a.delta.indices, b.delta.indices)
+        assert np.array_equal(bits(a.delta.values), bits(b.delta.values))
+    assert np.array_equal(bits(fast.U), bits(ref.U))
+    assert 12 <= sum(taken) < 30 if method != "none" else sum(taken) == 30  # none sends all: no selector
+
+
+def test_candidate_set_gives_way_to_the_scan_when_it_grows_past_a_quarter_of_p():
+    """Many applies and no downlink: the set is dropped (a scan is cheaper) and the next
+    downlink scans, sending the same as ever."""
+    ps = ParameterServer(np.zeros(P, np.float32), LAYOUT, density_down=1.0, value_dtype="float16",
+                         sparsifier=Sparsifier("topk", dense_below=0))
+    ps.apply(SparseDelta(P, np.arange(5), np.ones(5, np.float32)))
+    assert ps._candidates is not None
+    ps.apply(SparseDelta(P, np.arange(6), np.ones(6, np.float32)))  # 11 > 40 // 4 entries
+    assert ps._candidates is None
+    dl = ps.downlink()
+    assert dl.delta.indices.tolist() == list(range(6)) and ps._candidates is not None
+
+
 def test_signed_zeros_are_not_in_the_residual_support():
     """+0.0 in W against -0.0 in U differ in bits, not in value: not in the support (both scans)."""
     ps = make_ps(weights=np.zeros(P, np.float32), density_down=1.0)
