@@ -238,8 +238,10 @@ class ParameterServer:
         if fast is not None:
             return fast
         support, r = self._residual_support()
-        if self._tracks_candidates():  # what the next downlink can send is among these
-            self._candidates = [support[np.abs(r) > FLOAT16_ZERO]]
+        sendable = None  # float16 downlinks: the entries of the support that do not round to 0
+        if self._tracks_candidates():
+            sendable = np.abs(r) > FLOAT16_ZERO
+            self._candidates = [support[sendable]]  # what the next downlink can send is among these
             self._candidate_count = self._candidates[0].size
         bounds = np.searchsorted(support, self._offsets)
         sp = self.sparsifier
@@ -248,7 +250,7 @@ class ParameterServer:
             lo, hi = int(bounds[t]), int(bounds[t + 1])
             k = target_count(n, density_down)
             if hi - lo > k and sp.method != "none" and n >= sp.dense_below:
-                keep = self._sendable(r[lo:hi], k)
+                keep = None if sendable is None else self._sendable(sendable[lo:hi], k)
                 if keep is None:
                     keep = self._on_support.indices(r[lo:hi], (hi - lo,), k / (hi - lo))
                 keep += lo
@@ -259,9 +261,10 @@ class ParameterServer:
                 vals.append(r[lo:hi])
         return np.concatenate(idx), np.concatenate(vals)
 
-    def _sendable(self, r: np.ndarray, k: int) -> np.ndarray | None:
-        """Positions in ``r`` (one tensor's residual support) whose float16 rounding is not 0, when
-        there are at most ``(1 - TOLERANCE) k`` of them; else None.
+    @staticmethod
+    def _sendable(sendable: np.ndarray, k: int) -> np.ndarray | None:
+        """Positions of one tensor's residual support whose float16 rounding is not 0 (``sendable``,
+        its mask), when there are at most ``(1 - TOLERANCE) k`` of them; else None.
 
         Every selector keeps the c largest ``|r|`` for some c >= (1 - TOLERANCE) k, so it keeps
         all of these and only entries that round to 0, which the float16 downlink then drops:
@@ -269,15 +272,15 @@ class ParameterServer:
         its rounding error behind: after a few hundred downlinks most of the support is such
         crumbs (measured at one step per exchange, fmnist_cnn: 60 k of the 61 k entries of the
         largest tensor; selecting among them was 0.7 ms of the driver's 4 ms per push).
-        With a sampling generator the selector's draws must stay in step: no short cut.
+        With a sampling generator the selector's draws must stay in step: no short cut
+        (``_select`` has no mask then, as for float32 downlinks).
         """
-        if self.value_dtype != "float16" or self._on_support.rng is not None:
-            return None
-        keep = np.flatnonzero(np.abs(r) > FLOAT16_ZERO)
+        keep = np.flatnonzero(sendable)
         return keep if keep.size <= (1 - TOLERANCE) * k else None
 
     def _tracks_candidates(self) -> bool:
-        """Whether this server keeps the candidate set: sparse float16 downlinks, no sampling generator."""
+        """Whether entries that round to 0 can be left out of the choice (the candidate set and
+        ``_sendable``): sparse float16 downlinks and no sampling generator."""
         return self.density_down is not None and self.value_dtype == "float16" and self._on_support.rng is None
 
     def _from_candidates(self, density_down: float) -> tuple[np.ndarray, np.ndarray] | None:
