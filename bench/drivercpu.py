@@ -34,31 +34,26 @@ from unittest import mock
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import throughput  # noqa: E402
-from bench._common import emit, ensure_data, log, slice_data  # noqa: E402
+from bench._common import emit, ensure_data, log  # noqa: E402
 
 CASE = "async_h1_sparse"
-# (owner, attribute, name): the handler's parts, each timed on the thread that runs it
-PARTS = [("sparkcnn.engine.stream:StreamEngine", "push", "push"),
-         ("sparkcnn.engine.driver:RoundDriver", "apply", "apply"),
-         ("sparkcnn.engine.driver:RoundDriver", "send_downlink", "send_downlink"),
-         ("sparkcnn.ps:ParameterServer", "downlink", "downlink"),
-         ("sparkcnn.ps:ParameterServer", "_select", "select"),
-         ("sparkcnn.engine.driver:codec", "encode", "encode"),
-         ("sparkcnn.engine.psservice:PSService", "serve_stream", "serve_stream")]
 
 
-def _owner(spec: str):
-    import importlib
+def parts() -> list:
+    """(owner, attribute, name): the handler's parts, each timed on the thread that runs it."""
+    from sparkcnn.engine import driver, psservice, stream
+    from sparkcnn.ps import ParameterServer
 
-    module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)
+    return [(stream.StreamEngine, "push", "push"), (driver.RoundDriver, "apply", "apply"),
+            (driver.RoundDriver, "send_downlink", "send_downlink"), (ParameterServer, "downlink", "downlink"),
+            (ParameterServer, "_select", "select"), (driver.codec, "encode", "encode"),
+            (psservice.PSService, "serve_stream", "serve_stream")]
 
 
 def timed(totals: dict, calls: dict) -> list:
     """Patches that add each part's thread CPU seconds to ``totals[name]`` and count its calls."""
     patches = []
-    for spec, attr, name in PARTS:
-        owner = _owner(spec)
+    for owner, attr, name in parts():
         fn = getattr(owner, attr)
 
         def wrapper(*a, _fn=fn, _name=name, **k):
@@ -104,7 +99,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--limit-steps", type=int, default=200, help="steps per block of each adjacent limit")
     a = ap.parse_args(argv)
     data = ensure_data()
-    short = slice_data(data, 43 * 10 * throughput.BATCH * throughput.BLOCKS, 1000)  # throughput's slice
+    short = throughput.short_slice(data)
     log("warm-up run (not counted)")
     h, mode, extra = throughput.STREAM_CASES[CASE]
     throughput._stream_once(short, h, mode, extra, 0, "bench-drivercpu-warm")
@@ -117,12 +112,12 @@ def main(argv=None) -> dict:
     def med(variant: str, key: str, part: str | None = None) -> float:
         return statistics.median(r[key][part] if part else r[key] for r in runs[variant])
 
-    parts = sorted(runs["scan"][0]["handler_cpu_ms_per_push"])
+    names = sorted(runs["scan"][0]["handler_cpu_ms_per_push"])
     out = {"case": CASE, "settings": throughput.STREAM_CASES[CASE][2], "reps": a.reps,
            "runs": runs,
            "median": {v: {"efficiency_vs_limit": med(v, "efficiency_vs_limit"),
                           "driver_cpu_ms_per_push": med(v, "driver_cpu_ms_per_push"),
-                          "handler_cpu_ms_per_push": {p: med(v, "handler_cpu_ms_per_push", p) for p in parts}}
+                          "handler_cpu_ms_per_push": {p: med(v, "handler_cpu_ms_per_push", p) for p in names}}
                       for v in runs},
            }
     out["candidates_vs_scan"] = {

@@ -338,6 +338,13 @@ def _stream_once(data: str, H: int, mode: str, extra: list[str], limit_steps: in
     }
 
 
+def short_slice(data: str, quick: bool = False) -> str:
+    """The slice of ``data`` whose epoch the pipelined, async and stream cases run: a fixed number
+    of rounds of H = 10 steps per block, 2 warm + measured (40, quick 5) + 1 drain."""
+    rounds = (5 if quick else 40) + 3
+    return slice_data(data, rounds * 10 * BATCH * BLOCKS, 1000)
+
+
 def measure_limit(data: str, steps: int) -> list[dict]:
     log("compute limit: two single-thread TF processes, %d steps each", steps)
     return run_children(SOLO, [[data, str(BLOCKS), str(k), str(steps), "1"] for k in range(BLOCKS)])
@@ -354,9 +361,7 @@ def main(argv=None) -> dict:
     data = ensure_data()
     steps = 40 if a.quick else 400
     H = 10
-    # one epoch of a slice = a fixed number of pipelined/async rounds: 2 warm + measured + 1 drain
-    rounds = (5 if a.quick else 40) + 3
-    short = slice_data(data, rounds * H * BATCH * BLOCKS, 1000)
+    short = short_slice(data, a.quick)
     sync_data = short if a.quick else data  # quick: shorter block loads
     # quick: the limit is measured in the Spark workers once they are warm (two TF start-ups less)
     limit = None if a.quick else measure_limit(data, steps)
