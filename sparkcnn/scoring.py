@@ -103,14 +103,10 @@ def check_input(df, origin: str, image_col: str, shape, *, label_col: str | None
         if st.size != tuple(shape):
             raise BadInput(f"{origin}: images are {'x'.join(map(str, st.size))}, the model expects {want}")
     elif st.size[0] != int(np.prod(shape)):
-        unit = "bytes" if st.kind == "binary" else "values"
-        raise BadInput(f"{origin}: images have {st.size[0]} {unit}, the model expects {want} "
-                       f"({int(np.prod(shape))} {unit})")
+        raise BadInput(f"{origin}: images have {st.size[0]} {st.unit}, the model expects {want} "
+                       f"({int(np.prod(shape))} {st.unit})")
     if label_col:
-        lo, hi = st.labels
-        if lo < 0 or hi >= num_classes:
-            bad = lo if lo < 0 else hi
-            raise BadInput(f"{origin}: column {label_col!r}: label {bad} outside [0, {num_classes})")
+        st.check_labels(origin, label_col, num_classes)
     return st.rows
 
 

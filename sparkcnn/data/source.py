@@ -216,6 +216,17 @@ class ColumnStats:
     size: tuple[int, ...]  # struct: (height, width, channels); else (bytes or values per image,)
     labels: tuple[int, int] | None  # (smallest, largest) label, with a label column
 
+    @property
+    def unit(self) -> str:
+        """What ``size`` counts for flat images: bytes (binary) or values (arrays); "" for structs."""
+        return "" if self.kind == "struct" else "bytes" if self.kind == "binary" else "values"
+
+    def check_labels(self, origin: str, column: str, classes: int) -> None:
+        """Every label in ``[0, classes)``, else BadInput naming the first bound crossed."""
+        lo, hi = self.labels
+        if lo < 0 or hi >= classes:
+            raise BadInput(f"{origin}: column {column!r}: label {lo if lo < 0 else hi} outside [0, {classes})")
+
 
 def column_stats(df, origin: str, image: tuple[str, str], label: tuple[str, str] | None = None,
                  more: tuple[tuple[str, str], ...] = ()) -> ColumnStats:
@@ -254,14 +265,14 @@ def column_stats(df, origin: str, image: tuple[str, str], label: tuple[str, str]
     if n_img < n:
         raise BadInput(f"{origin}: column {image_col!r} has {n - n_img} null image(s)")
     lo, hi = tuple(int(v) for v in sizes[0::2]), tuple(int(v) for v in sizes[1::2])
+    st = ColumnStats(kind, int(n), lo, (int(row[-2]), int(row[-1])) if label else None)
     if kind == "struct" and lo[0] < 1:
         bad = df.filter(img.height < 1).select(img.origin).first()[0]
         raise BadInput(f"{bad}: image file does not decode (column {image_col!r})")
     if lo != hi:
-        unit = "" if kind == "struct" else " bytes" if kind == "binary" else " values"
         raise BadInput(f"{origin}: column {image_col!r}: images of unequal size "
-                       f"({'x'.join(map(str, lo))} to {'x'.join(map(str, hi))}{unit})")
-    return ColumnStats(kind, int(n), lo, (int(row[-2]), int(row[-1])) if label else None)
+                       f"({'x'.join(map(str, lo))} to {'x'.join(map(str, hi))}{f' {st.unit}' if st.unit else ''})")
+    return st
 
 
 def _checked(df, dcfg, origin: str, classes) -> Frame:
@@ -271,11 +282,8 @@ def _checked(df, dcfg, origin: str, classes) -> Frame:
     st = column_stats(df, origin, (dcfg.image_col, "data.image_col"), (dcfg.label_col, "data.label_col"))
     fields = {f.name: f for f in df.schema.fields}
     shape = _shape(dcfg, fields[dcfg.image_col], st, origin)
-    lo, hi = st.labels
-    names = _classes(dcfg, fields[dcfg.label_col], classes, hi)
-    if lo < 0 or hi >= len(names):
-        bad = lo if lo < 0 else hi
-        raise BadInput(f"{origin}: column {dcfg.label_col!r}: label {bad} outside [0, {len(names)})")
+    names = _classes(dcfg, fields[dcfg.label_col], classes, st.labels[1])
+    st.check_labels(origin, dcfg.label_col, len(names))
     out = df.select(F.col(dcfg.image_col).alias("image"), F.col(dcfg.label_col).cast("int").alias("label"))
     return Frame(out, st.kind, shape, names, st.rows, origin)
 
@@ -290,8 +298,7 @@ def _shape(dcfg, field, st: ColumnStats, origin: str) -> tuple[int, int, int]:
         raise BadInput(f"{origin}: column {name!r} holds {st.kind} images of unknown shape: "
                        f"set data.image_shape to [H, W, C]" + (f" (got {list(given)})" if given else ""))
     if st.size[0] != given[0] * given[1] * given[2]:
-        raise BadInput(f"{origin}: column {name!r}: images have {st.size[0]} "
-                       f"{'bytes' if st.kind == 'binary' else 'values'}, "
+        raise BadInput(f"{origin}: column {name!r}: images have {st.size[0]} {st.unit}, "
                        f"data.image_shape {list(given)} needs {given[0] * given[1] * given[2]}")
     return tuple(int(v) for v in given)
 
