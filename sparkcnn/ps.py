@@ -244,12 +244,11 @@ class ParameterServer:
             self._candidates = [support[sendable]]  # what the next downlink can send is among these
             self._candidate_count = self._candidates[0].size
         bounds = np.searchsorted(support, self._offsets)
-        sp = self.sparsifier
         idx, vals = [], []
         for t, n in enumerate(self.layout):
             lo, hi = int(bounds[t]), int(bounds[t + 1])
             k = target_count(n, density_down)
-            if hi - lo > k and sp.method != "none" and n >= sp.dense_below:
+            if hi - lo > k and not self.sparsifier.sends_whole(n, density_down):
                 keep = None if sendable is None else self._sendable(sendable[lo:hi], k)
                 if keep is None:
                     keep = self._on_support.indices(r[lo:hi], (hi - lo,), k / (hi - lo))
@@ -287,8 +286,8 @@ class ParameterServer:
         """``_select``'s result from the candidate set alone, when it settles it; else None.
 
             C = candidates with float16(float32(W - U)) != 0      (|R| > 2**-25)
-            per tensor t: |C_t| <= (1 - TOLERANCE) k_t, or t is sent whole (n_t < dense_below,
-                          k_t >= n_t, method none)   ->  _select sends C_t, bitwise (see _sendable)
+            per tensor t: |C_t| <= (1 - TOLERANCE) k_t, or t is sent whole (Sparsifier.sends_whole:
+                          n_t < dense_below, k_t >= n_t, method none)  ->  _select sends C_t, bitwise
 
         Outside C every entry is a crumb that rounds to 0 in float16, so these are the
         entries _select would send after the float16 filter, found in O(|C|) instead of a
@@ -307,11 +306,9 @@ class ParameterServer:
         keep = np.abs(r) > FLOAT16_ZERO
         c, r = c[keep], r[keep]
         bounds = np.searchsorted(c, self._offsets)
-        sp = self.sparsifier
         for t, n in enumerate(self.layout):
-            k = target_count(n, density_down)
-            whole = sp.method == "none" or n < sp.dense_below or k >= n
-            if not whole and bounds[t + 1] - bounds[t] > (1 - TOLERANCE) * k:
+            if (bounds[t + 1] - bounds[t] > (1 - TOLERANCE) * target_count(n, density_down)
+                    and not self.sparsifier.sends_whole(n, density_down)):
                 return None  # the selector may have to choose among the whole support: scan
         self._candidates, self._candidate_count = [c], c.size
         return c, r

@@ -157,10 +157,15 @@ class Sparsifier:
         self.dense_below = int(dense_below)  # elements
         self.rng = rng  # numpy Generator for the sample offset, or None
 
+    def sends_whole(self, n: int, density: float) -> bool:
+        """Whether a tensor of ``n`` entries goes whole at ``density``: no selection (method
+        ``"none"``, fewer than ``dense_below`` entries, or ``k >= n``)."""
+        return self.method == "none" or n < self.dense_below or target_count(n, density) >= n
+
     def _local(self, tensor: np.ndarray, density: float) -> np.ndarray | None:
         """Local indices, or None for "the whole tensor"."""
         n = tensor.size
-        if self.method == "none" or n < self.dense_below or target_count(n, density) >= n:
+        if self.sends_whole(n, density):
             return None
         if self.method == "topk":
             return topk_indices(tensor, density)
