@@ -117,8 +117,10 @@ class ParameterServer:
         self._offsets = layout_offsets(self.layout)
         # float16 downlinks: every i with float16(W[i] - U[i]) != 0 is in one of these index arrays
         # (None: unknown, the next downlink scans; see _from_candidates). W == U: none.
-        self._candidates: list[np.ndarray] | None = [] if self._tracks_candidates() else None
+        self._candidates: list[np.ndarray] | None = None
         self._candidate_count = 0  # entries in _candidates (with repeats)
+        if self._tracks_candidates():
+            self._restart_candidates(np.empty(0, np.int64))
 
     # -- read-only state -------------------------------------------------------------
 
@@ -241,8 +243,7 @@ class ParameterServer:
         sendable = None  # float16 downlinks: the entries of the support that do not round to 0
         if self._tracks_candidates():
             sendable = np.abs(r) > FLOAT16_ZERO
-            self._candidates = [support[sendable]]  # what the next downlink can send is among these
-            self._candidate_count = self._candidates[0].size
+            self._restart_candidates(support[sendable])  # what the next downlink can send is among these
         bounds = np.searchsorted(support, self._offsets)
         idx, vals = [], []
         for t, n in enumerate(self.layout):
@@ -298,7 +299,7 @@ class ParameterServer:
         """
         if self._candidates is None:
             return None
-        c = np.concatenate(self._candidates) if self._candidates else np.empty(0, np.int64)
+        c = np.concatenate(self._candidates)
         if len(self._candidates) > 1:  # sorted runs: a stable sort merges them in O(|C|)
             c.sort(kind="stable")  # (np.unique hashes: 5x slower here)
             c = c[np.concatenate(([True], c[1:] != c[:-1]))]
@@ -310,8 +311,12 @@ class ParameterServer:
             if (bounds[t + 1] - bounds[t] > (1 - TOLERANCE) * target_count(n, density_down)
                     and not self.sparsifier.sends_whole(n, density_down)):
                 return None  # the selector may have to choose among the whole support: scan
-        self._candidates, self._candidate_count = [c], c.size
+        self._restart_candidates(c)
         return c, r
+
+    def _restart_candidates(self, c: np.ndarray) -> None:
+        """The candidate set is ``c`` (sorted, unique) and what later sparse applies add."""
+        self._candidates, self._candidate_count = [c], c.size
 
     def _residual_support(self) -> tuple[np.ndarray, np.ndarray]:
         """``(i, float32(W - U)[i])`` for every i where they differ, ascending (views of buffers
