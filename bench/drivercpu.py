@@ -121,12 +121,10 @@ def main(argv=None) -> dict:
                       for v in runs},
            }
     out["candidates_vs_scan"] = {
-        "driver_cpu_ms_per_push": out["median"]["candidates"]["driver_cpu_ms_per_push"]
-        / out["median"]["scan"]["driver_cpu_ms_per_push"],
-        "select_cpu_ms_per_push": out["median"]["candidates"]["handler_cpu_ms_per_push"]["select"]
-        / out["median"]["scan"]["handler_cpu_ms_per_push"]["select"],
-        "efficiency_vs_limit": out["median"]["candidates"]["efficiency_vs_limit"]
-        / out["median"]["scan"]["efficiency_vs_limit"]}
+        "driver_cpu_ms_per_push": med("candidates", "driver_cpu_ms_per_push") / med("scan", "driver_cpu_ms_per_push"),
+        "select_cpu_ms_per_push": (med("candidates", "handler_cpu_ms_per_push", "select")
+                                   / med("scan", "handler_cpu_ms_per_push", "select")),
+        "efficiency_vs_limit": med("candidates", "efficiency_vs_limit") / med("scan", "efficiency_vs_limit")}
     emit(out)
     return out
 
