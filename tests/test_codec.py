@@ -380,8 +380,45 @@ def test_compiled_kernels_are_in_use():
 def test_compiled_encoder_writes_the_bytes_numpy_writes(case, value_dtype):
     layout, delta = case
     native_bytes = encode(delta, layout, value_dtype=value_dtype)
+    native_back = decode(native_bytes, layout)
     with compiled(False):
         assert encode(delta, layout, value_dtype=value_dtype) == native_bytes
+        back = decode(native_bytes, layout)
+    assert np.array_equal(native_back.indices, back.indices)
+    assert native_back.values.tobytes() == back.values.tobytes()
+
+
+def test_compiled_float16_rounding_is_numpys():
+    """Every float32 a float16 payload may carry rounds (and reads back) bitwise as numpy's cast:
+    random bit patterns, and each side of the subnormal, normal and largest-value boundaries."""
+    rng = np.random.default_rng(5)
+    bits = np.concatenate([rng.integers(0, 2**32, 400_000, dtype=np.uint64).astype(np.uint32),
+                           np.arange(0x33000000 - 64, 0x33000000 + 64, dtype=np.uint32),   # 2**-25
+                           np.arange(0x387FF000, 0x38801000, dtype=np.uint32),             # 2**-14
+                           np.arange(0x477FD000, 0x477FE001, dtype=np.uint32)])            # 65504
+    x = bits.view(np.float32)
+    x = x[np.isfinite(x) & (np.abs(x) <= 65504)]
+    x = np.concatenate([x, -x[:1000]])
+    layout = (x.size,)
+    delta = SparseDelta(x.size, np.arange(x.size), x)
+    data = encode(delta, layout)
+    back = decode(data, layout)
+    with compiled(False):
+        assert encode(delta, layout) == data
+        ref = decode(data, layout)
+    assert back.values.tobytes() == ref.values.tobytes()
+    assert np.array_equal(back.values, x.astype(np.float16).astype(np.float32))
+
+
+def test_compiled_encoder_refuses_what_numpy_refuses():
+    """The compiled pass checks order, range and values; the numpy path then names the fault."""
+    layout = (10, 20)
+    for idx, vals, dtype, match in (([3, 3], [1.0, 2.0], "float16", "not strictly increasing"),
+                                    ([3, 30], [1.0, 2.0], "float16", "out of range"),
+                                    ([3, 12], [1.0, 70000.0], "float16", "tensor 1: value 70000.0 at index 2"),
+                                    ([3, 12], [np.inf, 1.0], "float32", "tensor 0: value inf at index 3")):
+        with pytest.raises(CodecError, match=match):
+            encode(SparseDelta(30, np.array(idx), np.array(vals, np.float32)), layout, value_dtype=dtype)
 
 
 def test_compiled_encoder_on_wide_gaps_and_every_rice_parameter():
@@ -418,7 +455,12 @@ def test_compiled_decoder_accepts_and_rejects_exactly_what_numpy_does(pos, byte,
                 results.append(("ok", p.sparse_indices.tolist(), p.sparse_values.tobytes(), p.dense_values.tobytes()))
             except CodecError as e:
                 results.append(("error", str(e)))
-    assert results[0] == results[1]
+            try:  # the whole decode is one compiled call: the same delta, or the same error
+                d = decode(bytes(data), layout)
+                results.append(("ok", d.indices.tolist(), d.values.tobytes()))
+            except CodecError as e:
+                results.append(("error", str(e)))
+    assert results[:2] == results[2:]
 
 
 def test_blocked_scatter_chunks_do_not_change_the_sum():
