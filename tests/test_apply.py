@@ -160,16 +160,16 @@ def test_import_purity():
 
 @pytest.mark.parametrize("factor", [1.0, 1 / 6, 0.025])
 def test_a_lone_sparse_payload_is_applied_in_place_bitwise(factor):
-    """Async and the stream apply one payload at a time: a sparse one goes to W in place,
-    with no P-sized sum, bitwise what the summed path gives."""
+    """Async and the stream apply one payload at a time: one decode, no batch and no sum; a
+    sparse one goes to W in place, bitwise what the summed path gives."""
     rng = np.random.default_rng(4)
     data = payload(rng, density=0.001)
     ps, W0 = make_ps(), make_ps().W.copy()
-    with mock.patch.object(sparse_sum.DecodedBatch, "sum", side_effect=AssertionError("summed")):
+    with mock.patch("sparkcnn.engine.apply.decode_batch", side_effect=AssertionError("batched")):
         assert apply_deltas(ps, [data], [64], [factor]) == Applied((0,), {})
     assert ps.version == 1
     assert np.array_equal(bits(ps.W), bits(expected_W(W0, [data], [64], [factor], [0])))
-    dense = payload(rng, dense=(0, 1, 2, 3))  # every entry: the summed path
+    dense = payload(rng, dense=(0, 1, 2, 3))  # every entry: a dense subtraction
     ps2 = make_ps()
     apply_deltas(ps2, [dense], [64], [factor])
     assert np.array_equal(bits(ps2.W), bits(expected_W(W0, [dense], [64], [factor], [0])))

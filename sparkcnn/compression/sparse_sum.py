@@ -108,6 +108,14 @@ def _sum_squares(values: np.ndarray) -> float:
     return float(np.dot(values, values))
 
 
+def values_norm(values: np.ndarray) -> float:
+    """L2 norm of float32 values (a float32 dot, again in float64 if it overflowed)."""
+    sq = _sum_squares(values)
+    if not math.isfinite(sq):
+        sq = _sum_squares(values.astype(np.float64))
+    return math.sqrt(sq)
+
+
 def _norm(sparse: np.ndarray, dense_wire: np.ndarray) -> float:
     """L2 norm of a payload: its float32 sparse values and its dense values (still wire dtype)."""
     scratch = np.empty(min(dense_wire.size, DENSE_STEP), np.float32)

@@ -9,7 +9,10 @@ and non-finite ones); the guard then sees each norm in payload order on
 the calling thread; a payload that fails either is rejected with its
 reason, and never keeps the others from being applied. ``G`` is summed
 into a fresh float32 zero vector in payload order per element, so it is
-bitwise ``weighted_sum([decode(p_k) for k in good], [w_k], P)``.
+bitwise ``weighted_sum([decode(p_k) for k in good], [w_k], P)``. A lone
+payload (async, the stream: one per call) skips the batch: one decode call,
+the guard on its norm, and ``W -= float32(factor) · delta``, in place when
+sparse, bitwise the same.
 
 The engines choose the factors: sync rounds pass all blocks of a round with
 ``factors[k] = server_scale(lr)``; async passes one payload with
@@ -25,7 +28,9 @@ from typing import Sequence
 
 import numpy as np
 
-from sparkcnn.compression.sparse_sum import decode_batch
+from sparkcnn.compression.codec import decode
+from sparkcnn.compression.sparse_sum import decode_batch, values_norm
+from sparkcnn.errors import CodecError
 from sparkcnn.guard import DivergenceGuard
 from sparkcnn.ps import ParameterServer
 
@@ -57,6 +62,8 @@ def apply_deltas(ps: ParameterServer, payloads: Sequence[bytes], samples: Sequen
         if len(seq) != n:
             raise ValueError(f"got {n} payloads but {len(seq)} {name}")
     live = [k for k in range(n) if samples[k] > 0]
+    if len(live) == 1:  # one payload (async, the stream): one decode call, nothing to sum
+        return _apply_one(ps, payloads[live[0]], live[0], factors[live[0]], guard, steps[live[0]])
     batch = decode_batch([payloads[k] for k in live], ps.layout, threads=threads)
     rejected: dict[int, str] = {}
     good: list[tuple[int, int]] = []  # (position in batch, payload)
@@ -68,12 +75,28 @@ def apply_deltas(ps: ParameterServer, payloads: Sequence[bytes], samples: Sequen
             good.append((j, k))
         else:
             rejected[k] = str(why)
-    if len(good) == 1 and batch.nnz(good[0][0]) * SPARSE_APPLY_BELOW < ps.W.size:
-        # one sparse payload (async, the stream): W[idx] -= float32(factor) · values, bitwise what
-        # the sum below gives, without a P-sized zero vector and a dense subtraction
-        j, k = good[0]
-        ps.apply(batch.delta(j), scale=float(np.float32(factors[k])))
-    elif good:
+    if good:
         total = sum(samples[k] for _, k in good)
         ps.apply(batch.sum({j: factors[k] * samples[k] / total for j, k in good}))
     return Applied(tuple(k for _, k in good), rejected)
+
+
+def _apply_one(ps: ParameterServer, payload: bytes, k: int, factor: float, guard: DivergenceGuard | None,
+               steps: int) -> Applied:
+    """:func:`apply_deltas` of payload ``k`` alone: ``W -= float32(factor) · decode(payload)``.
+
+    A sparse one (fewer than P / SPARSE_APPLY_BELOW entries) moves ``W[idx]``
+    in place, bitwise what the dense subtraction gives, without a P-sized
+    vector; the guard sees the L2 norm of its decoded values."""
+    try:
+        delta = decode(payload, ps.layout)
+    except CodecError as e:
+        return Applied((), {k: str(e)})
+    why = guard.check_norm(values_norm(delta.values), steps) if guard is not None else None
+    if why is not None:
+        return Applied((), {k: str(why)})
+    if delta.nnz * SPARSE_APPLY_BELOW < ps.W.size:
+        ps.apply(delta, scale=float(np.float32(factor)))
+    else:
+        ps.apply(delta.to_dense() * np.float32(factor))
+    return Applied((k,), {})
