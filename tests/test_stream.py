@@ -360,6 +360,43 @@ def test_lookahead_is_bitwise_the_same_compiled_and_on_numpy():
         assert np.array_equal(run(), fast)
 
 
+def test_lookahead_follows_sparse_views_in_place_bitwise():
+    """Given the indices each reply moved, the lookahead updates velocity and weights there only,
+    bitwise the full passes: over sparse moves (some landing where the last ones did), a tau that
+    changes, stays or drops to 0, a reply that moves nothing, a dense reload, negative zeros."""
+    from sparkcnn.worker.stream import _Lookahead
+
+    rng = np.random.default_rng(6)
+    P = 5000
+    w = rng.standard_normal(P).astype(np.float32)
+    w[::97] = -0.0
+    steps = []  # (view, version, tau, changed or None)
+    version = 0
+    for i in range(40):
+        w = w.copy()
+        if i == 25:  # a dense reload: everything may move
+            w += rng.standard_normal(P).astype(np.float32) * np.float32(1e-2)
+            changed = None
+        elif i % 9 == 4:
+            changed = np.empty(0, np.int64)  # nothing new
+        else:
+            changed = np.concatenate([np.sort(rng.choice(P, 40, replace=False)) for _ in range(2)])
+            w[changed] += rng.standard_normal(changed.size).astype(np.float32) * np.float32(1e-3)
+            version += int(rng.integers(1, 3))
+        steps.append((w, version, [None, 1, 2, 2, 0, 3][i % 6], changed))
+
+    def run(sparse: bool):
+        look, out = _Lookahead(), []
+        for w, v, tau, changed in steps:
+            look.observe(w, v, tau, changed if sparse else None)
+            out.append(look.weights(w).copy())
+        return np.stack(out).view(np.uint32)
+
+    assert np.array_equal(run(True), run(False))
+    with compiled(False):
+        assert np.array_equal(run(True), run(False))
+
+
 def test_lookahead_extrapolates_the_view_by_the_measured_staleness():
     """Delay compensation: a push lands tau versions after its view; the task computes at the view
     moved on by tau versions of the server's measured motion (exact for steady motion)."""

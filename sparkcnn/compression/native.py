@@ -212,6 +212,25 @@ def _compile(cache: bool):
             prev[i] = w[i]
 
     @numba.njit(cache=cache, nogil=True, boundscheck=False)
+    def velocity_step_at(w, prev, vel, s, moving, changed):
+        """velocity_step where the view moved: ``vel[moving] = 0``, then at ``changed``
+        ``vel = (w - prev) · s; prev = w`` (``changed`` may repeat an index: prev moves after)."""
+        for j in range(moving.size):
+            vel[moving[j]] = 0.0
+        for j in range(changed.size):
+            i = changed[j]
+            vel[i] = (w[i] - prev[i]) * s
+        for j in range(changed.size):
+            prev[changed[j]] = w[changed[j]]
+
+    @numba.njit(cache=cache, nogil=True, boundscheck=False)
+    def axpy_at(a, x, y, out, idx):
+        """axpy at ``idx`` only."""
+        for j in range(idx.size):
+            i = idx[j]
+            out[i] = a * x[i] + y[i]
+
+    @numba.njit(cache=cache, nogil=True, boundscheck=False)
     def axpy(a, x, y, out):
         """``out = a·x + y`` in one pass (float32; the product rounded, then the sum: no FMA)."""
         for i in range(x.size):
@@ -473,7 +492,8 @@ def _compile(cache: bool):
 
     return SimpleNamespace(rice_indices=rice_indices, scatter_runs=scatter_runs, residual_support=residual_support,
                            momentum_step=momentum_step, abs_at_least=abs_at_least,
-                           velocity_step=velocity_step, axpy=axpy, apply_delta=apply_delta,
+                           velocity_step=velocity_step, axpy=axpy, velocity_step_at=velocity_step_at,
+                           axpy_at=axpy_at, apply_delta=apply_delta,
                            encode_delta=encode_delta, decode_delta=decode_delta)
 
 
@@ -545,6 +565,17 @@ def axpy(a: float, x: np.ndarray, y: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``out = float32(a) · x + y`` (float32 arrays), bitwise as numpy's multiply then add."""
     _load().axpy(np.float32(a), x, y, out)
     return out
+
+
+def velocity_step_at(w: np.ndarray, prev: np.ndarray, vel: np.ndarray, s: float, moving: np.ndarray,
+                     changed: np.ndarray) -> None:
+    """``vel[moving] = 0``, then ``velocity_step`` at the indices ``changed`` (int64) only."""
+    _load().velocity_step_at(w, prev, vel, np.float32(s), moving, changed)
+
+
+def axpy_at(a: float, x: np.ndarray, y: np.ndarray, out: np.ndarray, idx: np.ndarray) -> None:
+    """``out[idx] = float32(a) · x[idx] + y[idx]``, bitwise as numpy's."""
+    _load().axpy_at(np.float32(a), x, y, out, idx)
 
 
 def apply_delta(u: np.ndarray, idx: np.ndarray, vals: np.ndarray, assign: bool) -> int:
