@@ -209,18 +209,39 @@ class ParameterServer:
                 idx = np.flatnonzero(self._W.view(np.uint32) != self._U.view(np.uint32))
                 delta = SparseDelta(self._W.size, idx, self._W[idx])
                 assign = True
+                change = apply_delta(self._U, delta, assign=True)
             else:
-                idx, values = self._select(self.density_down if density is None else float(density))
-                if self.value_dtype == "float16":
-                    values = np.clip(values, -FLOAT16_MAX, FLOAT16_MAX).astype(np.float16).astype(np.float32)
-                    keep = values != 0  # underflowed to 0: would cost bytes and move nothing
-                    idx, values = idx[keep], values[keep]
-                delta = SparseDelta(self._W.size, idx, values)
+                d = self.density_down if density is None else float(density)
+                delta, change = self._compiled_candidates(d) or self._sparse_downlink(d)
                 assign = False
-            self._checksum = (self._checksum + apply_delta(self._U, delta, assign=assign)) & MASK64
+            self._checksum = (self._checksum + change) & MASK64
             dl = Downlink(self.version, delta, format_checksum(self._checksum), self._view_version, assign)
             self._view_version = self.version
             return dl
+
+    def _sparse_downlink(self, density_down: float) -> tuple[SparseDelta, int]:
+        """``D`` (see the module docstring) applied to ``U``: (D, the checksum change)."""
+        idx, values = self._select(density_down)
+        if self.value_dtype == "float16":
+            values = np.clip(values, -FLOAT16_MAX, FLOAT16_MAX).astype(np.float16).astype(np.float32)
+            keep = values != 0  # underflowed to 0: would cost bytes and move nothing
+            idx, values = idx[keep], values[keep]
+        delta = SparseDelta(self._W.size, idx, values)
+        return delta, apply_delta(self._U, delta, assign=False)
+
+    def _compiled_candidates(self, density_down: float) -> tuple[SparseDelta, int] | None:
+        """:meth:`_sparse_downlink` when :meth:`_from_candidates` settles it, in one compiled call
+        (``native.candidate_downlink``, bitwise the same); None otherwise (nothing changed)."""
+        if self._candidates is None or not native.enabled():
+            return None
+        limits = np.array([math.inf if self.sparsifier.sends_whole(n, density_down)
+                           else (1 - TOLERANCE) * target_count(n, density_down) for n in self.layout])
+        got = native.candidate_downlink(np.concatenate(self._candidates), self._W, self._U, self._offsets, limits)
+        if got is None:
+            return None
+        kept, idx, values, change = got
+        self._restart_candidates(kept)
+        return SparseDelta(self._W.size, idx, values), change
 
     def _select(self, density_down: float) -> tuple[np.ndarray, np.ndarray]:
         """Indices and float32 values of ``D``: per tensor t of size n_t, the k_t largest |R| among R != 0.

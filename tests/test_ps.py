@@ -219,12 +219,19 @@ CANDIDATE_OPS = st.lists(st.one_of(
 ), min_size=1, max_size=40)
 
 
+@pytest.mark.parametrize("native", [True, False])
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.sampled_from(["threshold", "topk", "none"]), CANDIDATE_OPS)
-def test_float16_downlinks_from_the_candidate_set_are_the_scans_bitwise(seed, method, ops):
+def test_float16_downlinks_from_the_candidate_set_are_the_scans_bitwise(native, seed, method, ops):
     """A float16 server finds what to send among the indices applied since (and sent in) the
     last downlink, instead of scanning all P entries; over any mix of sparse and dense applies,
-    downlinks at any density and state reloads, every downlink and U are bitwise the scan's."""
+    downlinks at any density and state reloads, every downlink and U are bitwise the scan's
+    (the compiled candidate path and numpy's alike)."""
+    with compiled(native):
+        _candidates_against_the_scan(seed, method, ops)
+
+
+def _candidates_against_the_scan(seed, method, ops):
     layout, n = (6, 10, 1200, 3000), 4216
     rng = np.random.default_rng(seed)
     w0 = rng.normal(0, 0.05, n).astype(np.float32)
@@ -234,10 +241,15 @@ def test_float16_downlinks_from_the_candidate_set_are_the_scans_bitwise(seed, me
                                sparsifier=Sparsifier(method, dense_below=100))
 
     fast, ref = server(), server()
-    ref._from_candidates = lambda density: None  # always the scan
-    taken = []
-    original = fast._from_candidates
-    fast._from_candidates = lambda density: taken.append(original(density) is not None) or original(density)
+    ref._from_candidates = ref._compiled_candidates = lambda density: None  # always the scan
+    taken = []  # whether each candidate path tried settled the downlink
+    for name in ("_from_candidates", "_compiled_candidates"):
+        def counted(density, _original=getattr(fast, name)):
+            got = _original(density)
+            taken.append(got is not None)
+            return got
+
+        setattr(fast, name, counted)
     for op in ops:
         if op[0] == "sparse":
             idx = np.sort(rng.choice(n, max(1, int(op[1] * n)), replace=False))

@@ -490,9 +490,64 @@ def _compile(cache: bool):
             change += mix64(i, ubits[i])
         return change
 
+    f16_zero = np.float32(2.0**-25)  # the largest magnitude that rounds to 0 in float16
+    f16_max = np.float32(65504.0)
+
+    @numba.njit(cache=cache, nogil=True, boundscheck=False)
+    def candidate_downlink(cands, w, u, ubits, offsets, limits, keep, vals, vbits, idx):
+        """ps.ParameterServer's downlink from its candidate set (``_from_candidates``, the float16
+        rounding, the apply to ``u``; ps.py is the reference), bitwise the same.
+
+        ``cands``: the candidate indices (repeats allowed). The entries of ``w - u`` among them
+        that do not round to 0 in float16 go to ``keep`` (the next candidate set), ascending.
+        If tensor t has more than ``limits[t]`` of them, returns (FAULT, ...): the selector must
+        choose, the caller scans. Else their float16-rounded non-zero values (``vals``, with
+        ``vbits`` its uint32 view) and indices (``idx``) are added to ``u``: returns (OK, kept,
+        sent, the checksum change mod 2**64)."""
+        c = np.sort(cands)
+        n = 0
+        prev = -1
+        for j in range(c.size):
+            i = c[j]
+            if i == prev:
+                continue
+            prev = i
+            r = w[i] - u[i]
+            if abs(r) > f16_zero:
+                keep[n] = i
+                vals[n] = r
+                n += 1
+        t = 0
+        count = 0  # kept entries of tensor t
+        for j in range(n):
+            while keep[j] >= offsets[t + 1]:
+                if count > limits[t]:
+                    return FAULT, 0, 0, np.uint64(0)
+                count = 0
+                t += 1
+            count += 1
+        if count > limits[t]:
+            return FAULT, 0, 0, np.uint64(0)
+        m = 0
+        change = np.uint64(0)
+        for j in range(n):
+            v = vals[j]
+            vals[j] = min(max(v, -f16_max), f16_max)
+            h = f16_bits(np.int64(vbits[j]))
+            if h & 0x7FFF == 0:
+                continue  # underflowed to 0: would cost bytes and move nothing
+            vbits[m] = f32_bits(h)
+            i = keep[j]
+            idx[m] = i
+            change -= mix64(i, ubits[i])
+            u[i] = u[i] + vals[m]
+            change += mix64(i, ubits[i])
+            m += 1
+        return OK, n, m, change
+
     return SimpleNamespace(rice_indices=rice_indices, scatter_runs=scatter_runs, residual_support=residual_support,
                            momentum_step=momentum_step, abs_at_least=abs_at_least,
-                           velocity_step=velocity_step, axpy=axpy, velocity_step_at=velocity_step_at,
+                           velocity_step=velocity_step, axpy=axpy, candidate_downlink=candidate_downlink, velocity_step_at=velocity_step_at,
                            axpy_at=axpy_at, apply_delta=apply_delta,
                            encode_delta=encode_delta, decode_delta=decode_delta)
 
@@ -576,6 +631,21 @@ def velocity_step_at(w: np.ndarray, prev: np.ndarray, vel: np.ndarray, s: float,
 def axpy_at(a: float, x: np.ndarray, y: np.ndarray, out: np.ndarray, idx: np.ndarray) -> None:
     """``out[idx] = float32(a) · x[idx] + y[idx]``, bitwise as numpy's."""
     _load().axpy_at(np.float32(a), x, y, out, idx)
+
+
+def candidate_downlink(cands: np.ndarray, w: np.ndarray, u: np.ndarray, offsets: np.ndarray,
+                       limits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int] | None:
+    """A float16 downlink from candidate indices, applied to ``u`` (see _compile): (the next
+    candidates, its indices, its float32 values, the checksum change), or None when a tensor
+    has more candidates than its limit (the caller scans; nothing changed)."""
+    keep = np.empty(cands.size, np.int64)
+    vals = np.empty(cands.size, np.float32)
+    idx = np.empty(cands.size, np.int64)
+    status, n, m, change = _load().candidate_downlink(cands, w, u, u.view(np.uint32), offsets, limits, keep, vals,
+                                                      vals.view(np.uint32), idx)
+    if status != OK:
+        return None
+    return keep[:n], idx[:m], vals[:m], int(change)
 
 
 def apply_delta(u: np.ndarray, idx: np.ndarray, vals: np.ndarray, assign: bool) -> int:
