@@ -234,9 +234,8 @@ class ParameterServer:
         (``native.candidate_downlink``, bitwise the same); None otherwise (nothing changed)."""
         if self._candidates is None or not native.enabled():
             return None
-        limits = np.array([math.inf if self.sparsifier.sends_whole(n, density_down)
-                           else (1 - TOLERANCE) * target_count(n, density_down) for n in self.layout])
-        got = native.candidate_downlink(np.concatenate(self._candidates), self._W, self._U, self._offsets, limits)
+        got = native.candidate_downlink(np.concatenate(self._candidates), self._W, self._U, self._offsets,
+                                        self._candidate_limits(density_down))
         if got is None:
             return None
         kept, idx, values, change = got
@@ -327,13 +326,16 @@ class ParameterServer:
         r = self._W[c] - self._U[c]
         keep = np.abs(r) > FLOAT16_ZERO
         c, r = c[keep], r[keep]
-        bounds = np.searchsorted(c, self._offsets)
-        for t, n in enumerate(self.layout):
-            if (bounds[t + 1] - bounds[t] > (1 - TOLERANCE) * target_count(n, density_down)
-                    and not self.sparsifier.sends_whole(n, density_down)):
-                return None  # the selector may have to choose among the whole support: scan
+        if (np.diff(np.searchsorted(c, self._offsets)) > self._candidate_limits(density_down)).any():
+            return None  # the selector may have to choose among the whole support: scan
         self._restart_candidates(c)
         return c, r
+
+    def _candidate_limits(self, density_down: float) -> np.ndarray:
+        """Per tensor, the most sendable candidates the candidate set settles alone: ``(1 -
+        TOLERANCE) k_t`` (every selector keeps them all), unbounded for a tensor sent whole."""
+        return np.array([math.inf if self.sparsifier.sends_whole(n, density_down)
+                         else (1 - TOLERANCE) * target_count(n, density_down) for n in self.layout])
 
     def _restart_candidates(self, c: np.ndarray) -> None:
         """The candidate set is ``c`` (sorted, unique) and what later sparse applies add."""
