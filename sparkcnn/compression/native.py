@@ -529,21 +529,15 @@ def _compile(cache: bool):
         if count > limits[t]:
             return FAULT, 0, 0, np.uint64(0)
         m = 0
-        change = np.uint64(0)
         for j in range(n):
-            v = vals[j]
-            vals[j] = min(max(v, -f16_max), f16_max)
+            vals[j] = min(max(vals[j], -f16_max), f16_max)
             h = f16_bits(np.int64(vbits[j]))
             if h & 0x7FFF == 0:
                 continue  # underflowed to 0: would cost bytes and move nothing
             vbits[m] = f32_bits(h)
-            i = keep[j]
-            idx[m] = i
-            change -= mix64(i, ubits[i])
-            u[i] = u[i] + vals[m]
-            change += mix64(i, ubits[i])
+            idx[m] = keep[j]
             m += 1
-        return OK, n, m, change
+        return OK, n, m, apply_delta(u, ubits, idx[:m], vals[:m], False)
 
     return SimpleNamespace(rice_indices=rice_indices, scatter_runs=scatter_runs, residual_support=residual_support,
                            momentum_step=momentum_step, abs_at_least=abs_at_least,
