@@ -110,10 +110,7 @@ def _sum_squares(values: np.ndarray) -> float:
 
 def values_norm(values: np.ndarray) -> float:
     """L2 norm of float32 values (a float32 dot, again in float64 if it overflowed)."""
-    sq = _sum_squares(values)
-    if not math.isfinite(sq):
-        sq = _sum_squares(values.astype(np.float64))
-    return math.sqrt(sq)
+    return _norm(values, values[:0])
 
 
 def _norm(sparse: np.ndarray, dense_wire: np.ndarray) -> float:
