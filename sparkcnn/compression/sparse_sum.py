@@ -177,11 +177,6 @@ class DecodedBatch:
     def __len__(self) -> int:
         return len(self.dense)
 
-    def nnz(self, k: int) -> int:
-        """Entries payload ``k`` carries (its sparse entries and its dense tensors')."""
-        sizes = np.asarray(self.layout)
-        return int(self.sparse_at[k + 1] - self.sparse_at[k]) + int(sizes[self.dense[k]].sum())
-
     def delta(self, k: int) -> SparseDelta:
         """Payload ``k`` as one SparseDelta (float32 values, ascending indices): what
         ``sum({k: 1})`` holds at its non-zero entries, without a P-sized vector."""
