@@ -139,20 +139,27 @@ class TimedSink:
     ~0.75 ms of CPU, which at one step per exchange was 15 % of the driver's
     CPU per exchange and held the apply lock ~3 ms. A record's reading is the
     linear interpolation of the two readings around its arrival time.
+
+    ``clock`` stamps records and readings alike. The default, ``perf_counter``,
+    is the wall clock the rates need. ``time.process_time`` puts both on this
+    process's CPU clock, which the scheduler cannot stretch: the driver's CPU
+    at a record is then exact however busy the machine is (a test's clock;
+    rates need wall time).
     """
 
-    def __init__(self, cpu: CpuMeter | None = None, interval_s: float = 0.1):
+    def __init__(self, cpu: CpuMeter | None = None, interval_s: float = 0.1, clock=time.perf_counter):
         self.rows: list[tuple[float, dict]] = []
         self.meter = cpu
         self.interval_s = interval_s
+        self.clock = clock
         self._times: dict[int, float] = {}
-        self._readings: list[tuple[float, dict[str, float]]] = []  # (perf_counter, reading), in time order
+        self._readings: list[tuple[float, dict[str, float]]] = []  # (clock, reading), in time order
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def write(self, record: dict) -> None:
-        t = time.perf_counter()
+        t = self.clock()
         self.rows.append((t, record))
         if self.meter is None:
             return
@@ -165,7 +172,7 @@ class TimedSink:
     def _read(self) -> None:
         with self._lock:
             reading = self.meter.sample()
-            self._readings.append((time.perf_counter(), reading))
+            self._readings.append((self.clock(), reading))
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -13,6 +14,9 @@ from bench._common import CpuMeter, TimedSink, cpu_account, cpu_per_record
 # burns CPU, says so, then waits for its stdin to close (so it is still there to be read)
 BURN = ("import sys, time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
         "print('burnt', flush=True)\nsys.stdin.read()\n")
+
+# says it is up (its start-up done), then idles until its stdin closes
+IDLE = "import sys\nprint('up', flush=True)\nsys.stdin.read()\n"
 
 # Run in a fresh interpreter whose only descendant is the burning child: this test
 # process may hold a Spark session (a JVM and Python workers of its own, busy or not).
@@ -88,26 +92,38 @@ def test_records_are_not_metered_in_the_engines_apply_path():
     """A record's write reads no /proc (a reading costs ~0.75 ms): the readings come from a
     background thread, and a record's CPU is interpolated between the two around it."""
     meter = CpuMeter()
-    calls = []
-    meter.sample = lambda: calls.append(time.perf_counter()) or {"driver": len(calls), "jvm": 0.0, "workers": 0.0}
-    sink = TimedSink(meter, interval_s=0.05)
+    calls = []  # (perf_counter, thread) of each reading
+    read = threading.Condition()
+
+    def sample():
+        with read:
+            calls.append((time.perf_counter(), threading.current_thread()))
+            read.notify_all()
+            return {"driver": len(calls), "jvm": 0.0, "workers": 0.0}
+
+    meter.sample = sample
+    interval = 0.05
+    sink = TimedSink(meter, interval_s=interval)
     sink.write({"kind": "round"})  # the first record: a reading at once, then the thread
-    first_reads = len(calls)
     records = [{"kind": "round", "i": i} for i in range(200)]
     for r in records:
         sink.write(r)
-    assert len(calls) - first_reads <= 1  # 200 writes in well under 50 ms: no reading of their own
-    time.sleep(0.3)
-    sink.close()
-    assert len(calls) >= 4  # the thread read every 50 ms
-    n = len(calls)
-    time.sleep(0.1)
-    assert len(calls) == n  # closed: no more readings
-    # readings k at calls[k-1]; a record between readings k and k+1 gets k + its fraction of the gap
+    me = threading.current_thread()
+    assert [th for _, th in calls].count(me) == 1  # only the first record's: the 200 read nothing
     t = sink._times[id(records[-1])]
-    k = sum(1 for c in calls if c <= t)
+    with read:  # the thread goes on reading by itself: three readings after the last record
+        assert read.wait_for(lambda: sum(c > t for c, _ in calls) >= 3, timeout=60), calls
+    sink.close()
+    assert not sink._thread.is_alive()  # closed: no more readings
+    n = len(calls)
+    starts = [c for c, _ in calls]
+    # paced by the interval (Event.wait never returns early), not by the records
+    assert all(b - a >= 0.9 * interval for a, b in zip(starts, starts[1:])), starts
+    # readings k at calls[k-1]; a record between readings k and k+1 gets k + its fraction of the gap
+    k = sum(1 for c in starts if c <= t)
     got = sink.cpu_of(records[-1])["driver"]
     assert k - 1 <= got <= k + 1
+    assert len(calls) == n  # the thread's readings cover the record: no reading of its own
 
 
 def test_a_records_cpu_is_linear_between_the_readings_around_it():
@@ -121,24 +137,36 @@ def test_a_records_cpu_is_linear_between_the_readings_around_it():
 
 def test_a_busy_drivers_cpu_is_exact_while_many_processes_are_read():
     """Each /proc read hands the GIL to a busy thread for up to 5 ms: with 20 descendants a
-    reading spanned ~100 ms and the driver's share came out ~35 % low (the suite's failure)."""
-    import subprocess
-    import sys
+    reading spanned ~100 ms and the driver's share came out ~35 % low (the suite's failure).
 
-    kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(20)]
+    The sink runs on this process's CPU clock (``clock=time.process_time``): with the driver's
+    share of a reading taken right before its stamp, both are the same number whatever the
+    scheduler does to the wall clock, and the share per record is exact, not within a window
+    that a loaded machine's preemptions could move."""
+    # each child says when it is up, then idles until its stdin closes
+    kids = [subprocess.Popen([sys.executable, "-c", IDLE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True) for _ in range(20)]
     try:
-        time.sleep(0.5)
-        sink = TimedSink(CpuMeter())
+        assert [k.stdout.readline().strip() for k in kids] == ["up"] * 20  # started, none still importing
+        sink = TimedSink(CpuMeter(), interval_s=0.05, clock=time.process_time)
         first, last = {"kind": "round"}, {"kind": "round"}
-        sink.write(first)
+        sink.write(first)  # a reading at once (its scan finds the 20), then the thread's
         t = time.process_time()
-        while time.process_time() - t < 0.2:
-            pass
+        # busy for >= 200 ms of CPU, and until the thread has read the 20 twice meanwhile
+        while time.process_time() - t < 0.2 or len(sink._readings) < 3:
+            assert time.process_time() - t < 10, "the meter thread took no readings"
         sink.write(last)
         per = cpu_per_record(sink, first, last, records=2)
         sink.close()
     finally:
         for k in kids:
-            k.kill()
-            k.wait()
-    assert 95 <= per["driver"] <= 110  # ms per record: the 200 ms busy loop over 2 records
+            k.stdin.close()
+            k.wait(timeout=60)
+            k.stdout.close()
+    # the driver's share of each reading is its stamp on the same clock, less the few instructions
+    # between the two: not the busy thread's 5 ms per file read while the 20 were read (~300 ms)
+    assert all(0 <= stamp - r["driver"] < 0.02 for stamp, r in sink._readings), sink._readings
+    # ms per record: the CPU from the first record's reading to the last record, over 2 records
+    # (>= the 200 ms busy loop), give or take half that 20 ms at either end
+    spent = 1000 * (sink._times[id(last)] - sink._readings[0][0]) / 2
+    assert per["driver"] == pytest.approx(spent, abs=10) and spent >= 100, (per, spent)
