@@ -98,9 +98,14 @@ def test_worker_stops_when_the_server_is_gone(tiny_cfg):
         _Link(StreamTicket("127.0.0.1", port, "t", timeout_s=2.0), 0).start()
     assert time.monotonic() - t0 < 10
 
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+
     class Silent(_Recorder):
         def open(self, hello):
-            time.sleep(4)  # longer than the task's timeout
+            entered.set()
+            release.wait()  # silent until the test is done: only the task's own timeout ends the wait
             return super().open(hello)
 
     svc = PSService("127.0.0.1", Silent(), 1000)
@@ -108,8 +113,10 @@ def test_worker_stops_when_the_server_is_gone(tiny_cfg):
         t0 = time.monotonic()
         with pytest.raises(ServerGone, match=r"did not answer within 1 s"):
             _Link(StreamTicket("127.0.0.1", svc.port, svc.token, timeout_s=1.0), 0).start()
-        assert time.monotonic() - t0 < 4
+        assert entered.is_set()  # the server was reached, and had not answered
+        assert time.monotonic() - t0 < 10
     finally:
+        release.set()
         svc.close()
 
 
