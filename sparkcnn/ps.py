@@ -43,8 +43,8 @@ import threading
 
 import numpy as np
 
-from sparkcnn.compression import native
-from sparkcnn.compression.codec import FLOAT16_MAX, VALUE_DTYPES
+from sparkcnn.compression import native, native_server
+from sparkcnn.compression.codec_format import FLOAT16_MAX, VALUE_DTYPES
 from sparkcnn.compression.delta import SparseDelta, layout_offsets
 from sparkcnn.compression.sparsify import TOLERANCE, Sparsifier, target_count
 from sparkcnn.errors import BadInput
@@ -231,11 +231,11 @@ class ParameterServer:
 
     def _compiled_candidates(self, density_down: float) -> tuple[SparseDelta, int] | None:
         """:meth:`_sparse_downlink` when :meth:`_from_candidates` settles it, in one compiled call
-        (``native.candidate_downlink``, bitwise the same); None otherwise (nothing changed)."""
+        (``native_server.candidate_downlink``, bitwise the same); None otherwise (nothing changed)."""
         if self._candidates is None or not native.enabled():
             return None
-        got = native.candidate_downlink(np.concatenate(self._candidates), self._W, self._U, self._offsets,
-                                        self._candidate_limits(density_down))
+        got = native_server.candidate_downlink(np.concatenate(self._candidates), self._W, self._U, self._offsets,
+                                               self._candidate_limits(density_down))
         if got is None:
             return None
         kept, idx, values, change = got
@@ -348,7 +348,7 @@ class ParameterServer:
             if self._support_buf is None:
                 self._support_buf = (np.empty(self._W.size, np.int64), np.empty(self._W.size, np.float32))
             idx, vals = self._support_buf
-            n = native.residual_support(self._W, self._U, idx, vals)
+            n = native_server.residual_support(self._W, self._U, idx, vals)
             return idx[:n], vals[:n]
         r = self._W - self._U
         idx = np.flatnonzero(r != 0)  # on a bool array: 4x faster than on the floats

@@ -34,14 +34,15 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from sparkcnn.compression import native
+from sparkcnn.compression import native, native_server
 from sparkcnn.compression.delta import SparseDelta
 from sparkcnn.errors import SparkCNNError
 
 log = logging.getLogger(__name__)
 
 MASK64 = (1 << 64) - 1
-_C1, _C2, _S29, _S32 = native.MIX_C1, native.MIX_C2, native.MIX_S1, native.MIX_S2  # the compiled path's too
+# mix64's constants, shared with the compiled path
+_C1, _C2, _S29, _S32 = native_server.MIX_C1, native_server.MIX_C2, native_server.MIX_S1, native_server.MIX_S2
 _CHUNK = 1 << 16  # 64 K entries: the uint64 work buffers stay in L2 (4x faster than 1 M)
 MAX_SIZE = 1 << 32  # the index must fit the high half of the mixed word
 
@@ -115,7 +116,7 @@ def apply_delta(U: np.ndarray, delta: SparseDelta, *, assign: bool = False) -> i
     """
     idx = delta.indices
     if U.dtype == np.float32 and U.flags.c_contiguous and native.enabled():
-        return native.apply_delta(U, idx, delta.values, assign)  # one pass, bitwise the same
+        return native_server.apply_delta(U, idx, delta.values, assign)  # one pass, bitwise the same
     before = _mix_sum(U[idx], idx)
     if assign:
         U[idx] = delta.values

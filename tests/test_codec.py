@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkcnn.compression import SparseDelta, decode, decode_batch, decode_parts, encode, weighted_sum
-from sparkcnn.compression import native, sparse_sum
-from sparkcnn.compression.codec import FLOAT16_MAX, MAGIC, _first_unfit, wire_to_float32
+from sparkcnn.compression import native, native_server, sparse_sum
+from sparkcnn.compression.codec_format import FLOAT16_MAX, MAGIC
+from sparkcnn.compression.codec_values import first_unfit, wire_to_float32
 from sparkcnn.errors import CodecError
 from tests.native_env import compiled
 
@@ -165,14 +166,14 @@ def test_value_check_agrees_with_isfinite_on_every_float16_and_the_float32_edges
     halves = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(np.float16)
     bad = ~np.isfinite(halves)
     for at in np.flatnonzero(bad)[::97].tolist() + [int(np.flatnonzero(bad)[0])]:
-        assert _first_unfit(np.concatenate([halves[~bad], halves[at:at + 1]])) == int((~bad).sum())
-    assert _first_unfit(halves[~bad]) is None
+        assert first_unfit(np.concatenate([halves[~bad], halves[at:at + 1]])) == int((~bad).sum())
+    assert first_unfit(halves[~bad]) is None
     edges = np.array([np.finfo(np.float32).max, -np.finfo(np.float32).max, 0.0, -0.0], np.float32)
-    assert _first_unfit(edges) is None
-    assert _first_unfit(np.append(edges, np.float32(np.inf))) == 4
+    assert first_unfit(edges) is None
+    assert first_unfit(np.append(edges, np.float32(np.inf))) == 4
     wire16 = np.array([65504.0, -65504.0], np.float32)
-    assert _first_unfit(wire16, FLOAT16_MAX) is None
-    assert _first_unfit(np.append(wire16, np.nextafter(np.float32(65504), np.float32(np.inf))), FLOAT16_MAX) == 2
+    assert first_unfit(wire16, FLOAT16_MAX) is None
+    assert first_unfit(np.append(wire16, np.nextafter(np.float32(65504), np.float32(np.inf))), FLOAT16_MAX) == 2
 
 
 def test_decoder_names_a_non_finite_float32_value_in_a_later_dense_tensor():
@@ -483,9 +484,9 @@ def test_blocked_scatter_chunks_do_not_change_the_sum():
     dense_vals = rng.standard_normal(int(seg_value[-1])).astype(np.float32)
     seg_hi = np.cumsum([len(s) for s in segs]).astype(np.int64)
     weights = rng.uniform(-2, 2, n).astype(np.float32)
-    runs_arg = native.Runs(weights, idx, vals, starts[:-1], starts[1:],
-                           np.array([a for a, _ in flat], np.int64), np.array([b for _, b in flat], np.int64),
-                           seg_value[:-1], dense_vals, seg_hi - [len(s) for s in segs], seg_hi)
+    runs_arg = native_server.Runs(weights, idx, vals, starts[:-1], starts[1:],
+                                  np.array([a for a, _ in flat], np.int64), np.array([b for _, b in flat], np.int64),
+                                  seg_value[:-1], dense_vals, seg_hi - [len(s) for s in segs], seg_hi)
     expected = np.zeros(size, np.float32)
     g = 0
     for k in range(n):
@@ -496,7 +497,7 @@ def test_blocked_scatter_chunks_do_not_change_the_sum():
     for chunk in (1, 7, 4096, 1 << 20):
         for lo, hi in ((0, size), (0, 12_345), (12_345, size), (20_000, 20_001)):
             acc = np.zeros(size, np.float32)
-            native.scatter_runs(acc, runs_arg, lo, hi, chunk)
+            native_server.scatter_runs(acc, runs_arg, lo, hi, chunk)
             want = np.zeros(size, np.float32)
             want[lo:hi] = expected[lo:hi]
             assert np.array_equal(acc.view(np.int32), want.view(np.int32)), (chunk, lo, hi)

@@ -5,7 +5,8 @@ driver's decode+sum (native.py, loaded on first use). A test checks that
 importing this package pulls in neither pyspark nor tensorflow.
 """
 
-from .codec import DecodedParts, decode, decode_parts, encode
+from .codec import decode, encode
+from .codec_frame import DecodedParts, decode_parts
 from .delta import Layout, SparseDelta, layout_offsets
 from .feedback import (
     DGCMomentum,

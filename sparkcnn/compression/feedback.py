@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import BadInput
-from . import native
-from .codec import FLOAT16_MAX, VALUE_DTYPES
+from . import native, native_step
+from .codec_format import FLOAT16_MAX, VALUE_DTYPES
 from .delta import Layout, SparseDelta, layout_offsets
 from .sparsify import METHODS, Sparsifier
 
@@ -191,7 +191,7 @@ class DGCMomentum(_FlatState):
     def step(self, update: np.ndarray, density: float, *, lr: float, weights: np.ndarray | None) -> SparseDelta:
         g = self._check_input("update", update)
         if native.enabled():  # one pass instead of three, bitwise the same
-            native.momentum_step(self.momentum, self.velocity, g, self.m)
+            native_step.momentum_step(self.momentum, self.velocity, g, self.m)
         else:
             self.momentum *= self.m
             self.momentum += g

@@ -36,8 +36,10 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import CodecError
-from . import native
-from .codec import _decode_frame, _layout_info, _parse, dense_indices, wire_to_float32
+from . import native, native_server
+from .codec_format import layout_info
+from .codec_frame import decode_frame, dense_indices, parse
+from .codec_values import wire_to_float32
 from .delta import Layout, SparseDelta
 
 # Threads of decode_batch and DecodedBatch.sum: numpy drops the GIL inside
@@ -128,7 +130,7 @@ def _norm(sparse: np.ndarray, dense_wire: np.ndarray) -> float:
 @lru_cache(maxsize=256)
 def _segments(layout: tuple, dense_mask: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(start, end, first value's position among the dense values) of each non-empty dense tensor."""
-    info = _layout_info(layout)
+    info = layout_info(layout)
     t = np.flatnonzero(np.frombuffer(dense_mask, bool) & (info.sizes > 0))
     sizes = info.sizes[t]
     value_at = np.zeros(t.size, np.int64)
@@ -214,7 +216,7 @@ class DecodedBatch:
                 runs = self._runs(chosen, ws, dense)
 
                 def add_range(t: int) -> None:
-                    native.scatter_runs(acc, runs, edges[t], edges[t + 1])
+                    native_server.scatter_runs(acc, runs, edges[t], edges[t + 1])
             else:
                 add = np.add.at if threads == 1 else _add_buffered  # np.add.at: fastest, but holds the GIL
 
@@ -244,7 +246,7 @@ class DecodedBatch:
         _map(pool, presum, range(min(threads, len(steps))))
         return _DenseTerms(False, [self.dense[chosen[0]]], [total], np.ones(1, np.float32))
 
-    def _runs(self, chosen: list[int], ws: np.ndarray, dense: _DenseTerms) -> native.Runs:
+    def _runs(self, chosen: list[int], ws: np.ndarray, dense: _DenseTerms) -> native_server.Runs:
         """Payload k's sparse entries, and the dense terms: with each payload, or after them all."""
         segs = [_segments(self.layout, m.tobytes()) for m in dense.masks]
         counts = np.array([s[0].size for s in segs], np.int64)
@@ -258,7 +260,7 @@ class DecodedBatch:
             sparse_lo, sparse_hi = np.append(sparse_lo, 0), np.append(sparse_hi, 0)
             seg_count = np.append(np.zeros(len(chosen), np.int64), counts)
         seg_hi = np.cumsum(seg_count)
-        return native.Runs(
+        return native_server.Runs(
             weights, self.idx, self.vals, sparse_lo, sparse_hi,
             np.concatenate([s[0] for s in segs]), np.concatenate([s[1] for s in segs]),
             np.concatenate([s[2] + at for s, at in zip(segs, value_at)]),
@@ -308,7 +310,7 @@ def decode_batch(payloads: Sequence[bytes], layout: Layout, *, threads: int | No
     errors: dict[int, CodecError] = {}
     for k, data in enumerate(payloads):
         try:
-            frames[k] = _parse(data, layout)  # header and lengths: sizes the shared arrays
+            frames[k] = parse(data, layout)  # header and lengths: sizes the shared arrays
         except CodecError as e:
             errors[k] = e
     sparse_at = np.zeros(n + 1, np.int64)
@@ -326,7 +328,7 @@ def decode_batch(payloads: Sequence[bytes], layout: Layout, *, threads: int | No
                 continue
             a, b = sparse_at[k], sparse_at[k + 1]
             try:
-                parts = _decode_frame(frames[k], idx[a:b])  # index stream and values checked
+                parts = decode_frame(frames[k], idx[a:b])  # index stream and values checked
             except CodecError as e:
                 failed[k] = e
                 continue

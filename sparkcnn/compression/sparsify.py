@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from . import native
+from . import native, native_step
 from .delta import Layout, SparseDelta, layout_offsets
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ def threshold_indices(x: np.ndarray, density: float, *, rng=None) -> np.ndarray:
 def _at_least(x: np.ndarray, thr) -> np.ndarray:
     """``flatnonzero(|x| >= thr)``: one compiled pass on a float32 vector, else numpy's three."""
     if x.dtype == np.float32 and x.flags.c_contiguous and native.enabled():
-        return native.abs_at_least(x, thr)
+        return native_step.abs_at_least(x, thr)
     return np.flatnonzero(np.abs(x) >= thr)
 
 
