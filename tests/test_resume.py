@@ -28,10 +28,18 @@ def _weights(run_dir):
     return [w.numpy() for w in model.weights]
 
 
+# checkpoint.every_rounds=2: the first checkpoint follows round 1 (r0000002). The driver is
+# SIGKILLed after round 2, one recorded round past it: a resume starts from that checkpoint,
+# reruns round 2 and must not record it twice.
+KILL_ROUND = 2
+FIRST_CHECKPOINT = "r0000002"
+
+
 @pytest.fixture(scope="module")
 def runs(tiny_data, tmp_path_factory):
-    """On Spark local[2]: an uninterrupted run, and one whose driver is SIGKILLed after a
-    random round (printed, so a failure can be replayed with SPARKCNN_TEST_KILL_ROUND)."""
+    """On Spark local[2]: an uninterrupted run, and one whose driver is SIGKILLed after round
+    ``KILL_ROUND``. Tests resume or damage copies of the killed run, never the run itself, so
+    none depends on what another did before it."""
     out = tmp_path_factory.mktemp("resume")
     common = ["train", "--no-progress", "--set", f"data.path={tiny_data}", "--set", "engine.master=local[2]",
               "--set", "run.deterministic=true", "--set", "train.epochs=2", "--set", "train.batch_size=32",
@@ -40,36 +48,49 @@ def runs(tiny_data, tmp_path_factory):
               "--set", "compression.density_down=0.05"]
     clean = _cli([*common, "--set", f"run.out_dir={out / 'clean'}"])
     total = json.loads(clean.stdout)["rounds"]
-    kill_round = int(os.environ.get("SPARKCNN_TEST_KILL_ROUND", random.Random().randrange(total - 1)))
-    print(f"driver SIGKILLed after round {kill_round} of {total}")
+    assert total > KILL_ROUND + 1, f"{total} rounds: the kill after round {KILL_ROUND} would not be mid-run"
     killed = _cli([*common, "--set", f"run.out_dir={out / 'killed'}",
-                   "--set", f"chaos.kill_driver_round={kill_round}"], check=False)
-    assert killed.returncode == -9, (kill_round, killed.stderr[-2000:])
+                   "--set", f"chaos.kill_driver_round={KILL_ROUND}"], check=False)
+    assert killed.returncode == -9, killed.stderr[-2000:]
     (run_dir,) = glob.glob(str(out / "killed" / "*"))
-    return json.loads(clean.stdout)["run_dir"], run_dir, kill_round
+    with open(os.path.join(run_dir, "checkpoints", "LATEST")) as fh:
+        assert fh.read().strip() == FIRST_CHECKPOINT
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        records = [json.loads(line) for line in fh]
+    assert [r["round"] for r in records if r["kind"] == "round"] == list(range(KILL_ROUND + 1))
+    return json.loads(clean.stdout)["run_dir"], run_dir
 
 
-def test_resume_after_sigkill_is_bit_identical(runs):
-    clean_dir, killed_dir, kill_round = runs
+def _copy(run_dir, tmp_path) -> str:
+    """A copy of a run directory for one test; the same name, so the same run id."""
+    import shutil
+
+    copy = tmp_path / os.path.basename(run_dir)
+    shutil.copytree(run_dir, copy)
+    return str(copy)
+
+
+def test_resume_after_sigkill_is_bit_identical(runs, tmp_path):
+    clean_dir, killed = runs
+    killed_dir = _copy(killed, tmp_path)
     assert not os.path.exists(os.path.join(killed_dir, "model.keras"))
     resumed = _cli(["train", "--no-progress", "--resume", killed_dir, "--set", "chaos.kill_driver_round=-1"])
     summary = json.loads(resumed.stdout)
     assert summary["run_dir"] == killed_dir
     for a, b in zip(_weights(clean_dir), _weights(killed_dir)):
-        assert np.array_equal(a, b), f"killed after round {kill_round}"
+        assert np.array_equal(a, b)
     with open(os.path.join(killed_dir, "metrics.jsonl")) as fh:
         records = [json.loads(line) for line in fh]
     rounds = [r["round"] for r in records if r["kind"] == "round"]
-    assert rounds == list(range(summary["rounds"]))  # none duplicated, none missing
+    assert rounds == list(range(summary["rounds"]))  # none duplicated (KILL_ROUND reran), none missing
     assert [r["epoch"] for r in records if r["kind"] == "epoch"] == [0, 1]
 
 
 def test_flipped_byte_in_checkpoint_is_refused(runs, tmp_path):
-    import shutil
+    import pathlib
 
-    _, killed_dir, _ = runs
-    copy = tmp_path / "copy"
-    shutil.copytree(killed_dir, copy)
+    _, killed = runs
+    copy = pathlib.Path(_copy(killed, tmp_path))
     latest = open(copy / "checkpoints" / "LATEST").read().strip()
     target = copy / "checkpoints" / latest / "arrays.npz"
     data = bytearray(target.read_bytes())
