@@ -192,12 +192,16 @@ class GuardConfig:
     max_norm_factor: float = 10.0   # reject a block's delta whose L2 norm exceeds this x running median
     loss_spike_factor: float = 3.0  # a pooled loss above this x running median is a spike
     loss_samples: int = 1024        # exchanges pooled until they hold this many samples, then judged
+    warmup_steps: int = 100         # local steps (all blocks) before the norm rule judges: momentum builds
+                                    # up over ~1/(1 - m) = 10 steps per block, so the first per-step deltas
+                                    # are up to 10x smaller than later ones (H = 1: 20-40 rejected without)
     action: str = "halve_lr"        # on a spike: halve_lr | raise_density | stop (exit 3)
 
     def validate(self, p: str) -> None:
         _check(self.max_norm_factor > 1, f"{p}.max_norm_factor", "> 1", self.max_norm_factor)
         _check(self.loss_spike_factor > 1, f"{p}.loss_spike_factor", "> 1", self.loss_spike_factor)
         _check(self.loss_samples >= 0, f"{p}.loss_samples", ">= 0", self.loss_samples)
+        _check(self.warmup_steps >= 0, f"{p}.warmup_steps", ">= 0", self.warmup_steps)
         _check(self.action in ("halve_lr", "raise_density", "stop"), f"{p}.action",
                "one of halve_lr, raise_density, stop", self.action)
 

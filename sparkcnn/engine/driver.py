@@ -63,7 +63,7 @@ class RoundDriver:
             sparsifier=Sparsifier(self.plan.selector, c.dense_below),
             value_dtype=spec.value_dtype)
         self.guard = DivergenceGuard(cfg.guard.max_norm_factor, cfg.guard.loss_spike_factor,
-                                     loss_samples=cfg.guard.loss_samples)
+                                     loss_samples=cfg.guard.loss_samples, warmup_steps=cfg.guard.warmup_steps)
         self.lr_factor = 1.0        # halved by the guard on a loss spike
         self.density_factor = 1.0   # raised by the guard on a loss spike
         self.counters = dict.fromkeys(COUNTERS, 0)
