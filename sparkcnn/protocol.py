@@ -136,6 +136,10 @@ class RoundResult:
     view_bytes: int          # bytes of dense weights this task read (0 when it followed downlinks)
     pid: int                 # the Python worker's process id
     executor: str            # "host:local dir" of the executor that ran the task
+    lr: float                # learning rate it was trained with (the server applies with it too)
+    density: float           # uplink density it was sparsified at
+    first_step: int          # the block's cursor at its first step: it trained steps first_step ..
+                             # first_step + steps - 1
     state: dict | None = None  # the block's state arrays, when the order asked for them
 
 

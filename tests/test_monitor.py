@@ -23,7 +23,7 @@ def result(block: int, samples: int, compute_s: float) -> RoundResult:
     return RoundResult(block=block, seq=0, attempt=0, base_version=0, payload=b"", samples=samples,
                        steps=0, loss_sum=0.0, correct=0, nnz=0, prep_s=0.0, compute_s=compute_s, encode_s=0.0,
                        task_s=0.0, state_reset=False, state_stale=False, replica_resync=False, view_bytes=0,
-                       pid=0, executor="local")
+                       pid=0, executor="local", lr=0.1, density=1.0, first_step=0)
 
 
 def test_local_backend_is_one_slot_and_results_give_speeds():

@@ -10,14 +10,16 @@ it the live task slots (fewer when an executor is lost, more when one joins;
 Each result goes through the :class:`~sparkcnn.engine.driver.RoundDriver` as
 it arrives::
 
-    tau = version_now - base_version
-    tau > ps.max_staleness:  dropped (stale_dropped), the block reloads the view next time
+    ExchangeCore.accept: tau = version_now - base_version
+    tau > ps.max_staleness:  dropped (stale_dropped); the block's next job trains the same steps
+                             from its state before them and a reloaded view
     else:                    W -= lambda(tau) * S_k / N      # lambda = 1/tau (inverse) or 1 (none)
 
 Blocks keep their own cursor through their data (a fast block simply starts
 its next pass sooner); the global epoch is the number of samples processed
 over the training set size, which drives the learning rate, the density
-warm-up, evaluation, checkpoints (at epoch ends) and the end of training.
+warm-up, evaluation, checkpoints (at epoch ends, and every ``checkpoint.every_rounds``
+applied exchanges, at most one per 50 times the last one's cost) and the end of training.
 """
 
 from __future__ import annotations
@@ -26,13 +28,13 @@ import logging
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-from sparkcnn.checkpoint import int_keys, json_keys
 from sparkcnn.engine.driver import DriverShorthands, RoundDriver, timed
+from sparkcnn.engine.exchange import ExchangeCore
 from sparkcnn.engine.monitor import LoadMonitor
 from sparkcnn.engine.tasks import round_task
 from sparkcnn.protocol import RoundOrder, steps_per_epoch
 from sparkcnn.scheduler import AsyncPolicy, DecisionKind, task_slots
-from sparkcnn.staleness import resolve_rule, staleness_scale
+from sparkcnn.staleness import resolve_rule
 
 log = logging.getLogger(__name__)
 
@@ -40,20 +42,19 @@ log = logging.getLogger(__name__)
 class AsyncEngine(DriverShorthands):
     """Asynchronous jobs over the same driver, worker and records as sync mode."""
 
-    COUNTERS = ("block_epoch", "block_step", "last_job", "staleness_hist")  # int-keyed, checkpointed
-
     def __init__(self, cfg, backend, spec, block_rows: dict[int, int], weights, sink=None, progress=None,
                  run_dir: str | None = None, pool_factory=None, monitor=None):
         self.cfg, self.backend, self.spec, self.block_rows = cfg, backend, spec, block_rows
         self.num_blocks = len(block_rows)
         self.block_steps = {k: steps_per_epoch(n, cfg.train.batch_size) for k, n in block_rows.items()}
         # samples in one pass over every block (full minibatches only)
-        self.n_train = sum(self.block_steps.values()) * cfg.train.batch_size
-        self.total_samples = cfg.train.epochs * self.n_train
+        self.total_samples = cfg.train.epochs * sum(self.block_steps.values()) * cfg.train.batch_size
         # replicas and orders may trail by up to max_staleness versions and the jobs in flight
         self.driver = RoundDriver(cfg, backend, spec, weights,
                                   keep_broadcasts=cfg.ps.max_staleness + 2 * max(2, self.num_blocks) + 2,
                                   sink=sink, progress=progress, run_dir=run_dir)
+        self.core = ExchangeCore(self.driver, self.block_steps, batch_size=cfg.train.batch_size,
+                                 staleness_rule=resolve_rule(cfg.ps.staleness, False))
         # the pool can run a job per block; live slots (_refresh_slots) limit the jobs in flight
         self.max_slots = cfg.engine.threads or self.num_blocks
         self.monitor = monitor or LoadMonitor(backend)
@@ -67,34 +68,33 @@ class AsyncEngine(DriverShorthands):
                                   max_steps=max(self.block_steps.values()))
         # an injectable pool: tests run the same scenario with a synchronous executor
         self.pool_factory = pool_factory or (lambda n: ThreadPoolExecutor(n, thread_name_prefix="sparkcnn-job"))
-        self.block_epoch = {k: 0 for k in block_rows}   # passes each block has completed
-        self.block_step = {k: 0 for k in block_rows}    # minibatches into its current pass
-        self.last_job = {k: -1 for k in block_rows}     # seq of the job whose state the block continues
-        self.resync: set[int] = set()                   # blocks that reload the view before their next job
         self.initial_states: dict = {}                  # block -> state from a checkpoint
-        self.samples_done = 0
         self.next_seq = 0
         self.next_eval = 1                              # the next epoch end to evaluate and checkpoint
-        self.staleness_hist: dict[int, int] = {}
+        self.ckpt_at, self.ckpt_cost_s, self.ckpt_t = 0, 0.0, 0.0  # mid-epoch checkpoint cadence
 
     @property
     def epoch_float(self) -> float:
-        return self.samples_done / self.n_train
+        return self.core.epoch_float
+
+    @property
+    def samples_done(self) -> int:
+        return self.core.samples_done
 
     # -- orders -----------------------------------------------------------------------------
     def order_for_block(self, block: int, steps: int) -> RoundOrder:
-        steps = max(1, min(steps, self.block_steps[block] - self.block_step[block]))
+        c = self.core
+        steps = max(1, min(steps, self.block_steps[block] - c.block_step[block]))
         # orders are made while samples remain, so the epoch is below train.epochs
         lr, density = self.driver.schedule(min(self.epoch_float, self.cfg.train.epochs))
         seq, self.next_seq = self.next_seq, self.next_seq + 1
         initial = {block: self.initial_states.pop(block)} if block in self.initial_states else {}
-        offset = self.block_epoch[block] * self.block_steps[block] + self.block_step[block]
-        return RoundOrder(seq=seq, steps={block: steps}, step_offset={block: offset}, lr=lr, density=density,
-                          base_version=self.version, expect_state={block: self.last_job[block]},
-                          initial_state=initial, resync=block in self.resync, **self.driver.order_weights())
+        return RoundOrder(seq=seq, steps={block: steps}, step_offset={block: c.cursor(block)}, lr=lr,
+                          density=density, base_version=self.version, expect_state={block: c.last_seq[block]},
+                          initial_state=initial, resync=block in c.resync, **self.driver.order_weights())
 
     def _job(self, order: RoundOrder, block: int):
-        desc = (f"sparkcnn {self.spec.run_id} epoch {self.block_epoch[block] + 1} block {block} "
+        desc = (f"sparkcnn {self.spec.run_id} epoch {self.core.block_epoch[block] + 1} block {block} "
                 f"job {order.seq + 1}")
         return timed(self.backend.map_blocks, round_task(self.spec, order), [block], desc,
                      universe=self.num_blocks)
@@ -112,35 +112,18 @@ class AsyncEngine(DriverShorthands):
 
     # -- results ------------------------------------------------------------------------------
     def on_result(self, order: RoundOrder, block: int, results, t0: float, t1: float) -> dict | None:
-        """Apply one job's result as it arrives; its record, or None (duplicate or dropped)."""
-        d = self.driver
-        fresh = d.take_fresh(results)
-        if not fresh:
+        """Hand one job's result to the exchange core as it arrives; its record, or None
+        (a duplicate, or dropped as too stale: the block's next job trains those steps again)."""
+        if not results:
             return None
-        r = fresh[0]
-        tau = d.staleness(r)
-        self.staleness_hist[tau] = self.staleness_hist.get(tau, 0) + 1
+        r = results[0]
         self.policy.applied(block, r.base_version)
         self.monitor.record(r)
-        if d.too_stale(r):
-            # not applied: the block redoes these steps from its previous state and a fresh view
-            self.resync.add(block)
+        inline = sum(len(m.payload) for m in order.downlinks)
+        out = self.core.accept(r, inline_bytes=inline)
+        if out is None or not out.applied:
             return None
-        self.resync.discard(block)
-        scale = staleness_scale(tau, resolve_rule(self.cfg.ps.staleness, False)) / self.num_blocks
-        out = d.apply([r], order.lr, factor=scale)
-        nnz_down = d.send_downlink(self.epoch_float)
-        d.count_flags([r])
-        rec = {"kind": "round", "round": r.seq, "block": block, "block_epoch": self.block_epoch[block],
-               "block_step": self.block_step[block], "staleness": tau, "scale": scale, "steps": r.steps,
-               **d.exchange_record(order, [r], out, nnz_down)}
-        self.last_job[block] = r.seq
-        self.samples_done += r.samples
-        self.block_step[block] += r.steps
-        if self.block_step[block] >= self.block_steps[block]:
-            self.block_epoch[block] += 1
-            self.block_step[block] = 0
-        d.check_loss(f"job {r.seq}", rec["loss"], rec["samples"])
+        rec = out.record
         t2 = time.perf_counter()
         rec.update(epoch=int(self.epoch_float - 1e-9) if self.samples_done else 0,
                    compute_s=r.compute_s, task_s=r.task_s, job_s=t1 - t0, apply_s=t2 - t1, wall_s=t2 - t0,
@@ -187,6 +170,7 @@ class AsyncEngine(DriverShorthands):
                                               "epoch": min(int(self.epoch_float), self.cfg.train.epochs - 1)},
                                              1000)
                         self._epoch_ends(t_start, on_epoch)
+                        self._checkpoint_if_due()
                         d.chaos_kill(rec["round"])
             except BaseException:
                 for fut in inflight:
@@ -199,7 +183,7 @@ class AsyncEngine(DriverShorthands):
         """Evaluate and checkpoint at every epoch end the applied samples have crossed."""
         while self.epoch_float >= self.next_eval - 1e-9 and self.next_eval <= self.cfg.train.epochs:
             self.driver.write_epoch(self.next_eval - 1, time.perf_counter() - t_start, on_epoch,
-                                    staleness_histogram={str(k): v for k, v in sorted(self.staleness_hist.items())})
+                                    staleness_histogram={str(k): v for k, v in sorted(self.core.staleness_hist.items())})
             self.next_eval += 1
             if self.driver.run_dir is not None:
                 self.save_checkpoint()
@@ -217,11 +201,21 @@ class AsyncEngine(DriverShorthands):
                                       executors=list(self.load.executors)):
             if dec.kind is not DecisionKind.SUBMIT or remaining <= 0:
                 continue
-            order = self.order_for_block(dec.block, dec.steps)
+            # no more than the run has left: every planned sample is trained once, none beyond
+            order = self.order_for_block(dec.block, min(dec.steps, remaining // self.cfg.train.batch_size))
             remaining -= order.steps[dec.block] * self.cfg.train.batch_size
             inflight[pool.submit(self._job, order, dec.block)] = (order, dec.block)
 
     # -- checkpoints --------------------------------------------------------------------------
+    def _checkpoint_if_due(self) -> None:
+        """Every ``checkpoint.every_rounds`` applied exchanges, at most one per 50 times the last
+        one's cost (so checkpoints take under 2 % of the run)."""
+        every = self.cfg.checkpoint.every_rounds
+        if (self.driver.run_dir is None or every <= 0 or self.core.exchanges - self.ckpt_at < every
+                or time.perf_counter() - self.ckpt_t < 50 * self.ckpt_cost_s):
+            return
+        self.save_checkpoint()
+
     def save_checkpoint(self) -> str:
         """The driver's state, the block cursors, and each block's state as of its last applied job.
 
@@ -229,17 +223,18 @@ class AsyncEngine(DriverShorthands):
         computed again after a resume (the cursors saved here do not include them). Each block's
         state is read where it lives by one small job (the executor keeps its last two).
         """
-        blocks = self.driver.block_states(self.last_job, self.num_blocks)
-        st = {"next_seq": self.next_seq, "samples_done": self.samples_done, "next_eval": self.next_eval,
-              **{name: json_keys(getattr(self, name)) for name in self.COUNTERS}}
-        return self.driver.save_checkpoint(self.next_seq, st, blocks)
+        t0 = time.perf_counter()
+        blocks = self.driver.block_states(self.core.last_seq, self.num_blocks)
+        st = {"next_seq": self.next_seq, "next_eval": self.next_eval, **self.core.state_dict()}
+        path = self.driver.save_checkpoint(self.core.exchanges, st, blocks)
+        self.ckpt_at, self.ckpt_t = self.core.exchanges, time.perf_counter()
+        self.ckpt_cost_s = self.ckpt_t - t0
+        return path
 
     def restore(self, ckpt) -> int:
-        """Continue from a loaded checkpoint; returns its position (the next job's seq)."""
+        """Continue from a loaded checkpoint; returns its position."""
         st = self.driver.restore(ckpt)
-        self.next_seq, self.samples_done = int(st["next_seq"]), int(st["samples_done"])
-        self.next_eval = int(st["next_eval"])
-        for name in self.COUNTERS:
-            setattr(self, name, int_keys(st[name]))
+        self.next_seq, self.next_eval = int(st["next_seq"]), int(st["next_eval"])
+        self.core.load_state_dict(st)
         self.initial_states = {int(k): v for k, v in ckpt.blocks.items()}
-        return self.next_seq
+        return self.core.exchanges

@@ -5,18 +5,11 @@ and both density warm-ups, with the guard's factors), the downlink and its
 broadcasts (through the injected :class:`~sparkcnn.engine.backend.Backend`),
 the path every result takes to ``W``::
 
-    dedup (seq, block)  ->  staleness rule  ->  decode + guard  ->  W -= Σ_k w_k S_k
-                                                 (engine/apply.py, one call per exchange)
+    dedup (seq, block)  ->  decode + guard  ->  W -= Σ_k w_k S_k   (engine/apply.py, one call per exchange)
 
-checkpoints and restore, records and evaluation. The engines decide only
-*when* exchanges happen: :class:`~sparkcnn.engine.sync.SyncEngine` (a round of
-every block per Spark job) and :class:`~sparkcnn.engine.asynchronous.AsyncEngine`
-(one block per job, applied on arrival).
-
-Staleness rule (async): a result computed from version ``b`` reaches the
-server at version ``v``; ``τ = v − b``. If ``τ > ps.max_staleness`` it is
-dropped, not applied, counted as ``stale_dropped``, and its block reloads the
-dense view before its next job; otherwise ``W −= λ(τ)·S/N``.
+checkpoints and restore, records and evaluation. What an arrived result does
+(staleness, drop, λ(τ)/N, cursor, record) is :mod:`sparkcnn.engine.exchange`'s;
+the transports decide only *when* exchanges happen.
 """
 
 from __future__ import annotations
@@ -38,9 +31,8 @@ from sparkcnn.engine.apply import Applied, apply_deltas
 from sparkcnn.engine.tasks import eval_task, state_task
 from sparkcnn.errors import Diverged
 from sparkcnn.guard import DivergenceGuard
-from sparkcnn.protocol import DownlinkMsg, RoundOrder, RoundResult
+from sparkcnn.protocol import DownlinkMsg, RoundResult
 from sparkcnn.ps import ParameterServer
-from sparkcnn.staleness import held_back
 
 log = logging.getLogger(__name__)
 
@@ -162,19 +154,6 @@ class RoundDriver:
             self.executors[r.executor] = self.executors.get(r.executor, 0) + 1
         return fresh
 
-    def staleness(self, result: RoundResult) -> int:
-        return self.version - result.base_version
-
-    def too_stale(self, result: RoundResult) -> bool:
-        """The staleness rule: τ > ps.max_staleness drops the result (counted)."""
-        tau = self.staleness(result)
-        if held_back(tau, self.cfg.ps.max_staleness):
-            self.counters["stale_dropped"] += 1
-            log.warning("exchange %s block %s: staleness %s > ps.max_staleness %s; dropped",
-                        result.seq, result.block, tau, self.cfg.ps.max_staleness)
-            return True
-        return False
-
     def apply(self, results: list[RoundResult], lr: float, factor: float = 1.0) -> Applied:
         """``W −= Σ_k factor·s(lr)·(n_k / Σ n)·S_k`` over the results that decode and pass the guard
         (``s(lr)``: the momentum policy's server scale). Each rejected one is logged and counted."""
@@ -206,30 +185,6 @@ class RoundDriver:
             self.lr_factor *= 0.5
         else:
             self.density_factor = min(1.0 / max(self.cfg.compression.density, 1e-12), self.density_factor * 4)
-
-    def exchange_record(self, order: RoundOrder, results: list[RoundResult], out: Applied | None,
-                        nnz_down: int) -> dict:
-        """The record fields every engine writes for an exchange: loss, accuracy, traffic, timings."""
-        n = int(self.W.size)
-        samples = sum(r.samples for r in results)
-        up = sum(len(r.payload) for r in results)
-        nnz_up = sum(r.nnz for r in results)
-        inline = sum(len(d.payload) for d in order.downlinks)
-        down = inline * len(results) + sum(r.view_bytes for r in results)
-        dense = 4 * n * len(results)
-        return {
-            "lr": order.lr, "version": self.version, "samples": samples, "blocks": len(results),
-            "loss": sum(r.loss_sum for r in results) / max(1, samples),
-            "accuracy": sum(r.correct for r in results) / max(1, samples),
-            "density": order.density, "bytes_up": up, "nnz_up": nnz_up,
-            "achieved_density": nnz_up / max(1, n * len(results)), "bytes_per_nonzero": up / max(1, nnz_up),
-            # measured: inline downlink bytes per task + the dense bytes each task read
-            "bytes_down": down, "nnz_down": nnz_down, "dense_bytes": dense,
-            "uplink_ratio": dense / max(1, up), "downlink_ratio": dense / max(1, down),
-            "rejected": len(out.rejected) if out else 0,
-            "state_resets": sum(int(r.state_reset) for r in results),
-            "replica_resyncs": sum(int(r.replica_resync) for r in results),
-        }
 
     # -- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self, position: int, engine_state: dict, blocks: dict) -> str:

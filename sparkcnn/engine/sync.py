@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from sparkcnn.checkpoint import int_keys, json_keys
 from sparkcnn.engine.driver import DriverShorthands, RoundDriver, timed
+from sparkcnn.engine.exchange import ExchangeCore
 from sparkcnn.engine.tasks import round_task
 from sparkcnn.protocol import RoundOrder, steps_per_epoch
 from sparkcnn.scheduler import pipeline_depth, size_sync_steps
@@ -41,6 +42,8 @@ class SyncEngine(DriverShorthands):
                                   sink=sink, progress=progress, run_dir=run_dir)
         H = cfg.train.steps_per_round
         self.block_steps = {k: steps_per_epoch(n, cfg.train.batch_size) for k, n in block_rows.items()}
+        self.core = ExchangeCore(self.driver, self.block_steps, batch_size=cfg.train.batch_size,
+                                 staleness_rule="none")
         self.rounds_per_epoch = max(1, math.ceil(max(self.block_steps.values()) / H))
         self.total_rounds = self.rounds_per_epoch * cfg.train.epochs
         # balanced sync (scheduler.balance, not pipelined): executor -> measured images/s
@@ -111,16 +114,13 @@ class SyncEngine(DriverShorthands):
             self.block_cursor[r.block] = self.block_cursor.get(r.block, 0) + r.steps
 
     def _complete(self, order: RoundOrder, results, t0: float, t1: float) -> dict:
-        """Apply the round's fresh results, send the downlink, build the record."""
-        d, t = self.driver, order.seq
+        """Hand the round's results to the exchange core (it applies the fresh ones and sends the
+        downlink); the record with this transport's timings."""
+        t = order.seq
         epoch, r = divmod(t, self.rounds_per_epoch)
-        fresh = d.take_fresh(results, seq=t)
-        out = d.apply(fresh, order.lr)
-        nnz_down = d.send_downlink(epoch + r / self.rounds_per_epoch)
-        d.count_flags(fresh)
-        rec = {"kind": "round", "round": t, "epoch": epoch, "round_in_epoch": r,
-               **d.exchange_record(order, fresh, out, nnz_down)}
-        d.check_loss(f"round {t}", rec["loss"], rec["samples"])
+        out = self.core.accept_round(results, t, inline_bytes=sum(len(m.payload) for m in order.downlinks))
+        fresh = list(out.results)
+        rec = {**out.record, "round": t, "epoch": epoch, "round_in_epoch": r}
         self.last_applied_round = t
         self._observe_speeds(fresh)
         if order.return_state:
@@ -192,13 +192,14 @@ class SyncEngine(DriverShorthands):
     def save_checkpoint(self, next_round: int) -> str:
         """The driver's state plus the round cursor and the block states gathered by this round."""
         return self.driver.save_checkpoint(
-            next_round, {"next_round": next_round,
-                         "block_cursor": json_keys(self.block_cursor)},
+            next_round, {"next_round": next_round, "block_cursor": json_keys(self.block_cursor),
+                         **self.core.state_dict()},
             dict(self.block_states))
 
     def restore(self, ckpt) -> int:
         """Continue from a loaded checkpoint; returns the round to start from."""
         st = self.driver.restore(ckpt)
+        self.core.load_state_dict(st)
         self.block_cursor = int_keys(st["block_cursor"]) or self.block_cursor
         self.initial_states = {int(k): v for k, v in ckpt.blocks.items()}
         nxt = int(st["next_round"])

@@ -208,7 +208,8 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, ctx: TaskCont
         samples=seen, steps=len(batches), loss_sum=loss_sum, correct=correct, nnz=int(sent.nnz),
         prep_s=t1 - t0, compute_s=t2 - t1, encode_s=t3 - t2, task_s=time.perf_counter() - t0,
         state_reset=state_reset, state_stale=state_stale, replica_resync=resynced, view_bytes=view_bytes,
-        pid=os.getpid(), executor=executor, state=new_state if order.return_state else None)
+        pid=os.getpid(), executor=executor, lr=order.lr, density=order.density, first_step=start,
+        state=new_state if order.return_state else None)
 
 
 def _policy_state(policy) -> dict:
