@@ -229,6 +229,9 @@ class ChaosConfig:
                                         # set SPARKCNN_CHAOS_SLOW=<factor> in one worker's environment)
     nan_round: int = -1                 # inject NaN into block 0's delta in this round (-1 = never)
     kill_driver_round: int = -1         # SIGKILL the driver right after this round (-1 = never)
+    hold_every: int = 0                 # block 0 holds the result of every n-th exchange (its first
+                                        # try) for hold_s seconds, so that it arrives stale (0 = never)
+    hold_s: float = 1.0
 
     def validate(self, p: str) -> None:
         _check(0 <= self.fail_task_probability < 1, f"{p}.fail_task_probability", "in [0, 1)",
@@ -236,6 +239,8 @@ class ChaosConfig:
         _check(0 <= self.kill_worker_probability < 1, f"{p}.kill_worker_probability", "in [0, 1)",
                self.kill_worker_probability)
         _check(self.slow_executor >= 1, f"{p}.slow_executor", ">= 1", self.slow_executor)
+        _check(self.hold_every >= 0, f"{p}.hold_every", ">= 0", self.hold_every)
+        _check(self.hold_s >= 0, f"{p}.hold_s", ">= 0", self.hold_s)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,8 @@ class TaskSpec:
     chaos_kill_p: float = 0.0
     chaos_slow: float = 1.0
     chaos_nan_seq: int = -1
+    chaos_hold_every: int = 0           # block 0 holds every n-th exchange's result (first try) ...
+    chaos_hold_s: float = 0.0           # ... for this many seconds
     deterministic: bool = False
     local_root: str = ""     # overrides TaskContextInfo.local_dir when set (tests)
 
