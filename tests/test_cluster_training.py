@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -177,6 +178,43 @@ def _selected(request, fixture: str) -> bool:
     return any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items)
 
 
+class _DriverUI:
+    """The REST API of a driver's Spark UI on loopback (``spark.ui.port`` = ``port``): which of a
+    run's jobs are running, and how many of their tasks."""
+
+    def __init__(self, port: int, app_name: str):
+        self.port, self.app_name = port, app_name
+        self.app = None  # .../applications/<id>, once the UI answers
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def _get(self, url: str):
+        with self._opener.open(url, timeout=5) as r:
+            return json.load(r)
+
+    def _find(self) -> None:
+        # Spark binds the next port up when the chosen one was taken in the meantime
+        for port in range(self.port, self.port + 17):
+            base = f"http://127.0.0.1:{port}/api/v1/applications"
+            try:
+                apps = [a for a in self._get(base) if a.get("name") == self.app_name]
+            except (OSError, ValueError):
+                continue
+            if apps:
+                self.app = f"{base}/{apps[0]['id']}"
+                return
+
+    def running_jobs(self, group: str) -> list[dict]:
+        """The running jobs of job group ``group``; [] while the UI is not up."""
+        if self.app is None:
+            self._find()
+        if self.app is None:
+            return []
+        try:
+            return [j for j in self._get(f"{self.app}/jobs?status=running") if j.get("jobGroup") == group]
+        except (OSError, ValueError):
+            return []
+
+
 # -- drivers -----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -198,29 +236,48 @@ def local_runs(local_driver):
 def cluster_runs(request, tiny_data, tmp_path_factory):
     """Standalone cluster (2 workers, 1 core each); one driver trains the async run, then the
     4-block sync run, during which worker 0 (worker and executor JVMs) is SIGKILLed."""
-    from sparkcnn.engine.standalone import StandaloneCluster
+    from sparkcnn.engine.standalone import StandaloneCluster, free_ports
 
     if _selected(request, "local_runs"):
         request.getfixturevalue("local_driver")  # start it first: it trains beside this one
     with StandaloneCluster(workers=2).start(timeout=180) as cluster:
+        # the driver's UI, on loopback (SPARK_LOCAL_IP), says when the round's tasks run; its
+        # status store updated on every event (liveUpdate.period 0), not every 100 ms
+        (ui_port,) = free_ports(1)
+        ui = _DriverUI(ui_port, "sparkcnn-cluster-tests")
         driver = Driver(tmp_path_factory.mktemp("cluster"), tiny_data,
-                        {"async": ASYNC, "sync-lost-worker": LOST}, cluster=cluster.to_json())
-        kill = {"pids": [], "at_round": None}
+                        {"async": ASYNC, "sync-lost-worker": LOST}, cluster=cluster.to_json(),
+                        conf={"spark.ui.enabled": "true", "spark.ui.port": str(ui_port),
+                              "spark.ui.liveUpdate.period": "0"})
+        kill = {"pids": [], "at_round": None, "active_tasks": 0, "jobs": []}
         try:
             deadline = driver.started + DRIVER_TIMEOUT_S
             while driver.proc.poll() is None and time.monotonic() < deadline:
-                if driver.rounds_done("sync-lost-worker") >= KILL_AFTER:
+                if driver.rounds_done("sync-lost-worker") < KILL_AFTER:
+                    # polled from the start: the UI's first answers take a second or two, about
+                    # what the rounds after KILL_AFTER take each
+                    ui.running_jobs("sparkcnn-sync-lost-worker")
+                    time.sleep(0.2)
+                    continue
+                if "before" not in kill:
                     with pytest.MonkeyPatch.context() as mp:
                         mp.setenv("COLUMNS", "80")  # as in a terminal, or under pytest
                         kill["narrow"] = cluster.executor_pids()
                     kill["before"] = cluster.executor_pids()
                     kill["worker"] = cluster.worker_pids()[0]
-                    time.sleep(0.5)  # the next round's tasks are (most likely) running
-                    kill["pids"] = cluster.kill_worker(0)
-                    kill["gone"] = cluster.worker_pids()[0] is None
-                    kill["at_round"] = driver.rounds_done("sync-lost-worker")
-                    break
-                time.sleep(0.2)
+                # the next round's job is running and so are tasks of it (~0.1 s each, in a
+                # round of ~1 s: which executor runs one at the kill is not up to the test)
+                jobs = ui.running_jobs("sparkcnn-sync-lost-worker")
+                active = sum(j["numActiveTasks"] for j in jobs)
+                if not active:
+                    time.sleep(0.05)
+                    continue
+                kill["pids"] = cluster.kill_worker(0)
+                kill["gone"] = cluster.worker_pids()[0] is None
+                kill["at_round"] = driver.rounds_done("sync-lost-worker")
+                kill["active_tasks"], kill["jobs"] = active, [j.get("description") for j in jobs]
+                break
+            kill["ui"] = ui.app
             results = driver.wait()
         finally:
             driver.stop()
@@ -251,7 +308,9 @@ def test_async_training_on_standalone_cluster(cluster_runs):
 def test_lost_worker_mid_run_the_run_completes(cluster_runs, tiny_data):
     driver, results, kill = cluster_runs
     expected = _sync_rounds(tiny_data, epochs=LOST_EPOCHS, steps_per_round=3, blocks=LOST_BLOCKS)
-    assert kill["pids"], f"nothing killed (the run ended first?)\n{driver.log_tail()}"
+    assert kill["pids"], (f"nothing killed: the run ended before its tasks were seen running "
+                          f"(driver UI {kill['ui']})\n{driver.log_tail()}")
+    assert kill["active_tasks"] >= 1 and kill["jobs"], kill  # killed while a round's tasks ran
     assert kill["at_round"] < expected, "the kill came after the last round"
     # worker 0's JVM and its executor's, SIGKILLed and gone
     assert kill["pids"] == [kill["worker"], *kill["before"][0]] and len(kill["pids"]) == 2, kill
@@ -259,8 +318,8 @@ def test_lost_worker_mid_run_the_run_completes(cluster_runs, tiny_data):
     summary, rounds, epochs = _run(driver, results, "sync-lost-worker")
     _assert_each_round_applied_once(summary, rounds, expected, blocks=LOST_BLOCKS)
     assert [e["epoch"] for e in epochs] == list(range(LOST_EPOCHS)) and summary["test_accuracy"] > 0.5
-    print(f"killed after {kill['at_round']} rounds; failed task attempts: "
-          f"{results['sync-lost-worker']['failed_attempts']}")  # 0 when the kill fell between jobs
+    print(f"killed after {kill['at_round']} rounds, {kill['active_tasks']} task(s) of {kill['jobs']} running; "
+          f"failed task attempts: {results['sync-lost-worker']['failed_attempts']}")
     # blocks of the lost executor restart from a fresh state elsewhere: counted, not silent
     assert summary["state_resets"] >= 1
     assert summary["state_resets"] == sum(r["state_resets"] for r in rounds)
