@@ -19,9 +19,8 @@ sparsification-aware momentum, on a slice of the training set.
 mean and standard deviation per variant: ``stream-asgd`` (dense), ``stream-gs-asgd`` (uplink
 0.001 after the same warm-up, momentum correction without factor masking, DGC's local
 gradient clipping),
-``stream-gs-asgd-ms`` (and model-parameter sparsification, downlink 0.01),
-``stream-gs-asgd-ms-round`` (the same with one downlink per round of N pushes,
-``engine.stream_downlink=round``) and ``stream-gs-asgd-samomentum`` (the third with
+``stream-gs-asgd-ms`` (and model-parameter sparsification, downlink 0.01)
+and ``stream-gs-asgd-samomentum`` (the third with
 sparsification-aware momentum). Every run
 carries ``time_to_0_88_s`` and ``time_to_0_90_s`` (to the first epoch end at test accuracy >= 0.88
 or 0.90, null if never).
@@ -69,8 +68,6 @@ STREAM_VARIANTS = {
     "stream-asgd": STREAM,
     "stream-gs-asgd": STREAM_SPARSE,  # uplink 0.001 + DGC momentum correction
     "stream-gs-asgd-ms": [*STREAM_SPARSE, *BIDIR],  # + model-parameter sparsification (downlink 0.01)
-    # the same, one downlink per round of N pushes instead of one per push (engine.stream_downlink)
-    "stream-gs-asgd-ms-round": [*STREAM_SPARSE, *BIDIR, "engine.stream_downlink=round"],
     "stream-gs-asgd-samomentum": [*STREAM_SPARSE, *BIDIR, "compression.momentum=sparsification_aware"],
 }
 # the two momentum forms of the per-step path (steps_per_round = 1, DESIGN §3), side by side on a

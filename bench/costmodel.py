@@ -163,7 +163,7 @@ def job_share(x: Exchange) -> float:
 
 def downlinks_per_exchange(x: Exchange) -> float:
     """Downlinks the driver builds per exchange of one block: async, one per applied result;
-    sync, one per round of N exchanges (the stream's ``engine.stream_downlink=round`` is not modelled)."""
+    sync, one per round of N exchanges."""
     return 1.0 if x.mode == "async" else 1.0 / x.n
 
 

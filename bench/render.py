@@ -46,7 +46,6 @@ NAMES = {
 }
 # throughput.json's stream cases -> row labels (sparse: uplink 0.001, downlink 0.01)
 STREAM_CASES = {"async_h1_sparse": "Stream, async, H = 1, sparse",
-                "async_h1_sparse_round": "Stream, async, H = 1, sparse, a downlink per round",
                 "async_h1_dense": "Stream, async, H = 1, dense",
                 "async_h10": "Stream, async, H = 10, sparse", "sync_h10": "Stream, sync, H = 10, sparse"}
 

@@ -53,8 +53,7 @@ two more TF start-ups; ``compute_limit_method`` says which was used).
   slice, for ``async_h1_sparse``, ``async_h1_dense``, ``async_h10`` and ``sync_h10`` (sparse:
   uplink 0.001, downlink 0.01); images/s between pushes, ``exposed_comm_ms_per_step`` (what
   the tasks waited for the server's replies, per local step) and the same ``cpu`` accounting;
-  ``async_h1_sparse_round``, the first with one downlink per round of N pushes
-  (``engine.stream_downlink=round``); and the rest of the grid, sparse: ``async_h50``,
+  and the rest of the grid, sparse: ``async_h50``,
   ``sync_h1``, ``sync_h50``. A case's ``efficiency_vs_limit`` and ``cpu`` use the compute
   limit measured right beside it, in the same warm Spark Python workers, before and after
   its run (``limit_before_after``, half the limit's steps each): a shared machine's speed
@@ -256,8 +255,6 @@ def measure_async(data: str, H: int, target_job_s: float, extra: list[str] = ())
 STREAM_SPARSE = ["compression.method=threshold", "compression.density=0.001", "compression.density_down=0.01",
                  "compression.warmup_epochs=0"]
 STREAM_CASES = {"async_h1_sparse": (1, "async", STREAM_SPARSE),
-                # the same with one downlink per round of N pushes (engine.stream_downlink=round)
-                "async_h1_sparse_round": (1, "async", [*STREAM_SPARSE, "engine.stream_downlink=round"]),
                 "async_h1_dense": (1, "async", []),
                 "async_h10": (10, "async", STREAM_SPARSE), "sync_h10": (10, "sync", STREAM_SPARSE),
                 # the rest of the transport x mode x H grid (H = 1, 10, 50), sparse

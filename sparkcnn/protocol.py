@@ -163,3 +163,89 @@ class EvalResult:
     samples: int
     loss_sum: float
     correct: int
+
+
+# -- the streaming transport's messages (sparkcnn.streamwire encodes them field by field) ------------
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """A block's share of one stream stage, sent when its task opens the stream."""
+
+    seq0: int                # the seq of its first exchange (its last applied one + 1)
+    first_step: int          # its cursor: the index of its first step since the run began
+    steps: int               # steps to train in this stage
+    h: int                   # steps per exchange (train.steps_per_round)
+    expect_state: int        # seq of the block state it continues from (-1: none yet)
+    lookahead: bool          # compute at the view extrapolated by the measured staleness
+    overlap: bool            # compute exchange t + 1 while push t travels (else wait for its reply)
+    attempt: int             # how often this stage's stream was opened for the block before (reruns)
+
+
+@dataclass(frozen=True)
+class StateArray:
+    """One array of a block's state (momentum, residual), carried on a push for a checkpoint."""
+
+    name: str
+    dtype: str               # numpy dtype name: float32 | float64 | int64
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Push:
+    """A stream task's exchange: the encoded delta of steps ``first_step .. first_step + steps - 1``."""
+
+    seq: int                 # exchange number of the block (exactly-once key with the block)
+    first_step: int          # the block's cursor at its first step
+    steps: int               # local steps taken (<= the plan's h)
+    samples: int             # images trained on
+    base_version: int        # server version its weights were at
+    have: int                # version of the task's replica now (the reply sends downlinks since)
+    attempt: int             # the stage's rerun count
+    lr: float                # learning rate it trained with
+    density: float           # uplink density it sparsified at
+    loss_sum: float          # training loss summed over samples
+    correct: int             # correct training predictions
+    nnz: int                 # entries in the payload
+    compute_s: float         # seconds of training and encoding
+    wait_s: float            # seconds the task waited for the previous reply (exposed communication)
+    down_bytes: int          # bytes of the previous reply's weights part
+    state_reset: bool        # the block's state was gone: restarted from zero (counted)
+    resync: bool             # the replica was reloaded from a dense copy since the last push (counted)
+    pid: int                 # the Python worker's process id
+    executor: str            # "host:local dir" of the executor
+    payload: bytes           # codec bytes of the sent delta S
+    state: tuple[StateArray, ...] = ()  # the block's state after this exchange, when a reply asked
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The server's answer to an open (``plan`` set) or a push."""
+
+    lr: float                # learning rate of the next exchange
+    density: float           # uplink density of the next exchange
+    tau: int                 # staleness of the block's last applied push (its lookahead)
+    retrain: bool            # the push was too stale and dropped: train its steps again from the
+                             # state before it (the dense weights below are the fresh view)
+    send_state: bool         # attach the block's state to the next push (a checkpoint is due)
+    refused: str             # "" or why the message was refused (nothing of it was used)
+    dense: bytes             # b"" or float32 weights: W (dense downlink) or a copy of the view U
+    dense_version: int       # the version of ``dense``
+    downlinks: tuple[DownlinkMsg, ...] = ()  # the downlinks since the push's ``have``, oldest first
+    plan: StreamPlan | None = None           # on open: the block's share of the stage
+
+
+@dataclass(frozen=True)
+class Done:
+    """A stream task closes its stream."""
+
+
+@dataclass(frozen=True)
+class StreamTotals:
+    """What a stream task returns to the stage when its block's share is done."""
+
+    block: int
+    exchanges: int           # pushes applied or dropped (retrained pushes count again)
+    samples: int             # images trained on, retrained steps included
+    last_seq: int            # its last applied exchange
+    exposed_comm_s: float    # seconds it waited for replies
+    task_s: float            # seconds the whole task took

@@ -1,55 +1,168 @@
-"""Messages of the streaming transport: a JSON header and byte blobs, no pickle.
+"""Messages of the streaming transport: typed dataclasses, encoded field by field, no pickle.
 
-    message = b"SCW1" | u32 header length | header (UTF-8 JSON) | u32 count | (u64 length | bytes)*
+    message = b"SCW2" | u32 header length | header (UTF-8 JSON) | u32 count | (u64 length | bytes)*
+    header  = {"type": <class name>, "fields": {<field>: <value>, ...}}
 
-Both sides speak it over one Arrow Flight ``DoExchange`` stream per task, as
-app-metadata buffers; payloads stay the codec's bytes. The driver opens every
-message with :func:`unpack` only after checking its size against the cap.
-Standard library only.
+A field's value is its JSON value; a ``bytes`` field is the index of its blob;
+a nested message (``StreamPlan``, ``DownlinkMsg``, ``StateArray``) is an object
+of its own fields, a tuple of them a list. :func:`decode` takes the classes it
+accepts and refuses, naming the field, an unknown type, an unknown, missing or
+mistyped field, a blob used twice or never, and trailing bytes. So nothing
+malformed reaches the engine: the driver decodes every message with it, after
+checking its size against the cap. Standard library only.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
+import math
 import struct
+import types
+import typing
 
-MAGIC = b"SCW1"
+MAGIC = b"SCW2"
 MAX_HEADER = 64 * 1024
+_U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 
 
 class WireError(ValueError):
-    """A message that does not parse."""
+    """A message that does not parse, or whose fields are not its type's."""
 
 
-def pack(header: dict, *blobs: bytes) -> bytes:
+def encode(msg) -> bytes:
+    """``msg`` (a frozen dataclass of the protocol) as one wire message."""
+    blobs: list[bytes] = []
+    header = {"type": type(msg).__name__, "fields": _fields_out(msg, blobs)}
     h = json.dumps(header, separators=(",", ":")).encode()
-    parts = [MAGIC, struct.pack("<I", len(h)), h, struct.pack("<I", len(blobs))]
+    parts = [MAGIC, _U32.pack(len(h)), h, _U32.pack(len(blobs))]
     for b in blobs:
-        parts += [struct.pack("<Q", len(b)), bytes(b)]
+        parts += [_U64.pack(len(b)), b]
     return b"".join(parts)
 
 
-def unpack(buf) -> tuple[dict, list[bytes]]:
+def decode(buf, accept: tuple[type, ...]):
+    """The message in ``buf``, an instance of one of ``accept``; :class:`WireError` otherwise."""
+    header, blobs = _split(buf)
+    kinds = {c.__name__: c for c in accept}
+    name = header.get("type")
+    if not isinstance(name, str) or name not in kinds:
+        raise WireError(f"message type {name!r} is not one of {sorted(kinds)}")
+    used: set[int] = set()
+    msg = _build(kinds[name], header.get("fields"), blobs, used, name)
+    if len(used) != len(blobs):
+        raise WireError(f"{name}: {len(blobs) - len(used)} blob(s) belong to no field")
+    return msg
+
+
+# -- field by field ------------------------------------------------------------------------------
+def _fields_out(msg, blobs: list[bytes]) -> dict:
+    out = {}
+    for f in dataclasses.fields(msg):
+        out[f.name] = _value_out(getattr(msg, f.name), blobs)
+    return out
+
+
+def _value_out(v, blobs: list[bytes]):
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        blobs.append(bytes(v))
+        return len(blobs) - 1
+    if dataclasses.is_dataclass(v):
+        return _fields_out(v, blobs)
+    if isinstance(v, tuple):
+        return [_value_out(x, blobs) for x in v]
+    return v
+
+
+@functools.lru_cache(maxsize=None)
+def _spec(cls: type) -> tuple[tuple[str, object, bool], ...]:
+    """(name, type, required) of each field of ``cls``."""
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, hints[f.name],
+                  f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+                 for f in dataclasses.fields(cls))
+
+
+def _build(cls: type, fields, blobs: list[bytes], used: set[int], where: str):
+    if not isinstance(fields, dict):
+        raise WireError(f"{where}: expected an object of fields")
+    spec = _spec(cls)
+    known = {name for name, _, _ in spec}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise WireError(f"{where}: unknown field {unknown[0]!r}")
+    kwargs = {}
+    for name, typ, required in spec:
+        if name not in fields:
+            if required:
+                raise WireError(f"{where}.{name}: missing")
+            continue
+        kwargs[name] = _value_in(typ, fields[name], blobs, used, f"{where}.{name}")
+    return cls(**kwargs)
+
+
+def _value_in(typ, v, blobs: list[bytes], used: set[int], where: str):
+    origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(typ)
+        if v is None and type(None) in options:
+            return None
+        (inner,) = [t for t in options if t is not type(None)]
+        return _value_in(inner, v, blobs, used, where)
+    if origin is tuple:
+        inner = typing.get_args(typ)[0]
+        if not isinstance(v, list):
+            raise WireError(f"{where}: expected a list, got {type(v).__name__}")
+        return tuple(_value_in(inner, x, blobs, used, f"{where}[{i}]") for i, x in enumerate(v))
+    if dataclasses.is_dataclass(typ):
+        return _build(typ, v, blobs, used, where)
+    if typ is bytes:
+        if type(v) is not int or not 0 <= v < len(blobs) or v in used:
+            raise WireError(f"{where}: expected the index of an unused blob, got {v!r}")
+        used.add(v)
+        return blobs[v]
+    if typ is bool:
+        if type(v) is not bool:
+            raise WireError(f"{where}: expected a bool, got {type(v).__name__}")
+        return v
+    if typ is int:
+        if type(v) is not int:
+            raise WireError(f"{where}: expected an int, got {type(v).__name__}")
+        return v
+    if typ is float:
+        if type(v) not in (int, float):
+            raise WireError(f"{where}: expected a number, got {type(v).__name__}")
+        return float(v)
+    if typ is str:
+        if type(v) is not str:
+            raise WireError(f"{where}: expected a string, got {type(v).__name__}")
+        return v
+    raise WireError(f"{where}: no wire form for {typ!r}")  # a protocol field of an unsupported type
+
+
+def _split(buf) -> tuple[dict, list[bytes]]:
+    """(header, blobs) of one message; its framing checked."""
     mv = memoryview(buf)
     if len(mv) < 12 or bytes(mv[:4]) != MAGIC:
         raise WireError("not a sparkcnn stream message")
-    (hlen,) = struct.unpack_from("<I", mv, 4)
+    (hlen,) = _U32.unpack_from(mv, 4)
     if hlen > MAX_HEADER or 8 + hlen + 4 > len(mv):
         raise WireError(f"header length {hlen} out of range")
     try:
-        header = json.loads(bytes(mv[8:8 + hlen]))
+        header = json.loads(bytes(mv[8:8 + hlen]), parse_constant=_constant)
     except ValueError:
         raise WireError("header is not JSON") from None
     if not isinstance(header, dict):
         raise WireError("header is not an object")
     pos = 8 + hlen
-    (count,) = struct.unpack_from("<I", mv, pos)
+    (count,) = _U32.unpack_from(mv, pos)
     pos += 4
     blobs = []
     for _ in range(count):
         if pos + 8 > len(mv):
             raise WireError("truncated blob length")
-        (n,) = struct.unpack_from("<Q", mv, pos)
+        (n,) = _U64.unpack_from(mv, pos)
         pos += 8
         if pos + n > len(mv):
             raise WireError("truncated blob")
@@ -58,3 +171,8 @@ def unpack(buf) -> tuple[dict, list[bytes]]:
     if pos != len(mv):
         raise WireError("trailing bytes")
     return header, blobs
+
+
+def _constant(name: str) -> float:
+    """JSON's NaN and ±Infinity (a diverging task's loss) as floats."""
+    return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[name]

@@ -12,8 +12,8 @@ import pytest
 from sparkcnn.engine.psservice import PSService
 from sparkcnn.errors import BadInput
 from sparkcnn.metrics import read_jsonl
-from sparkcnn.protocol import StreamTicket
-from sparkcnn.streamwire import pack, unpack
+from sparkcnn.protocol import Done, Push, Reply, StreamPlan, StreamTicket
+from sparkcnn.streamwire import decode, encode
 from tests.native_env import compiled
 
 def _cfg(tiny_cfg, **kw):
@@ -29,21 +29,57 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _reply(**kw):
+    return Reply(**{**dict(lr=0.1, density=1.0, tau=0, retrain=False, send_state=False, refused="", dense=b"",
+                          dense_version=0), **kw})
+
+
+def _push(**kw):
+    return Push(**{**dict(seq=0, first_step=0, steps=1, samples=32, base_version=0, have=0, attempt=0, lr=0.1,
+                          density=1.0, loss_sum=1.0, correct=3, nnz=1, compute_s=0.01, wait_s=0.0,
+                          down_bytes=0, state_reset=False, resync=False, pid=1, executor="h:d",
+                          payload=b"payload"), **kw})
+
+
+def _frame(header: dict, *blobs: bytes) -> bytes:
+    """A message framed as the wire frames it, with any header (to build bad ones)."""
+    import json
+    import struct
+
+    h = json.dumps(header).encode()
+    return b"".join([b"SCW2", struct.pack("<I", len(h)), h, struct.pack("<I", len(blobs)),
+                     *[struct.pack("<Q", len(b)) + b for b in blobs]])
+
+
+def _fields(push: Push) -> dict:
+    """A push's header fields as the wire writes them (its payload is blob 0)."""
+    import dataclasses
+
+    return {**{f.name: getattr(push, f.name) for f in dataclasses.fields(push)}, "payload": 0, "state": []}
+
+
 class _Recorder:
-    """A stand-in engine: records what reaches it."""
+    """A stand-in handler of the service alone (the real engine is fuzzed in tests/test_exchange.py):
+    each stream's session records what reaches it."""
 
     def __init__(self):
         self.pushes = []
 
-    def open(self, hello):
-        return {"op": "start", "plan": {}}, []
+    def open(self, block):
+        rec = self
 
-    def push(self, block, header, blobs):
-        self.pushes.append((block, header, blobs))
-        return {"op": "reply", "n": len(self.pushes)}, []
+        class Session:
+            start = _reply(plan=StreamPlan(seq0=0, first_step=0, steps=1, h=1, expect_state=-1, lookahead=False,
+                                           overlap=True, attempt=0))
 
-    def refused(self, block, why):
-        return {"op": "reply", "refused": why}, []
+            def push(self, p):
+                rec.pushes.append((block, p))
+                return _reply(tau=len(rec.pushes))
+
+            def refused(self, why):
+                return _reply(retrain=True, refused=why)
+
+        return Session()
 
 
 def _exchange(port, token, block=0):
@@ -64,21 +100,29 @@ def test_service_refuses_strangers_caps_and_rejects_bad_messages():
             with pytest.raises(flight.FlightUnauthenticatedError):
                 w, r = client.do_exchange(flight.FlightDescriptor.for_command(b'{"block": 0}'),
                                           flight.FlightCallOptions(headers=headers, timeout=10))
-                w.write_metadata(pa.py_buffer(pack({"op": "push", "seq": 0}, b"x")))
+                w.write_metadata(pa.py_buffer(encode(_push())))
                 r.read_chunk()
             client.close()
         assert svc.counters["unauthenticated_refused"] == 2 and rec.pushes == []
         # with the token: an oversized message and a malformed one are refused, a good one goes through
         client, w, r = _exchange(svc.port, svc.token)
-        assert unpack(r.read_chunk().app_metadata)[0]["op"] == "start"
+
+        def answer():
+            return decode(r.read_chunk().app_metadata, (Reply,))
+
+        assert answer().plan is not None
         w.write_metadata(pa.py_buffer(b"\0" * 5000))
-        assert "over the cap" in unpack(r.read_chunk().app_metadata)[0]["refused"]
-        w.write_metadata(pa.py_buffer(b"SCW1 garbage"))
-        assert unpack(r.read_chunk().app_metadata)[0]["refused"] == "malformed message"
-        w.write_metadata(pa.py_buffer(pack({"op": "push", "seq": 1}, b"payload")))
-        assert unpack(r.read_chunk().app_metadata)[0] == {"op": "reply", "n": 1}
-        assert svc.counters["oversize_refused"] == 1 and svc.counters["malformed_refused"] == 1
-        assert rec.pushes == [(0, {"op": "push", "seq": 1}, [b"payload"])]
+        assert "over the cap" in answer().refused
+        w.write_metadata(pa.py_buffer(b"SCW2 garbage"))
+        assert answer().refused.startswith("malformed message")
+        bad = _frame({"type": "Push", "fields": {**_fields(_push()), "seq": "0"}}, b"payload")
+        w.write_metadata(pa.py_buffer(bad))  # a mistyped field, refused by name
+        assert answer().refused == "malformed message: Push.seq: expected an int, got str"
+        w.write_metadata(pa.py_buffer(encode(_push(seq=1))))
+        assert answer().tau == 1
+        assert svc.counters["oversize_refused"] == 1 and svc.counters["malformed_refused"] == 2
+        assert rec.pushes == [(0, _push(seq=1))]
+        w.write_metadata(pa.py_buffer(encode(Done())))
         w.close()
         client.close()
     finally:
@@ -185,24 +229,17 @@ def test_stream_on_spark_names_its_stages_and_checks_slots(spark, tiny_cfg):
         train(_cfg(tiny_cfg, data__num_blocks=3), backend=SparkBackend(spark, "t-stream-slots"))
 
 
-def test_round_downlinks_follow_every_nth_push(tiny_cfg):
-    """engine.stream_downlink=round: one downlink per N = 2 applied pushes; replicas follow them."""
-    from sparkcnn.train import train
-
-    summary = train(_cfg(tiny_cfg, engine__master="inprocess", train__epochs=1, engine__stream_downlink="round"))
-    rounds = [r for r in read_jsonl(os.path.join(summary["run_dir"], "metrics.jsonl")) if r["kind"] == "round"]
-    assert len(rounds) == 2 * (600 // 32) and summary["replica_resyncs"] == 0
-    assert [r["nnz_down"] > 0 for r in rounds] == [r["round"] % 2 == 1 for r in rounds]
-    assert summary["test_accuracy"] > 0.5
-
-
 def test_stream_config_is_checked():
     from sparkcnn import config
 
     with pytest.raises(BadInput, match=r"engine\.transport must be one of jobs, stream, got 'carrier'"):
         config.load(None, ["engine.transport=carrier"])
-    with pytest.raises(BadInput, match=r"engine\.stream_downlink must be one of update, round, got 'often'"):
-        config.load(None, ["engine.stream_downlink=often"])
+    with pytest.raises(BadInput, match=r"unknown config key 'engine\.stream_downlink'"):
+        config.load(None, ["engine.stream_downlink=round"])  # the per-round downlink went: it diverged
+    with pytest.raises(BadInput, match=r"^ps\.staleness=none diverges on the async stream at "
+                                       r"train\.steps_per_round > 1 \(got 10\): use auto or inverse$"):
+        config.load(None, ["engine.transport=stream", "engine.mode=async", "ps.staleness=none",
+                           "train.steps_per_round=10"])
     assert np.isfinite(config.load(None, ["engine.stream_timeout_s=5"]).engine.stream_timeout_s)
 
 
@@ -217,7 +254,7 @@ def test_sync_stream_applies_rounds_together(spark, tiny_cfg):
     rounds = [r for r in read_jsonl(os.path.join(summary["run_dir"], "metrics.jsonl")) if r["kind"] == "round"]
     per_stage = -(-(600 // 32) // 4)  # ceil(18 steps / H) rounds per epoch
     assert len(rounds) == 2 * per_stage and all(r["blocks"] == 2 for r in rounds)
-    assert [r["stage_round"] for r in rounds] == list(range(per_stage)) * 2
+    assert [r["seq"] for r in rounds] == list(range(2 * per_stage))
     assert summary["duplicates_dropped"] == 0 and summary["test_accuracy"] > 0.6
 
     with pytest.raises(BadInput, match=r"engine\.mode=sync needs every block running at once"):

@@ -3,8 +3,8 @@
 One Arrow Flight ``DoExchange`` stream per stream task (block); every message
 is a :mod:`sparkcnn.streamwire` buffer sent as Flight app metadata::
 
-    task  -> server   descriptor {"block"}; then push, push, ..., done
-    server -> task    start (plan and weights); then one reply per push
+    task  -> server   descriptor {"block"}; then Push, Push, ..., Done
+    server -> task    a Reply with the block's StreamPlan and weights; then one Reply per push
 
 Rules of the listener:
 - it binds one address the executors reach (``spark.driver.host``), never all
@@ -13,7 +13,10 @@ Rules of the listener:
   :mod:`secrets` handed to the tasks in the job closure; the middleware refuses
   any other call when it starts, before the handler reads a message (counted);
 - a message longer than ``max_message_bytes`` is refused before it is parsed,
-  decoded or applied (counted) and the stream goes on. Flight (gRPC) offers no
+  decoded or applied (counted) and the stream goes on; so is a message that
+  is not a well-typed ``Push`` (:func:`sparkcnn.streamwire.decode` names the
+  field) or that the engine's plan refuses (:class:`~sparkcnn.streamwire.WireError`
+  raised by the handler before it changes anything). Flight (gRPC) offers no
   cap before a message is read into memory: gRPC's own receive limit is not
   exposed by pyarrow's server, so the cap acts after the read, before any use;
 - :meth:`close` shuts it down; the engine calls it in ``finally`` when the run
@@ -33,7 +36,8 @@ import threading
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from sparkcnn.streamwire import WireError, pack, unpack
+from sparkcnn.protocol import Done, Push
+from sparkcnn.streamwire import WireError, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +74,10 @@ class _Server(flight.FlightServerBase):
 
 
 class PSService:
-    """Flight front of a stream engine: ``handler.open(hello) -> (header, blobs)`` and
-    ``handler.push(block, header, blobs) -> (header, blobs)``; messages it refuses never reach it."""
+    """Flight front of a stream engine: ``handler.open(block)`` returns the stream's session,
+    whose ``start`` is the first Reply, ``push(Push) -> Reply`` and ``refused(why) -> Reply``;
+    messages the service refuses never reach ``push``. The session raises :class:`WireError`
+    for a push its plan refuses, before it changes any state."""
 
     def __init__(self, host: str, handler, max_message_bytes: int):
         self.token = secrets.token_urlsafe(32)
@@ -97,37 +103,39 @@ class PSService:
     def serve_stream(self, command: bytes, reader, writer) -> None:
         try:
             hello = json.loads(command)
-            block = int(hello["block"])
+            block = hello["block"]
+            if type(block) is not int:
+                raise TypeError
+            session = self.handler.open(block)
         except (ValueError, KeyError, TypeError):
             self.count("malformed_refused")
             raise flight.FlightServerError("sparkcnn parameter server: bad stream descriptor") from None
         self.count("streams")
-        header, blobs = self.handler.open(hello)
-        writer.write_metadata(pa.py_buffer(pack(header, *blobs)))
+        writer.write_metadata(pa.py_buffer(encode(session.start)))
         while True:
             try:
                 chunk = reader.read_chunk()
             except StopIteration:
                 return
             md = chunk.app_metadata
-            if md is None:
-                continue
+            if md is None:  # an empty message, or data where only metadata is spoken: answered
+                md = pa.py_buffer(b"")
             if md.size > self.max_message_bytes:  # refused before it is parsed, decoded or applied
                 self.count("oversize_refused")
                 log.warning("block %s: message of %d bytes over engine.max_message_bytes=%d refused",
                             block, md.size, self.max_message_bytes)
-                reply = self.handler.refused(block, f"message of {md.size} bytes over the cap")
+                reply = session.refused(f"message of {md.size} bytes over the cap")
             else:
                 try:
-                    header, blobs = unpack(md)
-                    if header.get("op") == "done":
+                    msg = decode(md, (Push, Done))
+                    if isinstance(msg, Done):
                         return
-                    reply = self.handler.push(block, header, blobs)
-                except (WireError, KeyError, TypeError, ValueError) as e:
+                    reply = session.push(msg)
+                except WireError as e:
                     self.count("malformed_refused")
                     log.warning("block %s: malformed message refused (%s)", block, e)
-                    reply = self.handler.refused(block, "malformed message")
-            writer.write_metadata(pa.py_buffer(pack(reply[0], *reply[1])))
+                    reply = session.refused(f"malformed message: {e}")
+            writer.write_metadata(pa.py_buffer(encode(reply)))
 
     def close(self) -> None:
         if not self._closed:

@@ -1,16 +1,20 @@
 """Executor side of the streaming transport: one long-lived task trains its block and talks to
 the driver's parameter server every H steps (H may be 1).
 
-    start  <- plan (seq0, step offset, steps, H, lr, density) + weights (W, or the view U)
-    loop:  V = replica (extrapolated, _Lookahead);  S = compute(V, next H minibatches)
+    start  <- Reply: StreamPlan (seq0, first step, steps, H) + lr, density + weights (W, or the view U)
+    loop:  keep the block state;  V = replica (extrapolated, _Lookahead);  S = compute(V, next H minibatches)
            wait for the previous push's reply; apply its downlink to the replica
-           push (seq, base version, S) on the background thread    # overlaps the next compute
+           reply.retrain (that push was too stale and dropped, or refused): put the block state back
+               to what it was before that push, drop the exchange just computed, train the dropped
+               steps again from the fresh view
+           Push (seq, first step, base version, lr, density, S) on the background thread
     end:   wait for the last reply; keep the block state for the next stage
 
 The push of exchange t and the reply that follows travel on a background thread
 while exchange t+1 computes, so each exchange starts from a replica one reply
 old (bounded staleness 1, measured by the server as usual). The time the task
-waits for a reply is the exposed communication, reported per exchange.
+waits for a reply is the exposed communication, reported per exchange. A push
+carries the block state when a reply asks (a checkpoint) and at the stage's end.
 Nothing here imports Spark.
 """
 
@@ -29,8 +33,8 @@ import numpy as np
 from sparkcnn import blockstore
 from sparkcnn.compression import codec, native
 from sparkcnn.compression.feedback import make_policy
-from sparkcnn.protocol import StreamTicket, TaskContextInfo, TaskSpec
-from sparkcnn.streamwire import pack, unpack
+from sparkcnn.protocol import Done, Push, Reply, StateArray, StreamTicket, StreamTotals, TaskContextInfo, TaskSpec
+from sparkcnn.streamwire import decode, encode
 from sparkcnn.worker.round import (
     _chaos_hit,
     block_batches,
@@ -78,14 +82,14 @@ class _Link:
             raise ServerGone("the parameter server closed the stream") from None
         except Exception as e:  # noqa: BLE001 - Flight raises per gRPC status; all mean the server is gone
             raise ServerGone(f"parameter server stream failed ({type(e).__name__})") from None
-        return unpack(chunk.app_metadata)
+        return decode(chunk.app_metadata, (Reply,))
 
     def start(self):
         return self._wait(self._pool.submit(self._read))
 
-    def send(self, header: dict, *blobs: bytes):
+    def send(self, push: Push):
         """Push on the background thread; returns a future of the reply."""
-        buf = pack(header, *blobs)
+        buf = encode(push)
 
         def roundtrip():
             self.writer.write_metadata(self._pa.py_buffer(buf))
@@ -105,7 +109,7 @@ class _Link:
 
     def close(self) -> None:
         try:
-            self.writer.write_metadata(self._pa.py_buffer(pack({"op": "done"})))
+            self.writer.write_metadata(self._pa.py_buffer(encode(Done())))
             self.writer.done_writing()
             self.writer.close()
         except Exception:  # noqa: BLE001 - closing a stream to a server that is gone
@@ -127,26 +131,25 @@ class _View:
         self.replies = 0
         self.changed: np.ndarray | None = None  # what the last take moved: indices, or None (all of it)
 
-    def take(self, header: dict, blobs: list[bytes]) -> int:
-        """Apply a start or reply message's weights part; returns the bytes it carried."""
+    def take(self, reply: Reply) -> int:
+        """Apply a reply's weights part; returns the bytes it carried."""
         from sparkcnn.replica import Downlink
 
-        nbytes = sum(len(b) for b in blobs)
+        nbytes = len(reply.dense) + sum(len(m.payload) for m in reply.downlinks)
         self.changed = _NOTHING
-        if header.get("dense"):  # W itself, or a dense copy of U (start, resync)
+        if reply.dense:  # W itself, or a dense copy of U (start, resync)
             self.changed = None
-            w = np.frombuffer(blobs[0], np.float32)
+            w = np.frombuffer(reply.dense, np.float32)
             if self.sparse:
-                self.replica.load_snapshot(int(header["weights_version"]), w.copy())
-                if header.get("op") != "start":
+                self.replica.load_snapshot(reply.dense_version, w.copy())
+                if reply.plan is None:
                     self.resyncs += 1
             else:
                 self.w = w
-            self.version = int(header["weights_version"])
-            blobs = blobs[1:]
-        if self.sparse and header.get("downlinks"):
-            dls = [Downlink(d["version"], codec.decode(b, self.layout), d["checksum"], d["base_version"],
-                            d["assign"]) for d, b in zip(header["downlinks"], blobs)]
+            self.version = reply.dense_version
+        if self.sparse and reply.downlinks:
+            dls = [Downlink(m.version, codec.decode(m.payload, self.layout), m.checksum_after, m.base_version,
+                            m.assign) for m in reply.downlinks]
             # each downlink is checked by its O(nnz) checksum; the full O(P) pass only every
             # FULL_CHECK_EVERY replies (at H = 1 it would cost ~1 ms of every step)
             self.replies += 1
@@ -260,7 +263,7 @@ _NOTHING = np.empty(0, np.int64)
 
 
 def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: int,
-                    ctx: TaskContextInfo) -> dict:
+                    ctx: TaskContextInfo) -> StreamTotals:
     """Train ``block`` through one stage of the stream (module docstring); returns the task's totals.
 
     ``initial``: block -> state arrays from a checkpoint (a resumed run's first stage)."""
@@ -273,72 +276,139 @@ def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: 
     freeze_heap_once()
     link = _Link(ticket, block)
     try:
-        start, blobs = link.start()
-        plan = start["plan"]
-        view = _View(spec.sparse_downlink, spec.layout)
-        view.take(start, blobs)
-        look = _Lookahead() if plan.get("lookahead") else None
-        if look:
-            look.observe(view.weights, view.version, None)
-        state, reset = _stage_state(spec, plan, root, block, initial)
-        policy = make_policy(spec.method, spec.momentum_mode, spec.per_step, spec.layout, spec.value_dtype,
-                             spec.dense_below, spec.momentum, masking=spec.factor_masking)
-        hold_state(spec, trainer, policy, state)  # the policy and the trainer keep it through the stage
-        lr, density = float(plan["lr"]), float(plan["density"])
-        attempt = max(ctx.attempt, int(plan.get("attempt", 0)))  # the stage's rerun count
-        seq, offset, left, h = int(plan["seq0"]), int(plan["offset"]), int(plan["steps"]), int(plan["h"])
-        executor = f"{socket.gethostname()}:{os.path.realpath(root)}"
-        pending, exposed, exchanges, samples, last_seq, wait_s, down_bytes = None, 0.0, 0, 0, -1, 0.0, 0
-        resyncs_sent = 0  # replica reloads already reported to the server
-        while left > 0:
-            n = min(h, left)
-            batches = block_batches(spec, block, len(labels), offset, n)
-            base = view.version
-            w = look.weights(view.weights) if look else view.weights
-            t0 = time.perf_counter()
-            sent, _, loss_sum, correct, seen = compute(spec, trainer, policy, None, w, images, labels, batches,
-                                                       lr, density, live=True)
-            payload = codec.encode(sent, spec.layout, value_dtype=spec.value_dtype)
-            t1 = time.perf_counter()
-            if pending is not None:  # the previous push's reply: its downlink, the next lr and density
-                tw = time.perf_counter()
-                reply, rblobs = link.wait(pending)
-                wait_s = time.perf_counter() - tw
-                exposed += wait_s
-                down_bytes = view.take(reply, rblobs)
-                if look:
-                    look.observe(view.weights, view.version, reply.get("tau"), view.changed)
-                lr, density = float(reply["lr"]), float(reply["density"])
-            header = {"op": "push", "seq": seq, "base_version": base, "have": view.version,
-                      "attempt": attempt, "samples": seen,
-                      "steps": len(batches), "loss_sum": loss_sum, "correct": correct, "nnz": int(sent.nnz),
-                      "compute_s": t1 - t0, "wait_s": wait_s, "down_bytes": down_bytes, "state_reset": reset,
-                      "resync": view.resyncs > resyncs_sent, "pid": os.getpid(), "executor": executor}
-            resyncs_sent = view.resyncs
-            pending = link.send(header, payload)
-            if attempt == 0 and _chaos_hit(spec, seq, block, 1, spec.chaos_kill_p):
-                link.wait(pending)  # the push has landed: its retry must be a duplicate
-                log.warning("chaos: killing the Python worker (block %s exchange %s)", block, seq)
-                os._exit(17)
-            reset = False
-            last_seq, seq, offset, left = seq, seq + 1, offset + n, left - n
-            exchanges += 1
-            samples += seen
-        if pending is not None:
-            tw = time.perf_counter()
-            reply, rblobs = link.wait(pending)
-            exposed += time.perf_counter() - tw
-            view.take(reply, rblobs)
-        if last_seq >= 0:
-            blockstore.save_state(root, spec.run_id, block, last_seq, held_state(spec, trainer, policy))
+        task = _BlockStream(spec, link, trainer, block, images, labels, root, initial, ctx)
+        task.run()
+        if task.last_seq >= 0:
+            blockstore.save_state(root, spec.run_id, block, task.last_seq, task.state())
     finally:
         link.close()
-    return {"block": block, "exchanges": exchanges, "samples": samples, "last_seq": last_seq,
-            "exposed_comm_s": exposed, "task_s": time.perf_counter() - t_task}
+    return StreamTotals(block=block, exchanges=task.exchanges, samples=task.samples, last_seq=task.last_seq,
+                        exposed_comm_s=task.exposed, task_s=time.perf_counter() - t_task)
 
 
-def _stage_state(spec: TaskSpec, plan: dict, root: str, block: int, initial: dict) -> tuple[dict, bool]:
+class _BlockStream:
+    """One block's exchanges of a stage: compute, settle the previous push's reply, push."""
+
+    def __init__(self, spec: TaskSpec, link: _Link, trainer, block: int, images, labels, root: str,
+                 initial: dict, ctx: TaskContextInfo):
+        self.spec, self.link, self.trainer, self.block = spec, link, trainer, block
+        self.images, self.labels = images, labels
+        start = link.start()
+        if start.plan is None:
+            raise ServerGone(f"the parameter server sent no plan for block {block}")
+        self.plan = plan = start.plan
+        self.view = _View(spec.sparse_downlink, spec.layout)
+        self.view.take(start)
+        self.look = _Lookahead() if plan.lookahead else None
+        if self.look:
+            self.look.observe(self.view.weights, self.view.version, None)
+        state, self.reset = _stage_state(spec, plan.expect_state, root, block, initial)
+        self.policy = make_policy(spec.method, spec.momentum_mode, spec.per_step, spec.layout, spec.value_dtype,
+                                  spec.dense_below, spec.momentum, masking=spec.factor_masking)
+        hold_state(spec, trainer, self.policy, state)  # the policy and the trainer keep it through the stage
+        self.lr, self.density, self.send_state = start.lr, start.density, start.send_state
+        self.attempt = max(ctx.attempt, plan.attempt)  # the stage's rerun count
+        self.seq, self.step, self.left = plan.seq0, plan.first_step, plan.steps
+        self.executor = f"{socket.gethostname()}:{os.path.realpath(root)}"
+        self.pending = None  # (future of the reply, the push, the block state before it, steps left before it)
+        self.exposed, self.exchanges, self.samples, self.last_seq = 0.0, 0, 0, -1
+        self.wait_s, self.down_bytes, self.resyncs_sent, self.refusals = 0.0, 0, 0, 0
+        self.held: set[int] = set()
+
+    def state(self) -> dict:
+        return held_state(self.spec, self.trainer, self.policy)
+
+    def run(self) -> None:
+        """With ``plan.overlap`` exchange t + 1 computes while push t travels; else each exchange
+        waits for the previous reply first (its base then holds the block's own last push)."""
+        while self.left > 0 or self.pending is not None:
+            if self.pending is not None and not self.plan.overlap and self._settle():
+                continue
+            work = self._compute() if self.left > 0 else None
+            if self.pending is not None and self._settle():
+                continue  # the exchange just computed started from the dropped one's state
+            if work is None:
+                break
+            self._push(*work)
+
+    def _compute(self) -> tuple:
+        """The next exchange's delta, from the view (extrapolated by the lookahead)."""
+        spec, view = self.spec, self.view
+        n = min(self.plan.h, self.left)
+        before = self.state()  # copies: put back if this push is dropped
+        batches = block_batches(spec, self.block, len(self.labels), self.step, n)
+        w = self.look.weights(view.weights) if self.look else view.weights
+        t0 = time.perf_counter()
+        sent, _, loss_sum, correct, seen = compute(spec, self.trainer, self.policy, None, w, self.images,
+                                                   self.labels, batches, self.lr, self.density, live=True)
+        payload = codec.encode(sent, spec.layout, value_dtype=spec.value_dtype)
+        return (n, before, view.version, self.lr, self.density, sent, payload, loss_sum, correct, seen,
+                time.perf_counter() - t0)
+
+    def _settle(self) -> bool:
+        """Wait for the pending push's reply and take it: its downlink, the next lr and density.
+        True when the push was dropped (too stale) or refused: the block state and the cursor
+        are back where they were before it, to train those steps again."""
+        fut, last, before, left = self.pending
+        self.pending = None
+        tw = time.perf_counter()
+        reply = self.link.wait(fut)
+        self.wait_s = time.perf_counter() - tw
+        self.exposed += self.wait_s
+        self.down_bytes = self.view.take(reply)
+        if self.look:
+            self.look.observe(self.view.weights, self.view.version, reply.tau, self.view.changed)
+        self.lr, self.density, self.send_state = reply.lr, reply.density, reply.send_state
+        if not reply.retrain:
+            self.refusals, self.last_seq = 0, last.seq
+            return False
+        self.refusals = self.refusals + 1 if reply.refused else 0
+        if self.refusals > 3:
+            raise RuntimeError(f"block {self.block} exchange {last.seq}: refused 4 times ({reply.refused})")
+        hold_state(self.spec, self.trainer, self.policy, before)
+        self.seq, self.step, self.left = last.seq, last.first_step, left
+        return True
+
+    def _push(self, n, before, base, lr, density, sent, payload, loss_sum, correct, seen, compute_s) -> None:
+        spec = self.spec
+        final = n == self.left  # the stage's last push carries the block state, as a checkpoint asks
+        push = Push(seq=self.seq, first_step=self.step, steps=n, samples=seen, base_version=base,
+                    have=self.view.version, attempt=self.attempt, lr=lr, density=density, loss_sum=loss_sum,
+                    correct=correct, nnz=int(sent.nnz), compute_s=compute_s, wait_s=self.wait_s,
+                    down_bytes=self.down_bytes, state_reset=self.reset, resync=self.view.resyncs > self.resyncs_sent,
+                    pid=os.getpid(), executor=self.executor, payload=payload,
+                    state=_state_arrays(self.state()) if self.send_state or final else ())
+        self.resyncs_sent = self.view.resyncs
+        if _hold_hit(spec, self.block, self.seq, self.attempt, self.held):  # chaos: this push arrives stale
+            time.sleep(spec.chaos_hold_s)
+        self.pending = (self.link.send(push), push, before, self.left)
+        if self.attempt == 0 and _chaos_hit(spec, self.seq, self.block, 1, spec.chaos_kill_p):
+            self.link.wait(self.pending[0])  # the push has landed: its retry must be a duplicate
+            log.warning("chaos: killing the Python worker (block %s exchange %s)", self.block, self.seq)
+            os._exit(17)
+        self.reset = False
+        self.seq, self.step, self.left = self.seq + 1, self.step + n, self.left - n
+        self.exchanges += 1
+        self.samples += seen
+
+
+def _state_arrays(state: dict) -> tuple[StateArray, ...]:
+    """A block state (flat float32 arrays by name) as a push carries it."""
+    return tuple(StateArray(name, "float32", np.ascontiguousarray(a, np.float32).tobytes())
+                 for name, a in sorted(state.items()))
+
+
+def _hold_hit(spec: TaskSpec, block: int, seq: int, attempt: int, held: set) -> bool:
+    """Chaos (``chaos.hold_every``): block 0 holds every n-th push once, so it arrives stale."""
+    n = spec.chaos_hold_every
+    if n <= 0 or block != 0 or attempt != 0 or seq % n != n - 1 or seq in held:
+        return False
+    held.add(seq)
+    return True
+
+
+def _stage_state(spec: TaskSpec, expect_state: int, root: str, block: int, initial: dict) -> tuple[dict, bool]:
     """The block state the stage continues from: the checkpoint's, or the previous stage's spill."""
     if block in initial:
         return dict(initial[block]), False
-    return block_state_at(spec, root, block, int(plan["expect_state"]))
+    return block_state_at(spec, root, block, expect_state)
