@@ -20,6 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+# block placement's chunk rows as Spark sees them (``mapInArrow`` on the driver; the executors
+# build them as ``worker.blocks.CHUNK_SCHEMA``)
+SPARK_CHUNK_SCHEMA = "block int, part int, seq int, images binary, labels binary"
+
+
 def steps_per_epoch(rows: int, batch_size: int) -> int:
     """Full minibatches in one pass over a block of ``rows`` (the last partial one is dropped)."""
     return rows // batch_size

@@ -70,7 +70,7 @@ def make_backend(cfg, run_id: str, spark=None):
     from sparkcnn.engine.session import get_or_create_spark, require_classic
 
     if cfg.engine.master == "inprocess":  # no Spark: every block runs in this process (tests, debugging)
-        from sparkcnn.engine.backend import LocalBackend
+        from sparkcnn.engine.inprocess import LocalBackend
 
         return LocalBackend(run_id)
     spark = spark if spark is not None else get_or_create_spark(cfg.engine.master, app_name=f"sparkcnn {run_id}")

@@ -7,7 +7,8 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from sparkcnn.engine.backend import LocalBackend, SparkBackend
+from sparkcnn.engine.backend import SparkBackend
+from sparkcnn.engine.inprocess import LocalBackend
 from sparkcnn.engine.monitor import LoadMonitor
 from sparkcnn.metrics import read_jsonl
 from sparkcnn.scheduler import ExecutorSample

@@ -25,7 +25,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from sparkcnn.engine.backend import LocalBackend
+from sparkcnn.engine.inprocess import LocalBackend
 from sparkcnn.metrics import read_jsonl
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from sparkcnn.worker import round as worker
-from sparkcnn.engine.backend import LocalBackend, SparkBackend
+from sparkcnn.engine.backend import SparkBackend
+from sparkcnn.engine.inprocess import LocalBackend
 from sparkcnn.train import build_engine
 
 

@@ -4,7 +4,8 @@ import logging
 
 import pytest
 
-from sparkcnn.engine.backend import LocalBackend, SparkBackend
+from sparkcnn.engine.backend import SparkBackend
+from sparkcnn.engine.inprocess import LocalBackend
 from sparkcnn.engine.monitor import LoadMonitor
 from sparkcnn.protocol import RoundResult
 from sparkcnn.scheduler import ExecutorSample, task_slots

@@ -3,7 +3,7 @@
 import io
 import re
 
-from sparkcnn.engine.backend import LocalBackend
+from sparkcnn.engine.inprocess import LocalBackend
 from sparkcnn.metrics import ProgressBar
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from sparkcnn import config
-from sparkcnn.engine.backend import LocalBackend
+from sparkcnn.engine.inprocess import LocalBackend
 from sparkcnn.errors import BadInput
 from sparkcnn.metrics import read_jsonl
 from sparkcnn.tracking import flat_params

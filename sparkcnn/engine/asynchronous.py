@@ -27,11 +27,12 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from functools import partial
 
+from sparkcnn.engine import tasks
 from sparkcnn.engine.driver import DriverShorthands, RoundDriver, timed
 from sparkcnn.engine.exchange import ExchangeCore
 from sparkcnn.engine.monitor import LoadMonitor
-from sparkcnn.engine.tasks import round_task
 from sparkcnn.protocol import RoundOrder, steps_per_epoch
 from sparkcnn.scheduler import AsyncPolicy, DecisionKind, task_slots
 from sparkcnn.staleness import resolve_rule
@@ -50,7 +51,7 @@ class AsyncEngine(DriverShorthands):
         # samples in one pass over every block (full minibatches only)
         self.total_samples = cfg.train.epochs * sum(self.block_steps.values()) * cfg.train.batch_size
         # replicas and orders may trail by up to max_staleness versions and the jobs in flight
-        self.driver = RoundDriver(cfg, backend, spec, weights,
+        self.driver = RoundDriver(cfg, backend, spec, weights, evaluate=partial(tasks.evaluate, backend, spec),
                                   keep_broadcasts=cfg.ps.max_staleness + 2 * max(2, self.num_blocks) + 2,
                                   sink=sink, progress=progress, run_dir=run_dir)
         self.core = ExchangeCore(self.driver, self.block_steps, batch_size=cfg.train.batch_size,
@@ -96,7 +97,7 @@ class AsyncEngine(DriverShorthands):
     def _job(self, order: RoundOrder, block: int):
         desc = (f"sparkcnn {self.spec.run_id} epoch {self.core.block_epoch[block] + 1} block {block} "
                 f"job {order.seq + 1}")
-        return timed(self.backend.map_blocks, round_task(self.spec, order), [block], desc,
+        return timed(self.backend.map_blocks, tasks.round_task(self.spec, order), [block], desc,
                      universe=self.num_blocks)
 
     def _refresh_slots(self) -> int:
@@ -224,7 +225,7 @@ class AsyncEngine(DriverShorthands):
         state is read where it lives by one small job (the executor keeps its last two).
         """
         t0 = time.perf_counter()
-        blocks = self.driver.block_states(self.core.last_seq, self.num_blocks)
+        blocks = tasks.block_states(self.backend, self.spec, self.core.last_seq, self.num_blocks)
         st = {"next_seq": self.next_seq, "next_eval": self.next_eval, **self.core.state_dict()}
         path = self.driver.save_checkpoint(self.core.exchanges, st, blocks)
         self.ckpt_at, self.ckpt_t = self.core.exchanges, time.perf_counter()

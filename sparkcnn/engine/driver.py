@@ -28,7 +28,6 @@ from sparkcnn.compression.plan import plan
 from sparkcnn.compression.sparsify import Sparsifier
 from sparkcnn.compression.warmup import density_at, lr_at
 from sparkcnn.engine.apply import Applied, apply_deltas
-from sparkcnn.engine.tasks import eval_task, state_task
 from sparkcnn.errors import Diverged
 from sparkcnn.guard import DivergenceGuard
 from sparkcnn.protocol import DownlinkMsg, RoundResult
@@ -43,9 +42,10 @@ COUNTERS = ("state_resets", "duplicates_dropped", "rejected_deltas", "replica_re
 class RoundDriver:
     """Server state and the apply path of one run (see the module docstring)."""
 
-    def __init__(self, cfg, backend, spec, weights: np.ndarray, *, keep_broadcasts: int,
+    def __init__(self, cfg, backend, spec, weights: np.ndarray, *, keep_broadcasts: int, evaluate,
                  sink=None, progress=None, run_dir: str | None = None):
         self.cfg, self.backend, self.spec = cfg, backend, spec
+        self.evaluator = evaluate  # (W, epoch) -> test loss, accuracy and samples: the transport's job
         c = cfg.compression
         self.plan = plan(c.method, c.value_dtype, cfg.train.steps_per_round)
         self.sparse_down = spec.sparse_downlink
@@ -207,16 +207,6 @@ class RoundDriver:
         self.checkpointed_at = position
         return path
 
-    def block_states(self, tags: dict[int, int], universe: int) -> dict:
-        """Each block's state as left by exchange ``tags[block]`` (blocks at -1 have none yet),
-        read where it lives by one small job; a state that is gone is left out."""
-        tags = {k: v for k, v in tags.items() if v >= 0}
-        if not tags:
-            return {}
-        desc = f"sparkcnn {self.spec.run_id} checkpoint block states"
-        got = self.backend.map_blocks(state_task(self.spec, tags), sorted(tags), desc, universe=universe)
-        return {block: state for block, state in got if state is not None}
-
     def restore(self, ckpt) -> dict:
         """Server, counters and guard from a loaded checkpoint; returns the engine's own state."""
         st = ckpt.state
@@ -234,15 +224,8 @@ class RoundDriver:
             self.sink.write(rec)
 
     def evaluate(self, epoch: int) -> dict:
-        spec = self.spec
-        if not spec.test_blocks:  # no test data given
-            return {"test_loss": None, "test_accuracy": None, "test_samples": 0}
-        desc = f"sparkcnn {spec.run_id} epoch {epoch + 1} evaluate"
-        res = self.backend.map_blocks(eval_task(spec, self.W.tobytes()), list(range(spec.test_blocks)), desc,
-                                      universe=spec.test_blocks, split="test")
-        n = sum(r.samples for r in res)
-        return {"test_loss": sum(r.loss_sum for r in res) / max(1, n),
-                "test_accuracy": sum(r.correct for r in res) / max(1, n), "test_samples": n}
+        """Test loss and accuracy of ``W``, by the transport's evaluation (``evaluate``)."""
+        return self.evaluator(self.W, epoch)
 
     def write_epoch(self, epoch: int, wall_s: float, on_epoch=None, **extra) -> dict:
         """Evaluate on the test blocks and write the epoch record."""

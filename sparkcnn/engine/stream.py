@@ -33,9 +33,11 @@ import logging
 import threading
 import time
 from collections import deque
+from functools import partial
 
 import numpy as np
 
+from sparkcnn.engine import tasks
 from sparkcnn.engine.driver import DriverShorthands, RoundDriver
 from sparkcnn.engine.exchange import ExchangeCore
 from sparkcnn.engine.psservice import PSService
@@ -90,8 +92,8 @@ class StreamEngine(DriverShorthands):
         block_steps = {k: steps_per_epoch(n, cfg.train.batch_size) for k, n in block_rows.items()}
         # sync: every block trains the smallest block's steps, so each round has a push from every block
         self.pass_end = {k: min(block_steps.values()) if self.sync else s for k, s in block_steps.items()}
-        self.driver = RoundDriver(cfg, backend, spec, weights, keep_broadcasts=2, sink=sink, progress=progress,
-                                  run_dir=run_dir)
+        self.driver = RoundDriver(cfg, backend, spec, weights, evaluate=partial(tasks.evaluate, backend, spec),
+                                  keep_broadcasts=2, sink=sink, progress=progress, run_dir=run_dir)
         # a replica may trail by the other blocks' pushes in flight: keep their downlinks
         self.driver.inline_downlinks = 4 * self.num_blocks + 4
         # one step per exchange: the next step computes while the push travels (its staleness
@@ -379,7 +381,7 @@ class StreamEngine(DriverShorthands):
         """The server, the cursors and each block's state (``read``: a state the pushes did not
         carry is read where the task spilled it, by one small job)."""
         missing = {k: self.core.last_seq[k] for k in self.block_rows if k not in states}
-        blocks = {**states, **(self.driver.block_states(missing, self.num_blocks) if read else {})}
+        blocks = {**states, **(tasks.block_states(self.backend, self.spec, missing, self.num_blocks) if read else {})}
         st = {"next_epoch": next_epoch, **self.core.state_dict()}
         return self.driver.save_checkpoint(self.core.exchanges, st, blocks)
 

@@ -19,11 +19,12 @@ import math
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 from sparkcnn.checkpoint import int_keys, json_keys
+from sparkcnn.engine import tasks
 from sparkcnn.engine.driver import DriverShorthands, RoundDriver, timed
 from sparkcnn.engine.exchange import ExchangeCore
-from sparkcnn.engine.tasks import round_task
 from sparkcnn.protocol import RoundOrder, steps_per_epoch
 from sparkcnn.scheduler import pipeline_depth, size_sync_steps
 
@@ -38,8 +39,8 @@ class SyncEngine(DriverShorthands):
         self.cfg, self.backend, self.spec, self.block_rows = cfg, backend, spec, block_rows
         self.depth = pipeline_depth("sync", cfg.engine.pipeline)
         # dense broadcasts a round in flight may still read: the rounds in flight plus a spare
-        self.driver = RoundDriver(cfg, backend, spec, weights, keep_broadcasts=self.depth + 1,
-                                  sink=sink, progress=progress, run_dir=run_dir)
+        self.driver = RoundDriver(cfg, backend, spec, weights, evaluate=partial(tasks.evaluate, backend, spec),
+                                  keep_broadcasts=self.depth + 1, sink=sink, progress=progress, run_dir=run_dir)
         H = cfg.train.steps_per_round
         self.block_steps = {k: steps_per_epoch(n, cfg.train.batch_size) for k, n in block_rows.items()}
         self.core = ExchangeCore(self.driver, self.block_steps, batch_size=cfg.train.batch_size,
@@ -94,7 +95,7 @@ class SyncEngine(DriverShorthands):
         """One Spark job: every block's share of the round. Runs in a pool thread."""
         epoch, r = divmod(order.seq, self.rounds_per_epoch)
         desc = f"sparkcnn {self.spec.run_id} epoch {epoch + 1} round {order.seq + 1}"
-        return timed(self.backend.gather_blocks, round_task(self.spec, order), sorted(self.block_rows), desc,
+        return timed(self.backend.gather_blocks, tasks.round_task(self.spec, order), sorted(self.block_rows), desc,
                      depth=self.cfg.engine.tree_depth, universe=len(self.block_rows))
 
     def run_round(self, t: int) -> dict:

@@ -22,7 +22,6 @@ from sparkcnn.protocol import TaskContextInfo, TaskSpec
 
 CHUNK_SCHEMA = pa.schema([("block", pa.int32()), ("part", pa.int32()), ("seq", pa.int32()),
                           ("images", pa.large_binary()), ("labels", pa.large_binary())])
-SPARK_CHUNK_SCHEMA = "block int, part int, seq int, images binary, labels binary"
 
 
 def assign_blocks(part: int, start: int, n: int, num_blocks: int) -> np.ndarray:
