@@ -63,6 +63,10 @@ two more TF start-ups; ``compute_limit_method`` says which was used).
   machine's speed also moves by ~10 % within a minute: one repetition can land on a dip).
   ``efficiency_vs_run_limit`` is the same images/s against the run's limit.
   A case the transport does not run carries ``error``.
+  Every stream case records its ``test_accuracy`` and ``jobs_reference_accuracy``: the
+  jobs transport's on the same slice and mode, dense or with the stream's sparse settings
+  (``jobs_test_accuracy``). A case more than 5 points below it did not train
+  (``trained: false``): it gets no efficiency and its target fails.
 
 ``--set KEY=VALUE`` (repeatable) applies a config override to every sparkcnn
 engine of the run, e.g. the sparse uplink: ``--set compression.method=threshold
@@ -186,12 +190,13 @@ def measure_sparkcnn(data: str, H: int, rounds: int, extra: list[str] = (), warm
     }
 
 
-def measure_pipelined(data: str, H: int) -> dict:
+def measure_pipelined(data: str, H: int, extra: list[str] = ()) -> dict:
     """``SyncEngine.run()`` with two rounds in flight over one epoch of ``data``."""
     sink = TimedSink(CpuMeter())
-    engine = _engine(data, f"bench-pipe-h{H}", [f"train.steps_per_round={H}", "train.epochs=1",
-                                                 "engine.pipeline=true"], sink=sink)
-    run_s = engine.run()["wall_s"]
+    engine = _engine(data, f"bench-pipe-h{H}" + ("-x" if extra else ""),
+                     [f"train.steps_per_round={H}", "train.epochs=1", "engine.pipeline=true", *extra], sink=sink)
+    run = engine.run()
+    run_s = run["wall_s"]
     sink.close()
     engine.backend.close()  # unpersist the block placement RDDs
     rows = sink.rounds()
@@ -208,6 +213,7 @@ def measure_pipelined(data: str, H: int) -> dict:
         # a round that found its predecessor's block state missing: with no failures, its task
         # waited out state_wait_s (a whole run_wall_s far above the rounds' walls says so)
         "state_resets": engine.counters["state_resets"], "run_wall_s": run_s,
+        "test_accuracy": run["test_accuracy"],
         **_window_cpu(sink, rows, rate),
     }
 
@@ -227,7 +233,8 @@ def measure_async(data: str, H: int, target_job_s: float, extra: list[str] = ())
                                                   "engine.mode=async", f"data.num_blocks={ASYNC_BLOCKS}",
                                                   f"scheduler.target_job_seconds={target_job_s:.4f}",
                                                   *extra], sink=sink)
-    run_s = engine.run()["wall_s"]
+    run = engine.run()
+    run_s = run["wall_s"]
     sink.close()
     engine.backend.close()  # unpersist the block placement RDDs
     rows = sink.rounds()
@@ -247,6 +254,7 @@ def measure_async(data: str, H: int, target_job_s: float, extra: list[str] = ())
         "bytes_up_per_job": sum(r["bytes_up"] for r in steady) / len(steady),
         "bytes_down_per_job": sum(r["bytes_down"] for r in steady) / len(steady),
         "state_resets": engine.counters["state_resets"], "run_wall_s": run_s,
+        "test_accuracy": run["test_accuracy"],
         **_window_cpu(sink, rows, rate),
     }
 
@@ -260,6 +268,16 @@ STREAM_CASES = {"async_h1_sparse": (1, "async", STREAM_SPARSE),
                 # the rest of the transport x mode x H grid (H = 1, 10, 50), sparse
                 "async_h50": (50, "async", STREAM_SPARSE), "sync_h1": (1, "sync", STREAM_SPARSE),
                 "sync_h50": (50, "sync", STREAM_SPARSE)}
+
+
+ACCURACY_GATE = 0.05  # a stream case this far below the jobs transport's accuracy on its slice did not train
+
+
+def trained(case: dict, reference: float | None) -> bool:
+    """Whether a stream case's run trained: its test accuracy is at most ``ACCURACY_GATE`` below
+    the jobs transport's on the same slice, mode and compression (its speed counts only then)."""
+    acc = case.get("test_accuracy")
+    return acc is not None and (reference is None or acc >= reference - ACCURACY_GATE)
 
 
 # the stream cases with targets, each measured STREAM_REPS times between limits (the median counts)
@@ -410,6 +428,20 @@ def main(argv=None) -> dict:
         out["stream"][name] = measure_stream(short, h, mode, extra, steps // 2,
                                              reps=1 if a.quick or name not in TARGET_CASES else STREAM_REPS)
 
+    # the jobs transport on the same slice, dense and with the stream's sparse settings: a stream
+    # case more than ACCURACY_GATE below its mode's reference did not train, and gets no efficiency
+    log("jobs references with the stream's sparse settings: one epoch of %s each", os.path.basename(short))
+    refs = {"async-dense": s["test_accuracy"], "sync-dense": p["test_accuracy"],
+            "async-sparse": measure_async(short, H, target, extra=STREAM_SPARSE)["test_accuracy"],
+            "sync-sparse": measure_pipelined(short, H, extra=STREAM_SPARSE)["test_accuracy"]}
+    out["jobs_test_accuracy"] = refs
+    for name, m in out["stream"].items():
+        if "error" in m:
+            continue
+        _, mode, extra = STREAM_CASES[name]
+        m["jobs_reference_accuracy"] = ref = refs[f"{mode}-{'sparse' if extra else 'dense'}"]
+        m["trained"] = trained(m, ref)
+
     before = sum(r["images_per_s"] for r in limit)
     if a.quick:
         after = before
@@ -420,7 +452,7 @@ def main(argv=None) -> dict:
     for m, key in [*((m, "sparkcnn_images_per_s") for m in out["by_steps_per_round"].values()),
                    (p, "images_per_s"), (s, "images_per_s"),
                    *((m, "images_per_s") for m in out["async_by_steps"].values()),
-                   *((m, "images_per_s") for m in out["stream"].values() if "error" not in m)]:
+                   *((m, "images_per_s") for m in out["stream"].values() if "error" not in m and m["trained"])]:
         m["ratio_vs_keras"] = m[key] / keras_ips
         # a stream case against the limit measured beside it; the run's limit kept for comparison
         ref = limit_ips
