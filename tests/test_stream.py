@@ -261,44 +261,6 @@ def test_sync_stream_applies_rounds_together(spark, tiny_cfg):
         train(cfg.replace(engine__master="inprocess"))
 
 
-def test_stream_resume_after_driver_sigkill(tiny_data, tmp_path):
-    """The driver is SIGKILLed at a seeded random exchange after the first checkpoint (end of
-    epoch 0); --resume continues from it, every (block, epoch, step) is recorded once and the
-    samples add up to epochs x rows (24-image batches divide each block)."""
-    import glob
-    import json
-    import random
-    import subprocess
-    import sys
-
-    def cli(args):
-        return subprocess.run([sys.executable, "-m", "sparkcnn", *args], capture_output=True, text=True,
-                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), timeout=600)
-
-    epochs, rows = 2, 1200
-    common = ["train", "--no-progress", "--set", f"data.path={tiny_data}", "--set", "engine.master=inprocess",
-              "--set", "engine.mode=async", "--set", "engine.transport=stream", "--set", f"train.epochs={epochs}",
-              "--set", "train.batch_size=24", "--set", "train.steps_per_round=2",
-              "--set", "compression.method=threshold", "--set", "compression.density=0.05",
-              "--set", "compression.density_down=0.05", "--set", f"run.out_dir={tmp_path / 'runs'}"]
-    seed = int(os.environ.get("SPARKCNN_TEST_SEED", random.Random().randrange(1 << 16)))
-    per_epoch = 2 * (600 // 24 // 2 + 1)  # exchanges per epoch: 2 blocks x ceil(25 / 2)
-    kill = random.Random(seed).randrange(per_epoch + 1, 2 * per_epoch - 1)
-    killed = cli([*common, "--set", f"chaos.kill_driver_round={kill}"])
-    assert killed.returncode == -9, (seed, kill, killed.stderr[-2000:])
-    (run_dir,) = glob.glob(str(tmp_path / "runs" / "*"))
-    assert os.path.isdir(os.path.join(run_dir, "checkpoints")), f"seed {seed}: killed before a checkpoint"
-    resumed = cli(["train", "--no-progress", "--resume", run_dir, "--set", "chaos.kill_driver_round=-1"])
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert json.loads(resumed.stdout)["transport"] == "stream"
-    records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
-    pushes = [r for r in records if r["kind"] == "round"]
-    keys = [(r["block"], r["block_epoch"], r["block_step"]) for r in pushes]
-    assert len(keys) == len(set(keys)), f"seed {seed}: a step recorded twice"
-    assert sum(r["samples"] for r in pushes) == epochs * rows, f"seed {seed}"
-    assert [r["epoch"] for r in records if r["kind"] == "epoch"] == list(range(epochs))
-
-
 @pytest.mark.spark
 def test_stream_exactly_once_when_python_workers_die(spark, tiny_cfg):
     """Python workers killed mid-stage (chaos): Spark reruns the barrier stage, the pushes it
