@@ -43,7 +43,8 @@ def test_matrix_names_every_cell_once_with_its_reference():
             assert (ref.transport, ref.mode, ref.sparse) == ("jobs", cell.mode, cell.sparse)
         ov = cell.overrides()
         assert ("engine.stream_lookahead=true" in ov or "engine.stream_lookahead=false" in ov) == (
-            cell.transport == "stream" and cell.mode == "async" and cell.steps == 1)
+            cell.transport == "stream" and cell.steps == 1)
+        assert "engine.stream_lookahead=false" not in ov or cell.mode == "sync"  # refused on async
         assert ("compression.clip_norm=2.0" in ov) == (cell.sparse and cell.steps == 1)
         assert ("compression.density_down=0.01" in ov) == cell.sparse
 
@@ -69,7 +70,7 @@ def test_reduced_matrix_converges_and_refusals_exit_2(spark, tiny_data, tmp_path
         assert c["passed"] and c["delta_points"] >= -100 * TINY_TOLERANCE, summary
     assert cells["stream-async-h1-dense-lookahead"]["mean_steps_per_exchange"] == 1
     refused = {r["setting"]: r for r in report["refused"]}
-    assert set(refused) == {"ps.staleness=none", "engine.stream_downlink=round"}
+    assert set(refused) == {"ps.staleness=none", "engine.stream_lookahead=false", "engine.stream_downlink=round"}
     for r in refused.values():
         assert r["exit_code"] == 2 and r["stderr_lines"] == 1 and r["expect"] in r["stderr"], r
     assert report["passed"] and rc == 0 and report["provenance"]["git_commit"]
