@@ -152,11 +152,6 @@ class EngineConfig:
                                 # epoch exchanging with the driver's parameter-server service)
     stream_timeout_s: float = 60.0  # stream: a task gives up when the server does not answer this long
     max_message_bytes: int = 0  # stream: larger messages are refused unread; 0 = 8 x parameters + 1 MiB
-    stream_lookahead: bool = True  # stream, train.steps_per_round = 1 only: tasks compute at their view
-                                   # extrapolated by the staleness the server measured for their last push
-                                   # (delay compensation). Off at H > 1, where it did not help (2 epochs,
-                                   # H = 10: 0.835 with it, 0.839 without); false is refused on the async
-                                   # stream at H = 1, where it trained 3-4 points below the jobs transport
 
     def validate(self, p: str) -> None:
         _check(self.mode in ("sync", "async"), f"{p}.mode", "one of sync, async", self.mode)
@@ -271,11 +266,6 @@ class Config:
             # with lambda = 1/tau; with the lookahead on as well it collapsed to 0.1
             raise BadInput("ps.staleness=none diverges on the async stream at train.steps_per_round > 1 "
                            f"(got {self.train.steps_per_round}): use auto or inverse")
-        if (self.engine.transport == "stream" and self.engine.mode == "async" and not self.engine.stream_lookahead
-                and self.train.steps_per_round == 1):
-            # the convergence matrix, 2 epochs: 0.835 vs 0.873 on jobs dense, 0.810 vs 0.843 sparse
-            raise BadInput("engine.stream_lookahead=false trains the async stream at train.steps_per_round=1 "
-                           "3-4 points below the jobs transport: leave it on")
         return self
 
     def to_dict(self) -> dict:
