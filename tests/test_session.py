@@ -11,6 +11,7 @@ import pytest
 import pyspark
 from sparkcnn.engine import backend as backends
 from sparkcnn.engine import session as B
+from sparkcnn.engine.inprocess import LocalBackend
 from sparkcnn.protocol import TaskContextInfo
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,7 +40,7 @@ def test_submit_arguments_name_settings():
 
 
 def test_local_backend_hands_tasks_their_context():
-    backend = backends.LocalBackend("t-ctx")
+    backend = LocalBackend("t-ctx")
     assert isinstance(backend, backends.Backend) and issubclass(backends.SparkBackend, backends.Backend)
     out = backend.gather_blocks(lambda b, ctx: (b, ctx), [2, 0, 1], "t")
     assert [b for b, _ in out] == [2, 0, 1]
