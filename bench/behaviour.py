@@ -41,6 +41,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import statistics
@@ -53,7 +54,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import ROOT, emit, log  # noqa: E402
+from bench._common import ROOT, emit, log, portable_path  # noqa: E402
 
 BASE_REV = "8419361"  # the last commit before the engine refactor
 FMNIST_SRC = "/usr/share/datasets/fashion-mnist"  # the Debian package dataset-fashion-mnist
@@ -284,6 +285,22 @@ def train_once(directory: str, variant: Variant, epochs: int, data: str, out_dir
     return rec
 
 
+_ABS_PATH = re.compile(r"(?<![\w.<>:/])/[^\s'\"=:,]+")
+
+
+def portable(obj):
+    """The report with every absolute path in it as ``portable_path`` writes it (relative to the
+    repository inside it, else ``<tmp>/`` and its last part): a result names no path of the
+    machine that ran it."""
+    if isinstance(obj, dict):
+        return {k: portable(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [portable(v) for v in obj]
+    if isinstance(obj, str):
+        return _ABS_PATH.sub(lambda m: portable_path(m.group(0)), obj)
+    return obj
+
+
 def load_weights(model_path: str) -> list:
     import keras
 
@@ -421,7 +438,7 @@ def main(argv=None) -> int:
     report.update(thresholds={"accuracy_points": ACCURACY_POINTS, "images_per_s_fraction": RATE_FRACTION,
                               "weights_rtol": WEIGHTS_RTOL, "weights_atol": 0.0},
                   provenance=prov, wall_s=time.perf_counter() - t_start)
-    report = json_safe(report)
+    report = portable(json_safe(report))
     emit(report)
     if a.out:
         tmp = f"{a.out}.tmp-{os.getpid()}"

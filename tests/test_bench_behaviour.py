@@ -77,3 +77,20 @@ def test_deterministic_variant_is_judged_by_its_weights():
 def test_run_order_alternates_by_variant_and_repeat():
     assert [bh.order_for(i, 0)[0] for i in range(4)] == ["base", "head", "base", "head"]
     assert [bh.order_for(i, 1)[0] for i in range(4)] == ["head", "base", "head", "base"]
+
+
+def test_the_report_names_no_path_of_the_machine_that_ran_it():
+    import os
+
+    from bench._common import ROOT
+    from bench.behaviour import portable
+
+    report = {"runs": [{"command": f"sparkcnn train --set data.path={ROOT}/data/fashion-mnist "
+                                   "--set run.out_dir=/var/tmp/sparkcnn-behaviour-runs-x/sync-dense/base-r0",
+                        "summary": os.path.join(ROOT, "runs", "a", "summary.json")}],
+              "index": "https://pypi.org/simple", "n": 3}
+    out = portable(report)
+    assert out["runs"][0]["command"] == ("sparkcnn train --set data.path=data/fashion-mnist "
+                                         "--set run.out_dir=<tmp>/base-r0")
+    assert out["runs"][0]["summary"] == "runs/a/summary.json"
+    assert out["index"] == "https://pypi.org/simple" and out["n"] == 3
