@@ -64,6 +64,7 @@ class _Server(flight.FlightServerBase):
         self._service = service
 
     def do_exchange(self, context, descriptor, reader, writer):
+        self._service.saw_peer(context.peer())
         try:
             self._service.serve_stream(descriptor.command, reader, writer)
         except flight.FlightError:
@@ -86,6 +87,7 @@ class PSService:
         self.max_message_bytes = int(max_message_bytes)
         self.counters = {"unauthenticated_refused": 0, "oversize_refused": 0, "malformed_refused": 0,
                          "streams": 0}
+        self.peer_hosts: set[str] = set()  # the addresses tasks reached the service from
         self._lock = threading.Lock()
         self._server = _Server(f"grpc+tcp://{host}:0", self, {"auth": _Auth(self.token, self)})
         self.port = int(self._server.port)
@@ -99,6 +101,14 @@ class PSService:
     def count(self, key: str, n: int = 1) -> None:
         with self._lock:
             self.counters[key] = self.counters.get(key, 0) + n
+
+    def saw_peer(self, peer) -> None:
+        """Record the host of a caller, from gRPC's peer string (``ipv4:198.18.1.11:40312``)."""
+        peer = peer.decode() if isinstance(peer, bytes) else str(peer or "")
+        kind, _, rest = peer.partition(":")
+        host = rest.rsplit(":", 1)[0].strip("[]") if kind in ("ipv4", "ipv6") else kind
+        with self._lock:
+            self.peer_hosts.add(host)
 
     def serve_stream(self, command: bytes, reader, writer) -> None:
         try:

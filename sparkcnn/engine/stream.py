@@ -375,7 +375,8 @@ class StreamEngine(DriverShorthands):
         out = d.summary(time.perf_counter() - t_start)
         steps = max(1, sum(r.get("steps", 0) for r in d.history))
         out.update(transport="stream", exposed_comm_ms_per_step=1000 * self.exposed_s / steps,
-                   stream={k: v for k, v in self.service.counters.items()})
+                   stream={k: v for k, v in self.service.counters.items()},
+                   ps_address=f"{self.service.host}:{self.service.port}", ps_peers=sorted(self.service.peer_hosts))
         return out
 
     # -- checkpoints --------------------------------------------------------------------------
