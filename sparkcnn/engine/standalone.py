@@ -1,8 +1,9 @@
 """A real Spark standalone cluster on loopback, started from pyspark's pip package alone.
 
 The pip package has no ``start-master.sh`` but ships ``sbin/spark-daemon.sh``, which is
-enough: one master and ``workers`` workers, each its own JVM bound to 127.0.0.1, with PID
-files, logs and executor work dirs in one temporary directory. For cluster tests and
+enough: one master and ``workers`` workers, each its own JVM bound to 127.0.0.1 (or to the
+addresses of a test bed's hosts, :mod:`sparkcnn.engine.testbed`), with PID files, logs and
+executor work dirs in one temporary directory. For cluster tests and
 benchmarks: fault injection with :meth:`StandaloneCluster.kill_worker`, a slowed executor
 with ``per_worker_env={1: {"SPARKCNN_CHAOS_SLOW": "2.0"}}`` (a worker hands its
 environment on to the executors it launches).
@@ -28,7 +29,7 @@ import urllib.request
 
 log = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"  # the only address any daemon, executor or driver may use
+HOST = "127.0.0.1"  # the default address of every daemon, executor and driver (loopback)
 MASTER = "org.apache.spark.deploy.master.Master"
 WORKER = "org.apache.spark.deploy.worker.Worker"
 EXECUTOR = "CoarseGrainedExecutorBackend"
@@ -38,22 +39,22 @@ EXECUTOR = "CoarseGrainedExecutorBackend"
 FAST_START_JAVA_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports free on loopback now (all held open while choosing)."""
+def free_ports(n: int, host: str = HOST) -> list[int]:
+    """``n`` distinct ports free on ``host`` now (all held open while choosing)."""
     socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
     try:
         for s in socks:
-            s.bind((HOST, 0))
+            s.bind((host, 0))
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
             s.close()
 
 
-def port_open(port: int) -> bool:
+def port_open(port: int, host: str = HOST) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
-        return s.connect_ex((HOST, port)) == 0
+        return s.connect_ex((host, port)) == 0
 
 
 def _processes() -> list[tuple[int, int, str, str]]:
@@ -97,19 +98,28 @@ class StandaloneCluster:
     Workers are numbered from 0 (daemon instance ``i + 1``). ``worker_env`` is added to every
     daemon's environment, ``per_worker_env[i]`` to worker ``i``'s only. ``workdir`` (default:
     a fresh temporary directory, removed by :meth:`stop`) holds PID files, logs, work dirs.
+    ``host`` is the master's (and a driver's) address; ``worker_hosts[i]`` worker ``i``'s, and
+    ``worker_prefix[i]`` a command its daemon runs under, e.g. ``ip netns exec <ns>`` to put
+    it on another host (:mod:`sparkcnn.engine.testbed`).
     """
 
     _SHARED = ("workers", "cores_per_worker", "memory", "workdir", "port", "webui_port",
-               "worker_ports", "worker_webui_ports")
+               "worker_ports", "worker_webui_ports", "host", "worker_hosts")
 
     def __init__(self, workers: int = 2, cores_per_worker: int = 1, memory: str = "2g",
                  worker_env: dict | None = None, per_worker_env: dict[int, dict] | None = None,
-                 workdir: str | None = None, daemon_memory: str = "512m"):
+                 workdir: str | None = None, daemon_memory: str = "512m", host: str = HOST,
+                 worker_hosts: list[str] | None = None, worker_prefix: dict[int, list[str]] | None = None):
         if workers < 1 or cores_per_worker < 1:
             raise ValueError(f"workers and cores_per_worker must be >= 1, got {workers}, {cores_per_worker}")
         bad = sorted(set(per_worker_env or {}) - set(range(workers)))
         if bad:
             raise ValueError(f"per_worker_env names workers {bad}; workers are 0..{workers - 1}")
+        self.host = host
+        self.worker_hosts = list(worker_hosts or [host] * workers)
+        if len(self.worker_hosts) != workers:
+            raise ValueError(f"worker_hosts has {len(self.worker_hosts)} addresses for {workers} workers")
+        self.worker_prefix = {int(i): list(p) for i, p in (worker_prefix or {}).items()}
         self.workers, self.cores_per_worker, self.memory = workers, cores_per_worker, memory
         self.worker_env = {k: str(v) for k, v in (worker_env or {}).items()}
         self.per_worker_env = {i: {k: str(v) for k, v in e.items()} for i, e in (per_worker_env or {}).items()}
@@ -134,14 +144,15 @@ class StandaloneCluster:
         (one SparkContext per process): it opens sessions, lists and kills processes; its
         :meth:`stop` does nothing, the owner stops the cluster."""
         info = json.loads(text)
-        handle = cls(info["workers"], info["cores_per_worker"], info["memory"], workdir=info["workdir"])
+        handle = cls(info["workers"], info["cores_per_worker"], info["memory"], workdir=info["workdir"],
+                     host=info.get("host", HOST), worker_hosts=info.get("worker_hosts"))
         for k in cls._SHARED:
             setattr(handle, k, info[k])
         return handle
 
     @property
     def master_url(self) -> str:
-        return f"spark://{HOST}:{self.port}"
+        return f"spark://{self.host}:{self.port}"
 
     @property
     def ports(self) -> list[int]:
@@ -150,17 +161,19 @@ class StandaloneCluster:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def _daemon(self, action: str, cls: str, instance: int, *args, extra_env: dict | None = None):
+    def _daemon(self, action: str, cls: str, instance: int, *args, extra_env: dict | None = None,
+                host: str | None = None, prefix: list[str] | None = None):
         env = {k: v for k, v in os.environ.items() if k not in ("SPARK_ENV_LOADED", "PYSPARK_SUBMIT_ARGS")}
         env.update(SPARK_HOME=self.spark_home, SPARK_IDENT_STRING="sparkcnn",
                    SPARK_CONF_DIR=os.path.join(self.workdir, "conf"),  # empty: no site spark-env.sh
                    SPARK_PID_DIR=os.path.join(self.workdir, "pid"), SPARK_LOG_DIR=os.path.join(self.workdir, "logs"),
-                   SPARK_WORKER_DIR=os.path.join(self.workdir, "work"), SPARK_LOCAL_IP=HOST,
-                   SPARK_MASTER_HOST=HOST, SPARK_DAEMON_MEMORY=self.daemon_memory, PYSPARK_PYTHON=sys.executable,
+                   SPARK_WORKER_DIR=os.path.join(self.workdir, "work"), SPARK_LOCAL_IP=host or self.host,
+                   SPARK_MASTER_HOST=self.host, SPARK_DAEMON_MEMORY=self.daemon_memory, PYSPARK_PYTHON=sys.executable,
                    SPARK_DAEMON_JAVA_OPTS=FAST_START_JAVA_OPTS,
                    SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false")  # REST would take fixed port 6066
         env.update(self.worker_env, **(extra_env or {}))
-        cmd = ["bash", os.path.join(self.spark_home, "sbin", "spark-daemon.sh"), action, cls, str(instance), *args]
+        cmd = [*(prefix or []), "bash", os.path.join(self.spark_home, "sbin", "spark-daemon.sh"), action, cls,
+               str(instance), *args]
         return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def start(self, timeout: float = 60) -> StandaloneCluster:
@@ -171,21 +184,22 @@ class StandaloneCluster:
         self.workdir = self.workdir or tempfile.mkdtemp(prefix="sparkcnn-cluster-")
         for sub in ("conf", "pid", "logs", "work"):
             os.makedirs(os.path.join(self.workdir, sub), exist_ok=True)
-        ports = free_ports(2 + 2 * self.workers)
+        ports = free_ports(2 + 2 * self.workers, self.host)  # a worker on its own host has them all free
         self.port, self.webui_port = ports[:2]
         self.worker_ports, self.worker_webui_ports = ports[2::2], ports[3::2]
         self._started = True  # from here on stop() has something to clean up
         try:
-            self._launchers = [self._daemon("start", MASTER, 1, "--host", HOST, "--port", str(self.port),
+            self._launchers = [self._daemon("start", MASTER, 1, "--host", self.host, "--port", str(self.port),
                                             "--webui-port", str(self.webui_port))]
             # a worker that registers before the master is elected leader retries only 5-15 s later
             self._wait(lambda: self.master_state().get("status") == "ALIVE", t0 + timeout, "the master")
             for i in range(self.workers):
                 self._launchers.append(self._daemon(
-                    "start", WORKER, i + 1, "--host", HOST, "--port", str(self.worker_ports[i]),
+                    "start", WORKER, i + 1, "--host", self.worker_hosts[i], "--port", str(self.worker_ports[i]),
                     "--cores", str(self.cores_per_worker), "--memory", self.memory,
                     "--webui-port", str(self.worker_webui_ports[i]), self.master_url,
-                    extra_env=self.per_worker_env.get(i)))
+                    extra_env=self.per_worker_env.get(i), host=self.worker_hosts[i],
+                    prefix=self.worker_prefix.get(i)))
             self._wait(lambda: self.alive_workers() >= self.workers, t0 + timeout, f"{self.workers} workers")
             self._reap_launchers(max(1.0, t0 + timeout - time.monotonic()))
         except BaseException:
@@ -216,7 +230,7 @@ class StandaloneCluster:
         """The master web UI's JSON (loopback, never through a proxy); {} while unreachable."""
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         try:
-            with opener.open(f"http://{HOST}:{self.webui_port}/json/", timeout=2) as r:
+            with opener.open(f"http://{self.host}:{self.webui_port}/json/", timeout=2) as r:
                 return json.load(r)
         except (OSError, ValueError):
             return {}
@@ -316,13 +330,13 @@ def session(cluster: StandaloneCluster, app_name: str, conf: dict | None = None,
     if SparkContext._active_spark_context is not None:
         raise RuntimeError("a SparkContext is already active in this process; drive the cluster from "
                            "another process (one SparkContext per process)")
-    os.environ["SPARK_LOCAL_IP"] = HOST  # read by the driver JVM launched below
+    os.environ["SPARK_LOCAL_IP"] = cluster.host  # read by the driver JVM launched below
     # a context made from plain Python (not spark-submit) reads only the environment variable
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     settings = {"spark.executor.cores": cluster.cores_per_worker,
                 "spark.cores.max": cluster.workers * cluster.cores_per_worker,
-                "spark.pyspark.python": sys.executable, "spark.driver.host": HOST,
-                "spark.driver.bindAddress": HOST, "spark.ui.enabled": "false",
+                "spark.pyspark.python": sys.executable, "spark.driver.host": cluster.host,
+                "spark.driver.bindAddress": cluster.host, "spark.ui.enabled": "false",
                 "spark.ui.showConsoleProgress": "false", **(conf or {})}
     builder = SparkSession.builder.master(cluster.master_url).appName(app_name)
     for k, v in settings.items():
