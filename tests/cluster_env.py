@@ -125,14 +125,15 @@ def spark_submit_route_a(master: str, zip_path: str, *args: str) -> list[str]:
     return argv + list(args)
 
 
-def event_log_tasks(event_dir: str, app_id: str) -> dict[str, int]:
+def event_log_tasks(event_dir: str, app_id: str, hosts: bool = False) -> dict:
     """Executor id -> successful tasks, from the Spark event log of ``app_id`` in ``event_dir``
-    (one file, or Spark 4's rolling ``eventlog_v2_<app id>/events_<n>_...`` files; not compressed)."""
+    (one file, or Spark 4's rolling ``eventlog_v2_<app id>/events_<n>_...`` files; not compressed).
+    With ``hosts``: executor id -> the set of host addresses its tasks ran on."""
     paths = glob.glob(os.path.join(event_dir, app_id)) + sorted(
         glob.glob(os.path.join(event_dir, f"eventlog_v2_{app_id}", "events_*")),
         key=lambda p: int(os.path.basename(p).split("_")[1]))
     assert paths, f"no event log of {app_id} in {event_dir}: {os.listdir(event_dir)}"
-    tasks: dict[str, int] = {}
+    tasks: dict = {}
     for path in paths:
         with open(path, encoding="utf-8") as fh:
             for line in fh:
@@ -140,5 +141,8 @@ def event_log_tasks(event_dir: str, app_id: str) -> dict[str, int]:
                 if event.get("Event") == "SparkListenerTaskEnd" and \
                         event.get("Task End Reason", {}).get("Reason") == "Success":
                     executor = event["Task Info"]["Executor ID"]
-                    tasks[executor] = tasks.get(executor, 0) + 1
+                    if hosts:
+                        tasks.setdefault(executor, set()).add(event["Task Info"]["Host"])
+                    else:
+                        tasks[executor] = tasks.get(executor, 0) + 1
     return tasks

@@ -131,18 +131,35 @@ def test_audit_hook_refuses_data_files_outside_the_allowed_directories(executor_
 
 # -- the README's spark-submit recipe on a standalone cluster -----------------------------------
 
-def _submit(cluster, python: str, dist: str, data: str, root, extra_conf: dict | None = None):
+@pytest.fixture(scope="module")
+def route_a_cluster(request):
+    """Where route (a) runs: a 2-host test bed (two network namespaces behind links shaped to
+    1 Gbit/s, the driver and master on the bridge), or, where this machine cannot build one,
+    the loopback cluster; (cluster, test bed or None)."""
+    from sparkcnn.engine.testbed import TestBed, unavailable_reason
+
+    why = unavailable_reason()
+    if why:
+        print(f"route (a) on the loopback cluster: {why}")
+        yield request.getfixturevalue("standalone_cluster"), None
+        return
+    with TestBed(hosts=2, rate="1gbit") as bed:
+        yield bed.cluster, bed
+
+
+def _submit(cluster, python: str, dist: str, data: str, root, extra_conf: dict | None = None, *args: str):
     """Run the README's route (a) command against ``cluster``; (process, runs dir, event log dir).
 
-    Site settings of the test's cluster (the driver and executor interpreter, loopback
-    addresses, no UI, an event log) come from a ``spark-defaults.conf``, as on a real cluster,
-    so the command runs as the README gives it."""
-    from sparkcnn.engine.standalone import FAST_START_JAVA_OPTS, HOST
+    Site settings of the test's cluster (the driver and executor interpreter, the driver's
+    address, no UI, an event log) come from a ``spark-defaults.conf``, as on a real cluster,
+    so the command runs as the README gives it; ``args`` are more ``--set`` overrides."""
+    from sparkcnn.engine.standalone import FAST_START_JAVA_OPTS
 
     conf_dir, events, runs = root / "conf", root / "events", root / "runs"
     conf_dir.mkdir()
     events.mkdir()
-    defaults = {"spark.pyspark.python": python, "spark.driver.host": HOST, "spark.driver.bindAddress": HOST,
+    defaults = {"spark.pyspark.python": python, "spark.driver.host": cluster.host,
+                "spark.driver.bindAddress": cluster.host,
                 "spark.ui.enabled": "false", "spark.executor.extraJavaOptions": FAST_START_JAVA_OPTS,
                 "spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{events}",
                 "spark.eventLog.compress": "false", **(extra_conf or {})}
@@ -150,37 +167,52 @@ def _submit(cluster, python: str, dist: str, data: str, root, extra_conf: dict |
     argv = spark_submit_route_a(cluster.master_url, os.path.join(dist, "sparkcnn.zip"),
                                 "--set", f"data.path={data}", "--set", f"run.out_dir={runs}",
                                 "--set", "train.epochs=1", "--set", "train.batch_size=32",
-                                "--set", "train.steps_per_round=5")
+                                "--set", "train.steps_per_round=5", *args)
     import pyspark
 
     env = clean_env(SPARK_HOME=os.path.dirname(pyspark.__file__), SPARK_CONF_DIR=str(conf_dir),
-                    SPARK_LOCAL_IP=HOST)
+                    SPARK_LOCAL_IP=cluster.host)
     proc = _run(argv, cwd=REPO, env=env, timeout=SUBMIT_TIMEOUT_S)
     return proc, runs, str(events)
 
 
 @pytest.mark.cluster
-def test_spark_submit_py_files_on_a_standalone_cluster(standalone_cluster, executor_python, dist,
-                                                        tiny_data, tmp_path):
-    """Route (a) with executors whose Python lacks sparkcnn, under the audit hook: the data
-    reaches the Python workers through Spark, which open no data file from its path."""
-    cluster, log = standalone_cluster, tmp_path / "audit.log"
-    proc, runs, events = _submit(cluster, executor_python, dist, tiny_data, tmp_path, extra_conf=audit_conf(log))
+@pytest.mark.parametrize("transport", ["jobs", "stream"])
+def test_spark_submit_py_files_on_separate_hosts(route_a_cluster, executor_python, dist, tiny_data, tmp_path,
+                                                  transport):
+    """Route (a), on each transport, with executors on two other hosts whose Python lacks
+    sparkcnn, under the audit hook: the data reaches the Python workers through Spark, which
+    open no data file from its path. On the stream, every task reaches the parameter-server
+    service on the driver's bridge address from its own host's address, never loopback."""
+    (cluster, bed), log = route_a_cluster, tmp_path / "audit.log"
+    proc, runs, events = _submit(cluster, executor_python, dist, tiny_data, tmp_path, audit_conf(log),
+                                 "--set", f"engine.transport={transport}", "--set", "engine.mode=async")
     assert proc.returncode == 0, proc.stderr[-4000:]
     (summary_path,) = glob.glob(str(runs / "*" / "summary.json"))
     with open(summary_path, encoding="utf-8") as fh:
         summary = json.load(fh)
     assert summary["master"] == cluster.master_url and summary["epochs"] == 1
+    assert summary.get("transport", "jobs") == transport
     # the executors that returned training results: "host:<local dir>", the executor's work
-    # directory <worker dir>/<app id>/<executor id>, never the driver's
+    # directory <worker dir>/<app id>/<executor id>, never the driver's, on each worker's host
     app_dir = os.path.realpath(os.path.join(cluster.workdir, "work", summary["app_id"]))
     dirs = {e.split(":", 1)[1] for e in summary["executors"]}
     assert len(dirs) == 2 and all(os.path.dirname(d) == app_dir for d in dirs), (app_dir, summary["executors"])
     # Spark's own record: both executors ran tasks, and nothing else did
     tasks = event_log_tasks(events, summary["app_id"])
     assert set(tasks) == {os.path.basename(d) for d in dirs} and all(n > 0 for n in tasks.values()), tasks
+    hosts = event_log_tasks(events, summary["app_id"], hosts=True)  # each executor on its own host
+    assert sorted(h for hs in hosts.values() for h in hs) == sorted(bed.host_addresses if bed else [cluster.host] * 2), hosts
     assert {os.path.realpath(d) for d in audit_installs(log)} == dirs  # the hook ran in both executors
     assert refused_opens(log) == []
+    if transport == "stream":
+        assert summary["ps_address"].rsplit(":", 1)[0] == cluster.host
+        assert summary["stream"]["streams"] >= 2 and summary["stream"]["unauthenticated_refused"] == 0
+        if bed is not None:  # over the bridge: the tasks' own addresses, no loopback
+            assert set(summary["ps_peers"]) == set(bed.host_addresses), summary["ps_peers"]
+            assert cluster.host == bed.driver_host and not cluster.host.startswith("127.")
+        else:
+            assert set(summary["ps_peers"]) <= set(cluster.worker_hosts), summary["ps_peers"]
 
 
 # the driver of the audit hook's own check on the cluster: no TensorFlow, no sparkcnn on executors
