@@ -116,7 +116,11 @@ def build_engine(cfg, backend, run_id: str, sink=None, progress=None, run_dir: s
     model = build_model(cfg.model.name, tuple(train_f.shape), len(train_f.classes), cfg.run.seed)
     spec = build_spec(cfg, run_id, train_f, test_f, model)
     t0 = time.perf_counter()
-    rows = backend.place("train", train_f, spec.num_blocks, spec)
+    if cfg.engine.transport == "stream":  # before its barrier placement, which would wait for slots
+        from sparkcnn.engine.stream import check_limits
+
+        check_limits(backend, spec.num_blocks, cfg.engine.mode == "sync")
+    rows = backend.place("train", train_f, spec.num_blocks, spec, spread=cfg.engine.transport == "stream")
     if spec.test_blocks:
         backend.place("test", test_f, spec.test_blocks, spec)
     if cfg.engine.transport == "stream":

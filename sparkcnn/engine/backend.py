@@ -34,9 +34,10 @@ class Backend(abc.ABC):
     spark = None  # the SparkSession the run uses (None: no Spark)
 
     @abc.abstractmethod
-    def place(self, split: str, frame, num_blocks: int, spec) -> dict[int, int]:
+    def place(self, split: str, frame, num_blocks: int, spec, spread: bool = False) -> dict[int, int]:
         """Cut ``frame`` (:class:`~sparkcnn.data.source.Frame`) into ``num_blocks`` blocks of
-        ``split`` and keep each resident where its tasks will run; returns block -> rows."""
+        ``split`` and keep each resident where its tasks will run; returns block -> rows.
+        ``spread``: every block on a task slot of its own (the stream's barrier stages need it)."""
 
     @abc.abstractmethod
     def map_blocks(self, fn, blocks, description: str = "", universe: int | None = None,
@@ -174,7 +175,7 @@ class SparkBackend(Backend):
         if self.pool:
             self.sc.setLocalProperty("spark.scheduler.pool", self.pool)
 
-    def place(self, split, frame, num_blocks, spec):
+    def place(self, split, frame, num_blocks, spec, spread=False):
         """Blocks through Spark itself, no shared path: the frame's rows are packed per block on
         the executors (``worker.blocks.pack``), shuffled so that partition k holds block k's
         chunks, and stored there (``worker.blocks.store``) by the partition's task, whose
@@ -186,6 +187,12 @@ class SparkBackend(Backend):
         that executor is lost, Spark recomputes the marker elsewhere from the shuffle
         (or the source), which stores the block there, and the block's state restart is
         counted by the worker.
+
+        ``spread``: the storing tasks run as one barrier stage, so each block gets a task slot
+        of its own at once. Otherwise Spark may store two blocks on one executor (a reduce
+        task prefers the executor holding most of its shuffle input, and one executor often
+        finishes both), and the stream's barrier stage, which needs every block at once,
+        would then start a block's task on an executor that does not hold it.
         """
         from pyspark import StorageLevel
 
@@ -208,9 +215,10 @@ class SparkBackend(Backend):
         self._describe(f"sparkcnn {self.run_id} place {split} blocks")
         chunks = frame.df.mapInArrow(packer, SPARK_CHUNK_SCHEMA)
         pairs = chunks.rdd.map(_chunk_pair).partitionBy(num_blocks, _block_partition)
-        rdd = pairs.mapPartitionsWithIndex(store).persist(StorageLevel.MEMORY_ONLY)
+        rdd = (pairs.barrier() if spread else pairs).mapPartitionsWithIndex(store).persist(StorageLevel.MEMORY_ONLY)
         rdd.setName(f"sparkcnn {self.run_id} {split} blocks")
-        sizes = dict(rdd.collect())
+        # a barrier stage is retried only as a shuffle map stage (see run_stage)
+        sizes = dict((rdd.map(_one_key).partitionBy(1).values() if spread else rdd).collect())
         old = self._marker_rdds.pop((split, num_blocks), None)
         if old is not None:
             old.unpersist()

@@ -61,7 +61,7 @@ class LocalBackend(Backend):
         with self._jobs_cv:
             return self._jobs_cv.wait_for(lambda: self._jobs > mark, timeout)
 
-    def place(self, split, frame, num_blocks, spec):
+    def place(self, split, frame, num_blocks, spec, spread=False):
         """Read a prepared split (``frame.df`` is its directory) into this process's block store."""
         from sparkcnn import blockstore
         from sparkcnn.data.parquet_io import read_split_numpy

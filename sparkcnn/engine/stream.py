@@ -80,6 +80,21 @@ def stream_task(spec, ticket: StreamTicket, initial: dict):
     return fn
 
 
+def check_limits(backend, num_blocks: int, sync: bool) -> None:
+    """A barrier stage needs a slot per block at once and no dynamic allocation (one-line errors);
+    checked before the blocks are placed, which on the stream is a barrier stage too."""
+    if backend.dynamic_allocation():
+        raise BadInput("engine.transport=stream runs barrier stages, which Spark refuses under dynamic "
+                       "allocation: set spark.dynamicAllocation.enabled=false")
+    slots = backend.stage_slots()
+    if slots is None and sync:
+        raise BadInput("engine.transport=stream with engine.mode=sync needs every block running at once: "
+                       "use a Spark master, not engine.master=inprocess")
+    if slots is not None and num_blocks > slots:
+        raise BadInput(f"engine.transport=stream runs one barrier task per block at once: data.num_blocks="
+                       f"{num_blocks} exceeds the {slots} task slots of this session")
+
+
 class StreamEngine(DriverShorthands):
     """Async (ASGD) or BSP over the streaming transport, through the same exchange core as the jobs transport."""
 
@@ -326,17 +341,7 @@ class StreamEngine(DriverShorthands):
                       for k in self.block_rows}
 
     def check_limits(self) -> None:
-        """A barrier stage needs a slot per block at once and no dynamic allocation (one-line errors)."""
-        if self.backend.dynamic_allocation():
-            raise BadInput("engine.transport=stream runs barrier stages, which Spark refuses under dynamic "
-                           "allocation: set spark.dynamicAllocation.enabled=false")
-        slots = self.backend.stage_slots()
-        if slots is None and self.sync:
-            raise BadInput("engine.transport=stream with engine.mode=sync needs every block running at once: "
-                           "use a Spark master, not engine.master=inprocess")
-        if slots is not None and self.num_blocks > slots:
-            raise BadInput(f"engine.transport=stream runs one barrier task per block at once: data.num_blocks="
-                           f"{self.num_blocks} exceeds the {slots} task slots of this session")
+        check_limits(self.backend, self.num_blocks, self.sync)
 
     def run(self, start_round: int = 0, on_epoch=None) -> dict:
         self.check_limits()
