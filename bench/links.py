@@ -1,0 +1,177 @@
+"""The seeds' speed-up in time: the same training on separate hosts behind links of different rates.
+
+A 2-host test bed (:mod:`sparkcnn.engine.testbed`: two network namespaces of one Spark worker
+with one core each, the driver and master on a bridge, each host's link shaped in both
+directions by tbf) trains ``fmnist_cnn`` on Fashion-MNIST, 2 blocks, with these variants
+(``VARIANTS``, the settings of bench/accuracy.py's stream rows and its sync reference):
+
+- ``stream-asgd``: the stream, async, one step per exchange (H = 1), dense both ways;
+- ``stream-gs-asgd``: + uplink sparsification (density 0.001, DGC momentum correction,
+  clipping), with the project's sparse warm-up (conf/fashion_mnist_sparse.yaml: density
+  0.25 decaying to 0.001 over 3 epochs);
+- ``stream-gs-asgd-ms``: + model-parameter sparsification of the downlink (density 0.01);
+- ``jobs-sync-dense``: the jobs transport, sync, H = 10, dense.
+
+at each link rate of ``--rates`` (default ``unshaped,1gbit,100mbit``; 100 Mbit/s is what each
+of 64 workers gets of a driver's 10 Gbit/s NIC). Every variant runs ``--epochs`` (4) epochs,
+enough for the dense variants to pass 0.88 test accuracy, one seed (``run.seed`` 42) and one
+repetition per cell: a cell takes 1-3 minutes, the whole bench 25-40 minutes on this machine.
+The cluster, the session and the executors' Python workers live through the whole run; a
+short unrecorded run of every variant on 4,000 rows first imports TensorFlow, traces the
+model and compiles the codec in the executors (``warm_up_s``).
+
+Each cell records images/s, test accuracy per epoch and final, ``time_to_0_88_s`` (seconds
+from the run's start to the end of the first epoch whose test accuracy reaches 0.88; None if
+none does), bytes up and down (total and per local step), ``exposed_comm_ms_per_step`` (the
+stream: time a task waited for replies, per step) and the jobs transport's mean round overhead.
+
+Checks (``checks``): every cell reaches its accuracy gate (``--gate``, 0.85 after the last
+epoch: a speed figure counts only if the run trained), and the two targets at 100 Mbit/s,
+when that rate is run:
+- ``gs_asgd_ms_0_88_speedup_at_100mbit``: dense ASGD's time to 0.88 over GS-ASGD + MS's >= 3;
+- ``gs_asgd_ms_keeps_its_speed_at_100mbit``: GS-ASGD + MS's images/s at 100 Mbit/s >= 0.9 x
+  its unshaped images/s.
+
+Output: one JSON object, ``{"rates": {rate: {variant: {...}}}, "checks", "passed",
+"testbed", "provenance"}``. Exit 0 when every check holds, 1 otherwise (the JSON is printed
+either way), 2 on bad arguments or when this machine cannot build a test bed (one line).
+
+    python bench/links.py [--epochs 4] [--rates unshaped,1gbit,100mbit] [--variants a,b]
+                          [--train-rows N --test-rows N] [--gate 0.85] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench._common import ensure_data, log, provenance, slice_data  # noqa: E402
+from bench.accuracy import BIDIR, STREAM, STREAM_SPARSE, run_variant  # noqa: E402
+
+SEED = 42
+VARIANTS = {
+    "stream-asgd": STREAM,
+    "stream-gs-asgd": STREAM_SPARSE,
+    "stream-gs-asgd-ms": [*STREAM_SPARSE, *BIDIR],
+    "jobs-sync-dense": ["engine.transport=jobs", "engine.mode=sync", "train.steps_per_round=10"],
+}
+RATES = ("unshaped", "1gbit", "100mbit")
+TARGET = 0.88
+
+
+def _cell(data: str, name: str, epochs: int, out_dir: str, rate: str) -> dict:
+    from sparkcnn.metrics import read_jsonl
+
+    r = run_variant(data, f"links-{rate}-{name}", [*VARIANTS[name], f"run.seed={SEED}"], epochs, out_dir)
+    runs = [os.path.join(out_dir, d) for d in os.listdir(out_dir) if d.startswith(f"links-{rate}-{name}")]
+    records = read_jsonl(os.path.join(max(runs, key=os.path.getmtime), "metrics.jsonl"))
+    steps = sum(x.get("steps", 0) for x in records if x["kind"] == "round") or 1
+    keep = ("test_accuracy", "accuracy_per_epoch", "images_per_s", "time_to_0_88_s", "wall_s", "train_wall_s",
+            "bytes_up", "bytes_down", "dense_bytes_up", "run_uplink_ratio", "run_downlink_ratio",
+            "exposed_comm_ms_per_step", "mean_round_overhead_ms", "state_resets", "replica_resyncs", "seed")
+    return {"link": rate, "overrides": VARIANTS[name], "epochs": epochs, **{k: r.get(k) for k in keep},
+            "steps": steps, "bytes_up_per_step": r["bytes_up"] / steps, "bytes_down_per_step": r["bytes_down"] / steps,
+            "config_sha256": r.get("config_sha256")}
+
+
+def _checks(rates: dict, gate: float) -> dict:
+    checks = {}
+    for rate, cells in rates.items():
+        for name, c in cells.items():
+            checks[f"{rate}/{name}_trained"] = {"test_accuracy": c["test_accuracy"], "gate": gate,
+                                                "passed": (c["test_accuracy"] or 0) >= gate}
+    slow, base = rates.get("100mbit", {}), rates.get("unshaped", {})
+    if "stream-asgd" in slow and "stream-gs-asgd-ms" in slow:
+        dense_t, sparse_t = slow["stream-asgd"]["time_to_0_88_s"], slow["stream-gs-asgd-ms"]["time_to_0_88_s"]
+        ratio = dense_t / sparse_t if dense_t and sparse_t else None
+        checks["gs_asgd_ms_0_88_speedup_at_100mbit"] = {
+            "stream_asgd_s": dense_t, "gs_asgd_ms_s": sparse_t, "ratio": ratio, "target": 3.0,
+            "passed": ratio is not None and ratio >= 3.0}
+    if "stream-gs-asgd-ms" in slow and "stream-gs-asgd-ms" in base:
+        ratio = slow["stream-gs-asgd-ms"]["images_per_s"] / base["stream-gs-asgd-ms"]["images_per_s"]
+        checks["gs_asgd_ms_keeps_its_speed_at_100mbit"] = {"ratio": ratio, "target": 0.9, "passed": ratio >= 0.9}
+    return checks
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--rates", default=",".join(RATES))
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--train-rows", type=int)
+    p.add_argument("--test-rows", type=int)
+    p.add_argument("--gate", type=float, default=0.85)
+    p.add_argument("--out", help="also write the JSON here")
+    args = p.parse_args(argv)
+    from sparkcnn.engine import standalone
+    from sparkcnn.engine.testbed import TestBed, parse_rate, unavailable_reason
+
+    rates = [r.strip() for r in args.rates.split(",") if r.strip()]
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    try:
+        for r in rates:
+            if r != "unshaped":
+                parse_rate(r)
+        bad = [v for v in variants if v not in VARIANTS]
+        if bad:
+            raise ValueError(f"--variants: unknown {bad}; known: {', '.join(VARIANTS)}")
+        if args.epochs < 1:
+            raise ValueError(f"--epochs must be >= 1, got {args.epochs}")
+    except ValueError as e:
+        print(f"links: {e}", file=sys.stderr)
+        return 2
+    why = unavailable_reason()
+    if why:
+        print(f"links: {why}", file=sys.stderr)
+        return 2
+    data = ensure_data()
+    if args.train_rows:
+        data = slice_data(data, args.train_rows, args.test_rows or max(1000, args.train_rows // 6))
+    out_dir = tempfile.mkdtemp(prefix="sparkcnn-links-")
+    results: dict[str, dict] = {}
+    try:
+        with TestBed(hosts=2, cores=1) as bed:
+            spark = standalone.session(bed.cluster, "sparkcnn-links",
+                                       conf={"spark.executor.extraJavaOptions": standalone.FAST_START_JAVA_OPTS})
+            try:
+                t0 = time.perf_counter()
+                warm = slice_data(data, 4000, 1000)
+                for name in variants:  # TF import, tracing and the codec's compilation in the executors
+                    run_variant(warm, f"links-warm-up-{name}", VARIANTS[name], 1, out_dir)
+                warm_up_s = time.perf_counter() - t0
+                for rate in rates:
+                    bed.reshape(None if rate == "unshaped" else rate)
+                    results[rate] = {}
+                    for name in variants:
+                        log("links: %s %s (%d epochs)", rate, name, args.epochs)
+                        results[rate][name] = _cell(data, name, args.epochs, out_dir, rate)
+                        c = results[rate][name]
+                        log("links: %s %s: %.0f images/s, accuracy %.4f, time to 0.88 %s", rate, name,
+                            c["images_per_s"], c["test_accuracy"], c["time_to_0_88_s"])
+                testbed = bed.describe()
+            finally:
+                spark.stop()
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    checks = _checks(results, args.gate)
+    out = {"rates": results, "checks": checks, "passed": all(c["passed"] for c in checks.values()),
+           "epochs": args.epochs, "target_accuracy": TARGET, "warm_up_s": warm_up_s,
+           "data": {"train_rows": args.train_rows, "test_rows": args.test_rows} if args.train_rows else "full",
+           "testbed": {**testbed, "link_rate": "per cell (rates)"}, "provenance": provenance()}
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+    return 0 if out["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
