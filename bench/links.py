@@ -16,7 +16,9 @@ at each link rate of ``--rates`` (default ``unshaped,1gbit,100mbit``; 100 Mbit/s
 of 64 workers gets of a driver's 10 Gbit/s NIC). Every variant runs ``--epochs`` (5) epochs,
 enough for the dense variants to pass 0.88 test accuracy, one seed (``run.seed`` 42), and
 ``--reps`` (1) repetitions per cell, whose medians (images/s, time to 0.88, accuracy, exposed
-communication) the cell reports and the checks judge, beside each repetition's figures. A cell
+communication) the cell reports and the checks judge, beside each repetition's figures. A
+repetition runs every rate in turn, so that the machine's drift falls on all rates alike, and
+the speed check takes the median of each repetition's ratio. A cell
 takes 1-4 minutes, the whole bench at one repetition 20-40 minutes on this machine.
 The cluster, the session and the executors' Python workers live through the whole run; a
 short unrecorded run of every variant on 4,000 rows first imports TensorFlow, traces the
@@ -108,8 +110,13 @@ def _checks(rates: dict, gate: float) -> dict:
             "stream_asgd_s": dense_t, "gs_asgd_ms_s": sparse_t, "ratio": ratio, "target": 3.0,
             "passed": ratio is not None and ratio >= 3.0}
     if "stream-gs-asgd-ms" in slow and "stream-gs-asgd-ms" in base:
-        ratio = slow["stream-gs-asgd-ms"]["images_per_s"] / base["stream-gs-asgd-ms"]["images_per_s"]
-        checks["gs_asgd_ms_keeps_its_speed_at_100mbit"] = {"ratio": ratio, "target": 0.9, "passed": ratio >= 0.9}
+        s, b = slow["stream-gs-asgd-ms"], base["stream-gs-asgd-ms"]
+        # each repetition's 100 Mbit/s run over the same repetition's unshaped run, then the median
+        pairs = [x["images_per_s"] / y["images_per_s"] for x, y in zip(s.get("repetitions") or [s],
+                                                                        b.get("repetitions") or [b])]
+        ratio = statistics.median(pairs)
+        checks["gs_asgd_ms_keeps_its_speed_at_100mbit"] = {"ratio": ratio, "per_repetition": pairs, "target": 0.9,
+                                                           "passed": ratio >= 0.9}
     return checks
 
 
@@ -160,16 +167,18 @@ def main(argv=None) -> int:
                 for name in variants:  # TF import, tracing and the codec's compilation in the executors
                     run_variant(warm, f"links-warm-up-{name}", VARIANTS[name], 1, out_dir)
                 warm_up_s = time.perf_counter() - t0
-                for rate in rates:
-                    bed.reshape(None if rate == "unshaped" else rate)
-                    results[rate] = {}
-                    for name in variants:
-                        log("links: %s %s (%d epochs, %d repetitions)", rate, name, args.epochs, args.reps)
-                        results[rate][name] = _repeated([_cell(data, name, args.epochs, out_dir, rate)
-                                                         for _ in range(args.reps)])
-                        c = results[rate][name]
-                        log("links: %s %s: %.0f images/s, accuracy %.4f, time to 0.88 %s", rate, name,
-                            c["images_per_s"], c["test_accuracy"], c["time_to_0_88_s"])
+                runs: dict[str, dict[str, list]] = {rate: {name: [] for name in variants} for rate in rates}
+                for rep in range(args.reps):  # rates in turn within a repetition: drift hits all alike
+                    for rate in rates:
+                        bed.reshape(None if rate == "unshaped" else rate)
+                        for name in variants:
+                            log("links: repetition %d/%d, %s %s (%d epochs)", rep + 1, args.reps, rate, name,
+                                args.epochs)
+                            c = _cell(data, name, args.epochs, out_dir, rate)
+                            runs[rate][name].append(c)
+                            log("links: %s %s: %.0f images/s, accuracy %.4f, time to 0.88 %s", rate, name,
+                                c["images_per_s"], c["test_accuracy"], c["time_to_0_88_s"])
+                results = {rate: {name: _repeated(rs) for name, rs in cells.items()} for rate, cells in runs.items()}
                 testbed = bed.describe()
             finally:
                 spark.stop()
