@@ -415,8 +415,16 @@ def provenance() -> dict:
                         "platform": platform.platform()}}
 
 
-def emit(obj: dict) -> None:
-    print(json.dumps({**obj, "provenance": provenance()}, indent=2, sort_keys=False))
+def emit(obj: dict, out: str | None = None) -> None:
+    """Print ``obj`` with its provenance as JSON; with ``out``, also write the same text there,
+    whole or not at all."""
+    text = json.dumps({**obj, "provenance": provenance()}, indent=2, sort_keys=False)
+    print(text)
+    if out:
+        tmp = f"{out}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+        os.replace(tmp, out)
 
 
 class Timer:

@@ -74,7 +74,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import ROOT, emit, ensure_data, log, portable_path, provenance, slice_data  # noqa: E402
+from bench._common import ROOT, emit, ensure_data, log, portable_path, slice_data  # noqa: E402
 from bench.accuracy import ASYNC, BIDIR, SPARSE, STREAM, STREAM_SPARSE, run_variant  # noqa: E402
 
 SEED, SECOND_SEED = 42, 43
@@ -347,12 +347,7 @@ def main(argv=None) -> int:
                             "finished"},
            "cells": list(records.values()), "refused": refusals, "checks": checks,
            "passed": bool(checks) and all(checks.values()), "wall_s": time.perf_counter() - t_start}
-    emit(out)
-    if a.out:
-        tmp = f"{a.out}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump({**out, "provenance": provenance()}, fh, indent=2)
-        os.replace(tmp, a.out)
+    emit(out, a.out)
     log("convergence: %s in %.0f s", "passed" if out["passed"] else "FAILED", out["wall_s"])
     return 0 if out["passed"] else 1
 

@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import ROOT, emit, ensure_data, log, provenance  # noqa: E402
+from bench._common import ROOT, emit, ensure_data, log  # noqa: E402
 
 CASES = {"async-h1": ["engine.mode=async", "train.steps_per_round=1"],
          "async-h10": ["engine.mode=async", "train.steps_per_round=10"],
@@ -127,12 +127,7 @@ def main(argv=None) -> int:
         cases = {n: run_case(n, data, a.epochs, a.kill_at, root) for n in names}
     out = {"epochs": a.epochs, "kill_at": a.kill_at, "checkpoint_every_rounds": EVERY, "cases": cases,
            "passed": all(c.get("passed", False) for c in cases.values()), "bench_wall_s": time.perf_counter() - t0}
-    emit(out)
-    if a.out:  # the same object, written whole or not at all
-        tmp = f"{a.out}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump({**out, "provenance": provenance()}, fh, indent=2)
-        os.replace(tmp, a.out)
+    emit(out, a.out)
     return 0 if out["passed"] else 1
 
 

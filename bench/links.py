@@ -47,7 +47,6 @@ either way), 2 on bad arguments or when this machine cannot build a test bed (on
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -57,7 +56,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import ensure_data, log, provenance, slice_data  # noqa: E402
+from bench._common import emit, ensure_data, log, slice_data  # noqa: E402
 from bench.accuracy import BIDIR, STREAM, STREAM_SPARSE, run_variant  # noqa: E402
 
 SEED = 42
@@ -188,12 +187,8 @@ def main(argv=None) -> int:
     out = {"rates": results, "checks": checks, "passed": all(c["passed"] for c in checks.values()),
            "epochs": args.epochs, "reps": args.reps, "target_accuracy": TARGET, "warm_up_s": warm_up_s,
            "data": {"train_rows": args.train_rows, "test_rows": args.test_rows} if args.train_rows else "full",
-           "testbed": {**testbed, "link_rate": "per cell (rates)"}, "provenance": provenance()}
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
+           "testbed": {**testbed, "link_rate": "per cell (rates)"}}
+    emit(out, args.out)
     return 0 if out["passed"] else 1
 
 

@@ -45,7 +45,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import ROOT, ensure_data, log, portable_path, provenance, slice_data  # noqa: E402
+from bench._common import ROOT, emit, ensure_data, log, portable_path, slice_data  # noqa: E402
 from bench.accuracy import BIDIR, STREAM, STREAM_SPARSE, run_variant  # noqa: E402
 
 ELEPHAS_VENV = os.path.join(ROOT, ".bench-venvs", "elephas")
@@ -214,13 +214,8 @@ def main(argv=None) -> int:
                                                           "requirements": ELEPHAS_REQUIREMENTS},
            "settings": {"epochs": 1, "batch_size": BATCH, "lr": LR, "momentum": MOMENTUM, "master": "local[2]",
                         "reps": args.reps},
-           "data": {"train_rows": args.train_rows, "test_rows": args.test_rows} if args.train_rows else "full",
-           "provenance": provenance()}
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
+           "data": {"train_rows": args.train_rows, "test_rows": args.test_rows} if args.train_rows else "full"}
+    emit(out, args.out)
     return 0 if out["passed"] else 1
 
 
