@@ -121,6 +121,7 @@ def run_variant(data: str, name: str, overrides: list[str], epochs: int, out_dir
             **_ratios(records, cfg.compression.warmup_epochs if cfg.compression.method != "none" else 0, rpe),
             "state_resets": s["state_resets"], "replica_resyncs": s["replica_resyncs"],
             "seed": cfg.run.seed, "time_to_0_88_s": _time_to(records, 0.88),
+            "steps": sum(r.get("steps", 0) for r in records if r["kind"] == "round"),
             "time_to_0_90_s": _time_to(records, 0.90),
             "exposed_comm_ms_per_step": s.get("exposed_comm_ms_per_step"), **config_of(cfg)}
 

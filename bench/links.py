@@ -71,12 +71,8 @@ TARGET = 0.88
 
 
 def _cell(data: str, name: str, epochs: int, out_dir: str, rate: str) -> dict:
-    from sparkcnn.metrics import read_jsonl
-
     r = run_variant(data, f"links-{rate}-{name}", [*VARIANTS[name], f"run.seed={SEED}"], epochs, out_dir)
-    runs = [os.path.join(out_dir, d) for d in os.listdir(out_dir) if d.startswith(f"links-{rate}-{name}")]
-    records = read_jsonl(os.path.join(max(runs, key=os.path.getmtime), "metrics.jsonl"))
-    steps = sum(x.get("steps", 0) for x in records if x["kind"] == "round") or 1
+    steps = r["steps"] or 1
     keep = ("test_accuracy", "accuracy_per_epoch", "images_per_s", "time_to_0_88_s", "wall_s", "train_wall_s",
             "bytes_up", "bytes_down", "dense_bytes_up", "run_uplink_ratio", "run_downlink_ratio",
             "exposed_comm_ms_per_step", "mean_round_overhead_ms", "state_resets", "replica_resyncs", "seed")
