@@ -157,7 +157,6 @@ class StreamEngine(DriverShorthands):
             return session
 
     def push(self, session: "_Session", p: Push) -> Reply:
-        block = session.block
         with self.lock:
             if self.failure is not None:  # the run is failing: no more pushes
                 raise self.failure
@@ -340,11 +339,7 @@ class StreamEngine(DriverShorthands):
                                     overlap=self.overlap, attempt=0)
                       for k in self.block_rows}
 
-    def check_limits(self) -> None:
-        check_limits(self.backend, self.num_blocks, self.sync)
-
     def run(self, start_round: int = 0, on_epoch=None) -> dict:
-        self.check_limits()
         t_start = time.perf_counter()
         d = self.driver
         self.service = PSService(self.backend.driver_host(), self, self.max_message_bytes)
