@@ -51,10 +51,10 @@ def free_ports(n: int, host: str = HOST) -> list[int]:
             s.close()
 
 
-def port_open(port: int, host: str = HOST) -> bool:
+def port_open(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
-        return s.connect_ex((host, port)) == 0
+        return s.connect_ex((HOST, port)) == 0
 
 
 def _processes() -> list[tuple[int, int, str, str]]:
@@ -144,8 +144,7 @@ class StandaloneCluster:
         (one SparkContext per process): it opens sessions, lists and kills processes; its
         :meth:`stop` does nothing, the owner stops the cluster."""
         info = json.loads(text)
-        handle = cls(info["workers"], info["cores_per_worker"], info["memory"], workdir=info["workdir"],
-                     host=info.get("host", HOST), worker_hosts=info.get("worker_hosts"))
+        handle = cls(info["workers"], info["cores_per_worker"], info["memory"], workdir=info["workdir"])
         for k in cls._SHARED:
             setattr(handle, k, info[k])
         return handle

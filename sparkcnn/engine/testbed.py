@@ -107,7 +107,8 @@ class TestBed:
         if not 1 <= hosts <= 200:
             raise ValueError(f"hosts must be 1..200, got {hosts}")
         self.hosts, self.cores, self.memory = hosts, cores, memory
-        self.rate, self.rate_bps, self.delay_ms = rate, parse_rate(rate), float(delay_ms)
+        parse_rate(rate)  # a bad rate is refused before anything is built
+        self.rate, self.delay_ms = rate, float(delay_ms)
         self.worker_env = dict(worker_env or {})
         self.subnet: int | None = None
         self.cluster: StandaloneCluster | None = None
@@ -187,7 +188,7 @@ class TestBed:
                 qdisc = ["netem", "delay", f"{delay_ms}ms", *(["rate", rate] if rate else [])]
             else:
                 # a bucket of ~1 ms at the rate (>= 32 KiB) and a queue of 50 ms
-                burst = max(32 * 1024, int((parse_rate(rate) or 0) / 8 / 1000))
+                burst = max(32 * 1024, int(parse_rate(rate) / 8 / 1000))
                 qdisc = ["tbf", "rate", rate, "burst", str(burst), "latency", "50ms"]
             p = subprocess.run([*where, "tc", "qdisc", "add", "dev", dev, "root", *qdisc],
                                capture_output=True, text=True)
@@ -196,14 +197,12 @@ class TestBed:
                                          f"({p.stderr.strip()}); shape the rate alone")
             if p.returncode != 0:
                 raise RuntimeError(f"tc on {dev} ({self.netns(i)}): {p.stderr.strip()}")
-        if i == 0 or i == self.hosts - 1:
-            log.debug("host %d link: %s %s ms", i, rate or "unshaped", delay_ms)
 
     def reshape(self, rate: str | None, delay_ms: float = 0.0) -> None:
         """Every host's link to ``rate`` and ``delay_ms``, with the cluster running."""
         for i in range(self.hosts):
             self.shape(i, rate, delay_ms)
-        self.rate, self.rate_bps, self.delay_ms = rate, parse_rate(rate), float(delay_ms)
+        self.rate, self.delay_ms = rate, float(delay_ms)
 
     def stop(self) -> None:
         """Stop the cluster, kill what still runs in a namespace, delete namespaces, links, bridge."""
