@@ -117,6 +117,7 @@ class RoundOrder:
     return_state: bool = False              # checkpoint exchange: return the block state with the result
     initial_state: dict = field(default_factory=dict)  # block -> state arrays restored from a checkpoint
     resync: bool = False                    # the block's last result was dropped as too stale: reload the view
+    block_seq: int = -1                     # async: the block's own job number (-1: seq, as in a sync round)
 
 
 @dataclass(frozen=True)

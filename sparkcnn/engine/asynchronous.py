@@ -71,6 +71,7 @@ class AsyncEngine(DriverShorthands):
         self.pool_factory = pool_factory or (lambda n: ThreadPoolExecutor(n, thread_name_prefix="sparkcnn-job"))
         self.initial_states: dict = {}                  # block -> state from a checkpoint
         self.next_seq = 0
+        self.block_jobs = dict.fromkeys(range(self.num_blocks), 0)  # orders made per block
         self.next_eval = 1                              # the next epoch end to evaluate and checkpoint
         self.ckpt_at, self.ckpt_cost_s, self.ckpt_t = 0, 0.0, 0.0  # mid-epoch checkpoint cadence
 
@@ -89,10 +90,12 @@ class AsyncEngine(DriverShorthands):
         # orders are made while samples remain, so the epoch is below train.epochs
         lr, density = self.driver.schedule(min(self.epoch_float, self.cfg.train.epochs))
         seq, self.next_seq = self.next_seq, self.next_seq + 1
+        block_seq, self.block_jobs[block] = self.block_jobs[block], self.block_jobs[block] + 1
         initial = {block: self.initial_states.pop(block)} if block in self.initial_states else {}
         return RoundOrder(seq=seq, steps={block: steps}, step_offset={block: c.cursor(block)}, lr=lr,
                           density=density, base_version=self.version, expect_state={block: c.last_seq[block]},
-                          initial_state=initial, resync=block in c.resync, **self.driver.order_weights())
+                          initial_state=initial, resync=block in c.resync, block_seq=block_seq,
+                          **self.driver.order_weights())
 
     def _job(self, order: RoundOrder, block: int):
         desc = (f"sparkcnn {self.spec.run_id} epoch {self.core.block_epoch[block] + 1} block {block} "

@@ -189,8 +189,10 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, ctx: TaskCont
     sent, new_state, loss_sum, correct, seen = compute(spec, trainer, policy, state, w, images, labels, batches,
                                                        order.lr, order.density)
     t2 = _chaos_slow(spec, block, t1, time.perf_counter()) if batches else time.perf_counter()
+    # counted in the block's own exchanges: a global seq may never fall on block 0's turn
+    own = order.seq if order.block_seq < 0 else order.block_seq
     if (spec.chaos_hold_every and block == 0 and ctx.attempt == 0
-            and order.seq % spec.chaos_hold_every == spec.chaos_hold_every - 1):
+            and own % spec.chaos_hold_every == spec.chaos_hold_every - 1):
         time.sleep(spec.chaos_hold_s)  # chaos.hold_every: this result arrives stale
     nan_drill = order.seq == spec.chaos_nan_seq
     if nan_drill and block == 0 and sent.nnz:
