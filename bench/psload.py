@@ -1,0 +1,317 @@
+"""Load on the parameter server: N synthetic workers replay real encoded deltas over the real wire.
+
+Prints one JSON object. The server is the real one: ``StreamEngine`` (async, one step per
+exchange, GS-ASGD + MS: uplink ``--density``, downlink 0.01, no warm-up) behind its Flight
+service, in this process, with nothing else running in it. The workers are synthetic: one
+load-generator process (beside the server, as a second process on the same cores) opens one
+authenticated stream per block and replays, block by block, deltas that a real run of the
+same model and settings encoded (recorded first, in this process, through the exchange core).
+Each worker keeps one push in flight, follows its replica's version through the replies'
+downlinks (so the server sends what it sends real workers), echoes the offered lr and
+density, and trains a dropped push "again" by sending the next recorded delta for the same
+steps. With ``--rate R`` the workers together offer R pushes/s (each at R/N, a push no
+earlier than its slot); ``--rate 0`` sends as fast as replies come.
+
+For each N (``--workers``) and K (``--shards``; only K = 1 exists, other K are reported as
+not built), over the middle of the run (the first and last 10 % of pushes left out):
+``pushes_per_s`` sustained, ``reply_ms`` p50/p99 (push sent to reply read, at the worker),
+``server_cpu_ms_per_push`` (this process's CPU over the window / pushes in it, the engine's
+handler and Flight's threads; the load generator's CPU is its own, ``client_cpu_ms_per_push``),
+``bytes_per_push`` each way (the whole messages, downlinks and start replies included),
+``dropped`` (too stale: trained again) and ``refused`` (should be 0).
+
+    python bench/psload.py [--workers 2 4 8 16 32 64] [--rate 1000] [--pushes 4000] [--out F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench._common import ROOT, emit, ensure_data, log, median, slice_data  # noqa: E402
+
+BATCH = 2  # samples per push: only the server's bookkeeping reads it; small so a block holds many steps
+SETTINGS = ["engine.transport=stream", "engine.mode=async", "train.steps_per_round=1",
+            "compression.method=threshold", "compression.density_down=0.01", "compression.warmup_epochs=0",
+            "compression.momentum=correction"]
+TARGET_PUSHES_PER_S, TARGET_P99_MS = 1000.0, 50.0
+OFFERED = 1050.0  # pushes/s offered by default: a little over the target, so that meeting it shows
+
+
+# -- recorded deltas -------------------------------------------------------------------------------
+def record_deltas(data: str, density: float, count: int, out_dir: str) -> list[dict]:
+    """``count`` pushes of a real in-process run (jobs transport, async, one step per exchange, the
+    same model and compression): payload bytes, nnz, loss and correct counts, as the exchange core got them."""
+    from unittest import mock
+
+    from sparkcnn import config
+    from sparkcnn.engine.exchange import ExchangeCore
+    from sparkcnn.train import train
+
+    cfg = config.load(None, [f"data.path={data}", f"run.out_dir={out_dir}", "run.name=psload-record",
+                             "engine.master=inprocess", "engine.mode=async", "train.epochs=1",
+                             "train.steps_per_round=1", "data.num_blocks=2", "compression.method=threshold",
+                             f"compression.density={density}", "compression.density_down=0.01",
+                             "compression.warmup_epochs=0", "scheduler.target_job_seconds=0.001"])
+    got: list[dict] = []
+    real = ExchangeCore.accept
+
+    def keep(self, r, *a, **kw):
+        if len(got) < count:
+            got.append({"payload": bytes(r.payload), "nnz": int(r.nnz), "loss_sum": float(r.loss_sum),
+                        "correct": int(r.correct), "samples": int(r.samples)})
+        return real(self, r, *a, **kw)
+
+    with mock.patch.object(ExchangeCore, "accept", keep):
+        train(cfg)
+    return got
+
+
+def write_deltas(deltas: list[dict], path: str) -> None:
+    """Length-prefixed records: u32 header length, JSON header, u64 payload length, payload."""
+    with open(path, "wb") as fh:
+        for d in deltas:
+            h = json.dumps({k: v for k, v in d.items() if k != "payload"}).encode()
+            fh.write(struct.pack("<I", len(h)) + h + struct.pack("<Q", len(d["payload"])) + d["payload"])
+
+
+def read_deltas(path: str) -> list[dict]:
+    out, buf, i = [], open(path, "rb").read(), 0
+    while i < len(buf):
+        (n,), i = struct.unpack_from("<I", buf, i), i + 4
+        d, i = json.loads(buf[i:i + n]), i + n
+        (m,), i = struct.unpack_from("<Q", buf, i), i + 8
+        d["payload"], i = buf[i:i + m], i + m
+        out.append(d)
+    return out
+
+
+# -- the load generator (a child process) ----------------------------------------------------------
+def _worker(ticket: dict, block: int, n: int, deltas: list[dict], interval: float, t_start: float,
+            out: dict) -> None:
+    import pyarrow as pa
+    import pyarrow.flight as flight
+
+    from sparkcnn.protocol import Done, Push, Reply
+    from sparkcnn.streamwire import decode, encode
+
+    client = flight.FlightClient(f"grpc+tcp://{ticket['host']}:{ticket['port']}")
+    opts = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {ticket['token']}".encode())])
+    writer, reader = client.do_exchange(flight.FlightDescriptor.for_command(json.dumps({"block": block}).encode()),
+                                        opts)
+
+    got = {"down": 0, "up": 0}
+
+    def read() -> Reply:
+        md = reader.read_chunk().app_metadata
+        got["down"] += md.size
+        return decode(md, (Reply,))
+
+    reply = read()
+    plan = reply.plan
+    have = reply.dense_version
+    seq, step, left = plan.seq0, plan.first_step, plan.steps
+    sent = dropped = refused = 0
+    lat: list[tuple[float, float]] = []  # (send time, reply seconds)
+    k = block * 7919  # each block starts elsewhere in the recording
+    while left > 0:
+        slot = t_start + (sent + block / n) * interval  # the workers' slots interleaved
+        now = time.perf_counter()
+        if slot > now:
+            time.sleep(slot - now)
+        d = deltas[k % len(deltas)]
+        k += 1
+        push = Push(seq=seq, first_step=step, steps=1, samples=BATCH, base_version=have, have=have, attempt=0,
+                    lr=reply.lr, density=reply.density, loss_sum=d["loss_sum"] * BATCH / d["samples"],
+                    correct=min(BATCH, d["correct"]), nnz=d["nnz"], compute_s=0.02, wait_s=0.0, down_bytes=0,
+                    state_reset=False, resync=False, pid=os.getpid(), executor="psload:0", payload=d["payload"],
+                    state=())
+        buf = encode(push)
+        got["up"] += len(buf)
+        t0 = time.perf_counter()
+        writer.write_metadata(pa.py_buffer(buf))
+        reply = read()
+        lat.append((t0, time.perf_counter() - t0))
+        sent += 1
+        if reply.dense:
+            have = reply.dense_version
+        elif reply.downlinks:
+            have = reply.downlinks[-1].version
+        if reply.refused:
+            refused += 1
+        if reply.retrain:
+            dropped += 1
+            continue
+        seq, step, left = seq + 1, step + 1, left - 1
+    writer.write_metadata(pa.py_buffer(encode(Done())))
+    writer.done_writing()
+    try:
+        reader.read_chunk()
+    except StopIteration:
+        pass
+    except Exception:  # noqa: BLE001 - the server ends the call once Done is read
+        pass
+    writer.close()
+    out[block] = {"lat": lat, "sent": sent, "dropped": dropped, "refused": refused, **got}
+
+
+def client_main() -> None:
+    """The load generator: reads its job (ticket, blocks, rate, deltas file) as JSON on stdin,
+    prints one JSON line of per-push send times and reply latencies."""
+    job = json.loads(sys.stdin.read())
+    deltas = read_deltas(job["deltas"])
+    n = len(job["blocks"])
+    interval = n / job["rate"] if job["rate"] > 0 else 0.0
+    out: dict = {}
+    c0 = time.process_time()
+    t_start = time.perf_counter() + 0.5  # every stream open before the first slot
+    threads = [threading.Thread(target=_worker, args=(job["ticket"], b, n, deltas, interval, t_start, out))
+               for b in job["blocks"]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if len(out) != n:
+        raise SystemExit(f"psload: {n - len(out)} workers failed")
+    print(json.dumps({"cpu_s": time.process_time() - c0, "workers": {str(b): v for b, v in out.items()}}))
+
+
+# -- the server side -------------------------------------------------------------------------------
+class _Marks:
+    """(time, process CPU) after every push the engine answers."""
+
+    def __init__(self, engine):
+        self.rows: list[tuple[float, float]] = []
+        real = engine.push
+
+        def push(session, p):
+            try:
+                return real(session, p)
+            finally:
+                self.rows.append((time.perf_counter(), time.process_time()))
+
+        engine.push = push
+
+
+def _load_backend(deltas_path: str, rate: float):
+    from sparkcnn.engine.inprocess import LocalBackend
+    from sparkcnn.protocol import StreamTotals
+
+    class LoadBackend(LocalBackend):
+        """In-process placement and evaluation; the stream's stage is the load generator."""
+
+        engine = None
+        client: dict | None = None
+
+        def run_stage(self, fn, universe, description=""):
+            svc = self.engine.service
+            job = {"ticket": {"host": svc.host, "port": svc.port, "token": svc.token}, "blocks": list(range(universe)),
+                   "rate": rate, "deltas": deltas_path}
+            env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--client"], input=json.dumps(job),
+                               capture_output=True, text=True, env=env, timeout=1800)
+            if p.returncode != 0:
+                raise RuntimeError(f"psload client failed: {p.stderr.strip().splitlines()[-1:]}")
+            self.client = json.loads(p.stdout.strip().splitlines()[-1])
+            return [StreamTotals(block=int(b), exchanges=w["sent"], samples=w["sent"] * BATCH, last_seq=-1,
+                                 exposed_comm_s=0.0, task_s=0.0) for b, w in self.client["workers"].items()]
+
+    return LoadBackend
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def run_case(data_src: str, workers: int, pushes: int, rate: float, density: float, deltas_path: str,
+             out_dir: str) -> dict:
+    from sparkcnn import config
+    from sparkcnn.train import build_engine
+
+    rows = -(-pushes // workers) * workers * BATCH  # every block the same number of steps
+    data = slice_data(data_src, rows, 500)
+    cfg = config.load(None, [f"data.path={data}", f"run.out_dir={out_dir}", f"run.name=psload-{workers}",
+                             f"data.num_blocks={workers}", f"train.batch_size={BATCH}", "train.epochs=1",
+                             f"compression.density={density}", "checkpoint.every_rounds=0", *SETTINGS])
+    backend = _load_backend(deltas_path, rate)(f"psload-{workers}")
+    engine, _ = build_engine(cfg, backend, f"psload-{workers}")
+    backend.engine = engine
+    marks = _Marks(engine)
+    summary = engine.run()
+    client = backend.client
+    n = len(marks.rows)
+    lo, hi = n // 10, n - n // 10 - 1
+    (t_lo, c_lo), (t_hi, c_hi) = marks.rows[lo], marks.rows[hi]
+    window = (t_lo, t_hi)
+    lat = [ms for w in client["workers"].values() for t, ms in w["lat"] if window[0] <= t <= window[1]]
+    sent = sum(w["sent"] for w in client["workers"].values())
+    return {"workers": workers, "shards": 1, "offered_pushes_per_s": rate or None, "pushes": n,
+            "pushes_per_s": (hi - lo) / (t_hi - t_lo),
+            "reply_ms": {"p50": 1000 * _pct(lat, 0.5), "p99": 1000 * _pct(lat, 0.99)},
+            "server_cpu_ms_per_push": 1000 * (c_hi - c_lo) / (hi - lo),
+            "client_cpu_ms_per_push": 1000 * client["cpu_s"] / max(1, sent),
+            "bytes_per_push": {way: sum(w[way] for w in client["workers"].values()) / max(1, sent)
+                               for way in ("up", "down")},
+            "dropped": sum(w["dropped"] for w in client["workers"].values()),
+            "stale_dropped": summary.get("stale_dropped"),
+            "refused": sum(w["refused"] for w in client["workers"].values()),
+            "service": summary.get("stream"), "exchanges_applied": summary.get("rounds")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64])
+    ap.add_argument("--shards", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--rate", type=float, default=OFFERED, help="pushes/s offered by all workers (0: "
+                    "as fast as replies come)")
+    ap.add_argument("--pushes", type=int, default=4000, help="pushes per case")
+    ap.add_argument("--density", type=float, default=0.001, help="uplink density of the recorded deltas")
+    ap.add_argument("--record", type=int, default=400, help="deltas to record")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.client:
+        client_main()
+        return 0
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    src = ensure_data()
+    tmp = tempfile.mkdtemp(prefix="sparkcnn-psload-")
+    log("recording %d deltas at density %s", args.record, args.density)
+    deltas = record_deltas(slice_data(src, 2 * args.record * 32, 500), args.density, args.record, tmp)
+    path = os.path.join(tmp, "deltas.bin")
+    write_deltas(deltas, path)
+    cases, built = [], []
+    for k in args.shards:
+        if k != 1:
+            cases.append({"shards": k, "error": "ps.shards > 1 is not built yet"})
+            continue
+        for n in args.workers:
+            log("N = %d, K = %d, offered %s pushes/s", n, k, args.rate or "unlimited")
+            c = run_case(src, n, args.pushes, args.rate, args.density, path, tmp)
+            log("  %.0f pushes/s, p99 %.1f ms, server CPU %.3f ms/push, dropped %d", c["pushes_per_s"],
+                c["reply_ms"]["p99"], c["server_cpu_ms_per_push"], c["dropped"])
+            cases.append(c)
+            built.append(c)
+    one = [c for c in built if c["workers"] == max(args.workers)] or built
+    met = bool(one) and all(c["pushes_per_s"] >= TARGET_PUSHES_PER_S and c["reply_ms"]["p99"] < TARGET_P99_MS
+                            and c["refused"] == 0 for c in one)
+    emit({"bench": "psload", "model": "fmnist_cnn", "settings": SETTINGS, "density": args.density,
+          "recorded_deltas": len(deltas), "median_payload_bytes": median([len(d["payload"]) for d in deltas]),
+          "cases": cases,
+          "target": {"pushes_per_s": TARGET_PUSHES_PER_S, "p99_ms": TARGET_P99_MS, "at_workers": max(args.workers),
+                     "met": met}}, args.out)
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
