@@ -1,4 +1,4 @@
-"""Training on real Spark masters: a standalone cluster (async mode, a lost worker) and
+"""Training on real Spark masters: a standalone cluster (a lost worker) and
 local[2,4] (task retries: injected task failures, killed Python workers).
 
 One SparkContext per process, and the rest of the suite holds a local[2] one, so every
@@ -53,9 +53,6 @@ LOCAL_RUNS = {"sync-clean": [], "sync-flaky": [f"chaos.fail_task_probability={FA
 
 # standalone cluster, 2 workers of 1 core. The sync run has 4 blocks (two per executor slot,
 # as on any cluster with more blocks than cores) and loses worker 0 after KILL_AFTER rounds.
-ASYNC = COMMON + ["engine.mode=async", "train.epochs=2", "train.steps_per_round=5",
-                  "scheduler.target_job_seconds=1.0", "compression.method=threshold",
-                  "compression.density=0.05"]
 LOST_BLOCKS = 4
 LOST_EPOCHS = 3  # 9 rounds: the kill after the 4th lands mid-run however fast the machine is
 LOST = COMMON + [f"data.num_blocks={LOST_BLOCKS}", f"train.epochs={LOST_EPOCHS}", "train.steps_per_round=3"]
@@ -234,8 +231,9 @@ def local_runs(local_driver):
 
 @pytest.fixture(scope="module")
 def cluster_runs(request, tiny_data, tmp_path_factory):
-    """Standalone cluster (2 workers, 1 core each); one driver trains the async run, then the
-    4-block sync run, during which worker 0 (worker and executor JVMs) is SIGKILLed."""
+    """Standalone cluster (2 workers, 1 core each); one driver trains the 4-block sync run, during
+    which worker 0 (worker and executor JVMs) is SIGKILLed. (Async on a cluster: route (a) in
+    tests/test_dist.py, on hosts of their own.)"""
     from sparkcnn.engine.standalone import StandaloneCluster, free_ports
 
     if _selected(request, "local_runs"):
@@ -246,7 +244,7 @@ def cluster_runs(request, tiny_data, tmp_path_factory):
         (ui_port,) = free_ports(1)
         ui = _DriverUI(ui_port, "sparkcnn-cluster-tests")
         driver = Driver(tmp_path_factory.mktemp("cluster"), tiny_data,
-                        {"async": ASYNC, "sync-lost-worker": LOST}, cluster=cluster.to_json(),
+                        {"sync-lost-worker": LOST}, cluster=cluster.to_json(),
                         conf={"spark.ui.enabled": "true", "spark.ui.port": str(ui_port),
                               "spark.ui.liveUpdate.period": "0"})
         kill = {"pids": [], "at_round": None, "active_tasks": 0, "jobs": []}
@@ -287,24 +285,6 @@ def cluster_runs(request, tiny_data, tmp_path_factory):
 # -- standalone cluster ------------------------------------------------------------------------
 
 @pytest.mark.cluster
-def test_async_training_on_standalone_cluster(cluster_runs):
-    import yaml
-
-    driver, results, _ = cluster_runs
-    summary, jobs, epochs = _run(driver, results, "async")
-    with open(os.path.join(driver.run_dirs["async"], "config.yaml"), encoding="utf-8") as fh:
-        max_staleness = yaml.safe_load(fh)["ps"]["max_staleness"]
-    assert summary["mode"] == "async" and [e["epoch"] for e in epochs] == [0, 1]
-    assert summary["test_accuracy"] > 0.5
-    assert {r["block"] for r in jobs} == {0, 1}  # both blocks trained
-    assert len({r["round"] for r in jobs}) == len(jobs)  # each job applied once
-    assert summary["duplicates_dropped"] == 0
-    # rejected_deltas may be > 0: see test_async_guard_accepts_a_long_job_after_short_ones
-    assert all(0 <= r["staleness"] <= max_staleness for r in jobs), [r["staleness"] for r in jobs]
-    assert sum(r["samples"] for r in jobs) >= 2 * 2 * (600 // BATCH) * BATCH  # 2 passes over 2 blocks
-
-
-@pytest.mark.cluster
 def test_lost_worker_mid_run_the_run_completes(cluster_runs, tiny_data):
     driver, results, kill = cluster_runs
     expected = _sync_rounds(tiny_data, epochs=LOST_EPOCHS, steps_per_round=3, blocks=LOST_BLOCKS)
@@ -329,12 +309,12 @@ def test_lost_worker_mid_run_the_run_completes(cluster_runs, tiny_data):
 
 @pytest.mark.cluster
 def test_blocks_keep_their_state_without_faults(cluster_runs):
-    """No fault, no reset: a block's tasks run on the executor that holds its state."""
+    """No fault, no reset: a block's tasks run on the executor that holds its state (async on a
+    cluster: tests/test_dist.py, route (a))."""
     driver, results, kill = cluster_runs
-    async_summary, _, _ = _run(driver, results, "async")
     _, rounds, _ = _run(driver, results, "sync-lost-worker")
     before_kill = [r for r in rounds if r["round"] < KILL_AFTER]
-    assert async_summary["state_resets"] + sum(r["state_resets"] for r in before_kill) == 0
+    assert sum(r["state_resets"] for r in before_kill) == 0
 
 
 @pytest.mark.cluster

@@ -12,7 +12,9 @@ import sys
 import zipfile
 
 import pytest
+import yaml
 
+from sparkcnn.metrics import read_jsonl
 from tests.cluster_env import (AUDIT_DIR, REPO, audit_conf, audit_installs, clean_env, event_log_tasks, refused_opens,
                                spark_submit_route_a)
 
@@ -205,6 +207,18 @@ def test_spark_submit_py_files_on_separate_hosts(route_a_cluster, executor_pytho
     assert sorted(h for hs in hosts.values() for h in hs) == sorted(bed.host_addresses if bed else [cluster.host] * 2), hosts
     assert {os.path.realpath(d) for d in audit_installs(log)} == dirs  # the hook ran in both executors
     assert refused_opens(log) == []
+    # async on a cluster: both blocks trained, every exchange applied once and none twice, within
+    # the staleness bound, a whole pass over the data, and no block lost its state (no fault here)
+    rounds = [r for r in read_jsonl(os.path.join(os.path.dirname(summary_path), "metrics.jsonl"))
+              if r["kind"] == "round"]
+    assert summary["mode"] == "async" and summary["duplicates_dropped"] == 0 and summary["state_resets"] == 0
+    assert {r["block"] for r in rounds} == {0, 1} and len({r["round"] for r in rounds}) == len(rounds)
+    with open(os.path.join(os.path.dirname(summary_path), "config.yaml"), encoding="utf-8") as fh:
+        bound = yaml.safe_load(fh)["ps"]["max_staleness"]
+    bound = bound if transport == "jobs" else max(bound, 4 * 2)  # the stream's floor: 4 x blocks
+    assert all(0 <= r["staleness"] <= bound for r in rounds), [r["staleness"] for r in rounds]
+    assert sum(r["samples"] for r in rounds) >= 2 * (600 // 32) * 32
+    assert summary["test_accuracy"] > 0.3
     if transport == "stream":
         assert summary["ps_address"].rsplit(":", 1)[0] == cluster.host
         assert summary["stream"]["streams"] >= 2 and summary["stream"]["unauthenticated_refused"] == 0

@@ -309,45 +309,6 @@ def test_listener_closes_when_the_run_fails(tiny_cfg, monkeypatch):
     assert calls["n"] == 5 and not _listening(seen["svc"].port)
 
 
-STREAM_CLIENT = r"""
-import json, os, sys
-from sparkcnn import config
-from sparkcnn.engine.standalone import FAST_START_JAVA_OPTS, StandaloneCluster, session
-from sparkcnn.train import train
-
-cluster = StandaloneCluster.attach(os.environ["SPARKCNN_CLUSTER"])
-spark = session(cluster, "stream", conf={"spark.executor.extraJavaOptions": FAST_START_JAVA_OPTS})
-cfg = config.load(None, sys.argv[1:])
-summary = train(cfg, spark=spark)
-spark.stop()
-print(json.dumps({k: summary[k] for k in ("transport", "master", "executors", "test_accuracy", "stream",
-                                          "duplicates_dropped", "rounds")}))
-"""
-
-
-@pytest.mark.cluster
-def test_stream_on_a_standalone_cluster(standalone_cluster, tiny_data, tmp_path):
-    """Two workers of one core each: the barrier stage gets a task per executor, both push."""
-    import json
-    import subprocess
-    import sys
-
-    from tests.cluster_env import clean_env
-
-    env = clean_env(SPARKCNN_CLUSTER=standalone_cluster.to_json(), PYSPARK_PYTHON=sys.executable)
-    args = [f"data.path={tiny_data}", f"run.out_dir={tmp_path / 'runs'}", "train.epochs=1", "train.batch_size=32",
-            "train.steps_per_round=2", "train.lr_warmup_epochs=0", "engine.mode=async", "engine.transport=stream",
-            "compression.method=threshold", "compression.density=0.01", "compression.density_down=0.05"]
-    proc = subprocess.run([sys.executable, "-c", STREAM_CLIENT, *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["transport"] == "stream" and out["master"] == standalone_cluster.master_url
-    assert len(out["executors"]) == 2 and out["stream"]["streams"] == 2
-    assert out["stream"]["unauthenticated_refused"] == 0 and out["duplicates_dropped"] == 0
-    assert out["test_accuracy"] > 0.3
-
-
 def test_lookahead_is_bitwise_the_same_compiled_and_on_numpy():
     from sparkcnn.worker.stream import _Lookahead
 
