@@ -124,11 +124,14 @@ class RoundDriver:
             self._bcast_version = version
         return self._bcast
 
-    def send_downlink(self, epoch: float) -> int:
+    def send_downlink(self, epoch: float, every: int = 1) -> int:
         """After an update: D = sparsify(W − U), U += D; keep the latest for the next orders.
-        Returns the entries of D (P for the dense downlink, which ships W itself)."""
+        Returns the entries of D (P for the dense downlink, which ships W itself). ``every``:
+        only once the view is that many versions behind (0 entries until then)."""
         if not self.sparse_down:
             return int(self.W.size)
+        if self.ps.version - self.ps.view_version < every:
+            return 0
         dl = self.ps.downlink(self.downlink_density(epoch))
         if dl is None:
             return 0

@@ -8,14 +8,24 @@ applies, counts or records by itself::
         tau > ps.max_staleness:  dropped (stale_dropped); the block's cursor stays and its key
                                  is free again, so it trains those steps again, from its state
                                  before them and a dense view (``resync``)
-        else:  W -= lambda(tau) * s(r.lr) * S_k / N;  downlink;  cursor += r.steps;  record
+        else:  W -= lambda(tau) * s(r.lr) * S_k / N;  cursor += r.steps;  record
+               downlink once every c = ceil(N / 2) applied results (version - view_version >= c)
 
     accept_round(rs, seq)    BSP, every block's result of round ``seq`` together:
         dedup (seq, block)  ->  W -= sum_k (n_k / sum n) * s(r.lr) * S_k;  downlink;  cursors;  record
 
 ``s(lr)`` is the momentum policy's server scale (``compression.feedback.server_scale``);
 the lr and density are those the result was trained with (it carries them), so nothing
-reads the schedule again. Every (block, epoch, step) is applied exactly once: a result
+reads the schedule again.
+
+Why the ASGD downlink has a cadence: every replica follows every downlink, so a block
+that pushes once while the N - 1 others push receives about N downlinks per reply. With
+a downlink per result, each block would receive N · density_down · P entries per push
+(measured with ``bench/psload.py`` at 64 blocks: ~0.6 MB per reply, 210 pushes/s and
+4.3 ms of server CPU per push), where the seeds' GS-ASGD sends each worker the top
+``density_down`` of the accumulated update per push. One downlink per ceil(N / 2)
+results keeps a reply at about two downlinks whatever N, and spreads their selection
+over the results between them; at N <= 2 it is a downlink per result, as before. Every (block, epoch, step) is applied exactly once: a result
 moves its block's cursor only when it is applied, and a dropped one is trained again
 over the same steps.
 """
@@ -62,6 +72,7 @@ class ExchangeCore:
         self.resync: set[int] = set()                   # blocks whose next work starts from a dense view
         self.samples_done = 0
         self.exchanges = 0                              # applied exchanges (records of kind "round")
+        self.downlink_every = -(-self.num_blocks // 2)  # ASGD: results per downlink (module docstring)
 
     @property
     def epoch_float(self) -> float:
@@ -94,7 +105,7 @@ class ExchangeCore:
         self.resync.discard(r.block)
         scale = staleness_scale(tau, self.rule) / self.num_blocks
         out = d.apply([r], r.lr, factor=scale)
-        nnz_down = d.send_downlink(self.epoch_float)
+        nnz_down = d.send_downlink(self.epoch_float, every=self.downlink_every)
         rec = {"kind": "round", "round": self.exchanges, "seq": r.seq, "block": r.block,
                "block_epoch": self.block_epoch[r.block], "block_step": self.block_step[r.block],
                "staleness": tau, "scale": scale, "steps": r.steps,
