@@ -3,8 +3,8 @@
 Prints one JSON object. The server is the real one: ``StreamEngine`` (async, one step per
 exchange, GS-ASGD + MS: uplink ``--density``, downlink 0.01, no warm-up) behind its Flight
 service, in this process, with nothing else running in it. The workers are synthetic: one
-load-generator process (beside the server, as a second process on the same cores) opens one
-authenticated stream per block and replays, block by block, deltas that a real run of the
+load generator (beside the server on the same cores: one process per 16 workers, whose threads
+would otherwise queue behind each other for one interpreter lock) opens one authenticated stream per block and replays, block by block, deltas that a real run of the
 same model and settings encoded (recorded first, in this process, through the exchange core).
 Each worker keeps one push in flight, follows its replica's version through the replies'
 downlinks (so the server sends what it sends real workers), echoes the offered lr and
@@ -20,7 +20,7 @@ handler and Flight's threads; the load generator's CPU is its own, ``client_cpu_
 ``bytes_per_push`` each way (the whole messages, downlinks and start replies included),
 ``dropped`` (too stale: trained again) and ``refused`` (should be 0).
 
-    python bench/psload.py [--workers 2 4 8 16 32 64] [--rate 1000] [--pushes 4000] [--out F]
+    python bench/psload.py [--workers 2 4 8 16 32 64] [--rate 1050] [--pushes 4000] [--quick] [--out F]
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ SETTINGS = ["engine.transport=stream", "engine.mode=async", "train.steps_per_rou
             "compression.method=threshold", "compression.density_down=0.01", "compression.warmup_epochs=0",
             "compression.momentum=correction"]
 TARGET_PUSHES_PER_S, TARGET_P99_MS = 1000.0, 50.0
+PER_PROCESS = 16  # workers per load-generator process: 64 threads under one GIL queue behind each other
 OFFERED = 1050.0  # pushes/s offered by default: a little over the target, so that meeting it shows
 
 
@@ -170,11 +171,12 @@ def client_main() -> None:
     job = json.loads(sys.stdin.read())
     deltas = read_deltas(job["deltas"])
     n = len(job["blocks"])
-    interval = n / job["rate"] if job["rate"] > 0 else 0.0
+    n_all = job["workers"]
+    interval = n_all / job["rate"] if job["rate"] > 0 else 0.0
     out: dict = {}
     c0 = time.process_time()
-    t_start = time.perf_counter() + 0.5  # every stream open before the first slot
-    threads = [threading.Thread(target=_worker, args=(job["ticket"], b, n, deltas, interval, t_start, out))
+    t_start = job["t_start"]  # the same instant in every load-generator process (a monotonic clock)
+    threads = [threading.Thread(target=_worker, args=(job["ticket"], b, n_all, deltas, interval, t_start, out))
                for b in job["blocks"]]
     for t in threads:
         t.start()
@@ -214,14 +216,26 @@ def _load_backend(deltas_path: str, rate: float):
 
         def run_stage(self, fn, universe, description=""):
             svc = self.engine.service
-            job = {"ticket": {"host": svc.host, "port": svc.port, "token": svc.token}, "blocks": list(range(universe)),
-                   "rate": rate, "deltas": deltas_path}
             env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--client"], input=json.dumps(job),
-                               capture_output=True, text=True, env=env, timeout=1800)
-            if p.returncode != 0:
-                raise RuntimeError(f"psload client failed: {p.stderr.strip().splitlines()[-1:]}")
-            self.client = json.loads(p.stdout.strip().splitlines()[-1])
+            procs = max(1, -(-universe // PER_PROCESS))
+            t_start = time.perf_counter() + 2.0  # after every process has opened its streams
+            jobs = [{"ticket": {"host": svc.host, "port": svc.port, "token": svc.token}, "workers": universe,
+                     "blocks": list(range(i, universe, procs)), "rate": rate, "deltas": deltas_path,
+                     "t_start": t_start} for i in range(procs)]
+            ps = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--client"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in jobs]
+            for p, job in zip(ps, jobs):  # every process has its job before any is waited for
+                p.stdin.write(json.dumps(job))
+                p.stdin.close()
+            self.client = {"cpu_s": 0.0, "workers": {}, "processes": procs}
+            for p in ps:
+                stdout, stderr = p.stdout.read(), p.stderr.read()
+                p.wait(timeout=1800)
+                if p.returncode != 0:
+                    raise RuntimeError(f"psload client failed: {stderr.strip().splitlines()[-1:]}")
+                got = json.loads(stdout.strip().splitlines()[-1])
+                self.client["cpu_s"] += got["cpu_s"]
+                self.client["workers"].update(got["workers"])
             return [StreamTotals(block=int(b), exchanges=w["sent"], samples=w["sent"] * BATCH, last_seq=-1,
                                  exposed_comm_s=0.0, task_s=0.0) for b, w in self.client["workers"].items()]
 
@@ -259,7 +273,7 @@ def run_case(data_src: str, workers: int, pushes: int, rate: float, density: flo
             "pushes_per_s": (hi - lo) / (t_hi - t_lo),
             "reply_ms": {"p50": 1000 * _pct(lat, 0.5), "p99": 1000 * _pct(lat, 0.99)},
             "server_cpu_ms_per_push": 1000 * (c_hi - c_lo) / (hi - lo),
-            "client_cpu_ms_per_push": 1000 * client["cpu_s"] / max(1, sent),
+            "client_cpu_ms_per_push": 1000 * client["cpu_s"] / max(1, sent), "client_processes": client["processes"],
             "bytes_per_push": {way: sum(w[way] for w in client["workers"].values()) / max(1, sent)
                                for way in ("up", "down")},
             "dropped": sum(w["dropped"] for w in client["workers"].values()),
@@ -277,12 +291,19 @@ def main() -> int:
     ap.add_argument("--pushes", type=int, default=4000, help="pushes per case")
     ap.add_argument("--density", type=float, default=0.001, help="uplink density of the recorded deltas")
     ap.add_argument("--record", type=int, default=400, help="deltas to record")
+    ap.add_argument("--quick", action="store_true", help="N = 2, 8, 64 and 1,500 pushes per case")
     ap.add_argument("--out", default=None)
     ap.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.client:
         client_main()
         return 0
+    if args.quick:
+        args.workers, args.pushes, args.record = [2, 8, 64], 1500, 200
+    if min(args.workers) < 1 or args.pushes < 10 * max(args.workers) or args.rate < 0:
+        print(f"psload: need --workers >= 1, --pushes >= 10 x the most workers ({10 * max(args.workers)}) "
+              f"and --rate >= 0", file=sys.stderr)
+        return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     src = ensure_data()
     tmp = tempfile.mkdtemp(prefix="sparkcnn-psload-")

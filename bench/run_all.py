@@ -67,6 +67,7 @@ def benchmarks(quick: bool, seeds: int) -> dict[str, list[str]]:
         "cifar": ["cifar.py", *q],
         "costmodel": ["costmodel.py", *q],
         "links": ["links.py"],  # needs root for its test bed of separate hosts (exits 2 without)
+        "psload": ["psload.py", *q],
     }
     if quick:  # each starts a standalone cluster: 2.4 and 4 of the 14 minutes every --quick form took
         del plan["balance"], plan["costmodel"], plan["links"]
