@@ -388,3 +388,23 @@ def test_lookahead_extrapolates_the_view_by_the_measured_staleness():
 
     assert resolve_rule("auto", True) == "none" and resolve_rule("auto", False) == "inverse"
     assert resolve_rule("inverse", True) == "inverse" and resolve_rule("none", False) == "none"
+
+
+def test_a_block_done_with_its_pass_gets_no_steps_in_the_stage(tiny_cfg):
+    """As after a mid-epoch checkpoint that fell once block 0 had finished its pass: the stage
+    plans no steps for it, so the epoch trains epochs x rows, not a pass more (which ran the
+    schedule's lr to 0 before block 1 was done, and the server refused a scale of 0)."""
+    from sparkcnn.engine.inprocess import LocalBackend
+    from sparkcnn.train import build_engine
+
+    cfg = _cfg(tiny_cfg, engine__master="inprocess", train__epochs=1, train__steps_per_round=1,
+               train__lr_warmup_epochs=0.0)
+    backend = LocalBackend("t-done-block")
+    engine, _ = build_engine(cfg, backend, backend.run_id)
+    c, steps0 = engine.core, engine.pass_end[0]
+    c.block_epoch[0], c.block_step[0], c.last_seq[0] = 1, 0, steps0 - 1
+    c.samples_done = steps0 * cfg.train.batch_size
+    summary = engine.run()
+    assert c.samples_done == c.n_train and c.block_epoch == {0: 1, 1: 1}
+    assert engine.plans[0].steps == 0 and engine.plans[1].steps == engine.pass_end[1]
+    assert summary["epochs"] == 1
