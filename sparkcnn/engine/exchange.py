@@ -25,9 +25,10 @@ a downlink per result, each block would receive N · density_down · P entries p
 4.3 ms of server CPU per push), where the seeds' GS-ASGD sends each worker the top
 ``density_down`` of the accumulated update per push. One downlink per ceil(N / 2)
 results keeps a reply at about two downlinks whatever N, and spreads their selection
-over the results between them; at N <= 2 it is a downlink per result, as before. Every (block, epoch, step) is applied exactly once: a result
-moves its block's cursor only when it is applied, and a dropped one is trained again
-over the same steps.
+over the results between them; at N <= 2 it is a downlink per result, as before.
+
+Every (block, epoch, step) is applied exactly once: a result moves its block's cursor
+only when it is applied, and a dropped one is trained again over the same steps.
 """
 
 from __future__ import annotations

@@ -334,9 +334,11 @@ class StreamEngine(DriverShorthands):
         cursor is already at the next pass, which the next stage trains."""
         c = self.core
         self.stage_states = {**self.final_states, **self.initial_states}  # what each block starts from
-        self.arrived, self.opens, self.final_states, self.cut = {}, {}, {}, None
         left = {k: 0 if c.block_epoch[k] > self.next_epoch else self.pass_end[k] - c.block_step[k]
                 for k in self.block_rows}
+        # a block with no steps ends the stage where it starts it
+        self.final_states = {k: s for k, s in self.stage_states.items() if not left[k]}
+        self.arrived, self.opens, self.cut = {}, {}, None
         self.plans = {k: StreamPlan(seq0=c.last_seq[k] + 1, first_step=c.cursor(k), steps=left[k], h=self.h,
                                     expect_state=c.last_seq[k], lookahead=self.lookahead,
                                     overlap=self.overlap, attempt=0)
@@ -362,9 +364,6 @@ class StreamEngine(DriverShorthands):
                     raise
                 if self.failure is not None:
                     raise self.failure
-                for k, plan in self.plans.items():  # a block with no steps ends where it started
-                    if not plan.steps and k in self.stage_states:
-                        self.final_states.setdefault(k, self.stage_states[k])
                 missing = [k for k in self.block_rows if self.core.block_epoch[k] <= e]
                 if missing:
                     log.warning("epoch %s: blocks %s did not finish their steps", e + 1, missing)
