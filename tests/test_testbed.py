@@ -6,6 +6,7 @@ The README's spark-submit route on the test bed, on both transports, is in tests
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -64,8 +65,8 @@ def _upload_seconds(bed, host: int, nbytes: int) -> float:
 @needs_bed
 @pytest.mark.cluster
 def test_test_bed_shapes_its_links_and_leaves_nothing_behind_when_a_run_fails():
+    testbed.reap_orphans()  # what a killed earlier run left is not this test's
     before = testbed.leftovers(), _bed_processes("198.18.")
-    assert before == ({"netns": [], "links": []}, []), before
     with pytest.raises(RuntimeError, match="the run failed"):
         with testbed.TestBed(hosts=2, rate="100mbit") as bed:
             during = testbed.leftovers()
@@ -86,6 +87,45 @@ def test_test_bed_shapes_its_links_and_leaves_nothing_behind_when_a_run_fails():
             assert shaped >= 0.18 and fast < shaped / 2, (shaped, fast)
             raise RuntimeError("the run failed")
     assert (testbed.leftovers(), _bed_processes("198.18.")) == before
+    assert not {bed.bridge, bed.netns(0), bed.netns(1), bed.veth(0)} & {*before[0]["netns"], *before[0]["links"]}
+
+
+ORPHAN = """
+import os, signal, subprocess, sys
+from sparkcnn.engine.testbed import TestBed
+bed = TestBed(hosts=2)
+bed._claim()
+bed._network()
+sleeper = subprocess.Popen(["ip", "netns", "exec", bed.netns(1), "sleep", "600"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(bed.subnet, sleeper.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # killed outright: no stop(), no exit handler
+"""
+
+
+@needs_bed
+def test_a_bed_whose_owner_was_killed_is_deleted_and_a_live_one_is_kept():
+    live = testbed.TestBed(hosts=1)
+    live._claim()
+    try:
+        out = subprocess.run([sys.executable, "-c", ORPHAN], capture_output=True, text=True, timeout=60)
+        assert out.returncode == -signal.SIGKILL, out.stderr
+        subnet, sleeper = map(int, out.stdout.split())
+        left = testbed.leftovers()
+        assert {f"scn{subnet}h0", f"scn{subnet}h1"} <= set(left["netns"]) and f"scnb{subnet}" in left["links"]
+        assert os.path.exists(f"/proc/{sleeper}")
+        assert subnet in testbed.reap_orphans() and live.subnet not in testbed.reap_orphans()
+        left = testbed.leftovers()
+        assert not [n for n in left["netns"] + left["links"] if n.startswith((f"scn{subnet}", f"scnb{subnet}"))]
+        assert live.bridge in left["links"]
+        for _ in range(50):  # killed; gone once its parent (init) has reaped it
+            if not os.path.exists(f"/proc/{sleeper}"):
+                break
+            time.sleep(0.1)
+        assert not os.path.exists(f"/proc/{sleeper}")
+    finally:
+        live.stop()
+    assert live.bridge not in testbed.leftovers()["links"]
 
 
 def test_without_root_or_iproute2_the_test_bed_says_why_in_one_line(monkeypatch):

@@ -19,12 +19,16 @@ link, because its namespace has nothing else (its loopback is its own).
 
 :meth:`TestBed.stop` (and ``__exit__``, and an exit handler as a last resort) stops the
 cluster, kills whatever still runs in a namespace, and deletes the namespaces, links and
-bridge, even when a run failed; :func:`leftovers` lists any that remain.
+bridge, even when a run failed; :func:`leftovers` lists any that remain. A run killed outright
+(SIGKILL, a lost session) can clean nothing up, so each bed marks its bridge with its owner
+process, and :meth:`TestBed.start` first deletes every bed whose owner is gone
+(:func:`reap_orphans`).
 """
 
 from __future__ import annotations
 
 import atexit
+import fcntl
 import logging
 import os
 import shutil
@@ -66,6 +70,57 @@ def leftovers() -> dict[str, list[str]]:
         return {"netns": [], "links": []}
     return {"netns": sorted(n for n in _netns_names() if n.startswith(PREFIX)),
             "links": sorted(n for n in _link_names() if n.startswith(PREFIX))}
+
+
+def _process_identity(pid: int) -> str | None:
+    """``pid:starttime`` of a live process (the start time tells a reused pid apart); None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f"{pid}:{f.read().rsplit(')', 1)[1].split()[19]}"
+    except (OSError, IndexError):
+        return None
+
+
+LOCK = "/run/lock/sparkcnn-testbed.lock" if os.path.isdir("/run/lock") else "/tmp/sparkcnn-testbed.lock"
+OWNER = "sparkcnn test bed of "  # a bridge's alias: OWNER + "pid:starttime" of the process that made it
+
+
+def _owner(bridge: str) -> str | None:
+    out = _ip("-o", "link", "show", bridge, check=False).stdout
+    return out.split(OWNER, 1)[1].split()[0] if OWNER in out else None
+
+
+def _kill_in(ns: str) -> None:
+    for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def reap_orphans() -> list[int]:
+    """Delete every test bed whose owning process is gone (killed before it could clean up);
+    return their subnets. A bed whose owner lives is left alone."""
+    if shutil.which("ip") is None:
+        return []
+    links, reaped = _link_names(), []
+    for bridge in links:
+        subnet = bridge[len(PREFIX) + 1:]
+        if not (bridge.startswith(f"{PREFIX}b") and subnet.isdigit()):
+            continue
+        owner = _owner(bridge)
+        if owner is not None and _process_identity(int(owner.split(":")[0])) == owner:
+            continue
+        for ns in (n for n in _netns_names() if n.startswith(f"{PREFIX}{subnet}h")):
+            _kill_in(ns)
+            _ip("netns", "del", ns, check=False)
+        for link in (n for n in links if n.startswith(f"{PREFIX}{subnet}v")):
+            _ip("link", "del", link, check=False)
+        _ip("link", "del", bridge, check=False)
+        log.warning("test bed: deleted the bed on 198.18.%s.0/24 left by a process that is gone (%s)", subnet,
+                    owner or "no owner recorded")
+        reaped.append(int(subnet))
+    return reaped
 
 
 def unavailable_reason() -> str | None:
@@ -141,12 +196,9 @@ class TestBed:
         why = unavailable_reason()
         if why:
             raise TestBedUnavailable(why)
-        taken = set(_link_names())
-        self.subnet = next((n for n in range(1, 255) if f"{PREFIX}b{n}" not in taken), None)
-        if self.subnet is None:
-            raise RuntimeError("no free test-bed subnet in 198.18.1-254.0/24")
         atexit.register(self.stop)
         try:
+            self._claim()
             self._network()
             self.cluster = StandaloneCluster(
                 workers=self.hosts, cores_per_worker=self.cores, memory=self.memory, worker_env=self.worker_env,
@@ -160,9 +212,20 @@ class TestBed:
                  self.host_addresses, self.rate or "unshaped", f" +{self.delay_ms:g} ms" if self.delay_ms else "")
         return self
 
+    def _claim(self) -> None:
+        """Delete orphaned beds, take the first free subnet and mark its bridge as this process's."""
+        with open(LOCK, "a") as lock:  # one bed at a time reaps and claims
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            reap_orphans()
+            taken = set(_link_names())
+            self.subnet = next((n for n in range(1, 255) if f"{PREFIX}b{n}" not in taken), None)
+            if self.subnet is None:
+                raise RuntimeError("no free test-bed subnet in 198.18.1-254.0/24")
+            _ip("link", "add", self.bridge, "type", "bridge")
+            self._made.append(("link", self.bridge))
+            _ip("link", "set", self.bridge, "alias", OWNER + _process_identity(os.getpid()))
+
     def _network(self) -> None:
-        _ip("link", "add", self.bridge, "type", "bridge")
-        self._made.append(("link", self.bridge))
         _ip("addr", "add", f"{self.driver_host}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
         for i in range(self.hosts):
@@ -214,12 +277,7 @@ class TestBed:
                 log.warning("test bed: cluster stop: %s", e)
         for kind, name in reversed(self._made):
             if kind == "netns":
-                pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout
-                for pid in pids.split():
-                    try:
-                        os.kill(int(pid), signal.SIGKILL)
-                    except (ProcessLookupError, ValueError):
-                        pass
+                _kill_in(name)
                 _ip("netns", "del", name, check=False)
             else:
                 _ip("link", "del", name, check=False)  # a veth goes with its namespace too
