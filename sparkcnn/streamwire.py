@@ -57,17 +57,25 @@ def decode(buf, accept: tuple[type, ...]):
 
 
 # -- field by field ------------------------------------------------------------------------------
+# Each class's fields are read once into small functions (``_writers``/``_reader``), so a message
+# costs a few calls per field, not a walk of its type hints.
 def _fields_out(msg, blobs: list[bytes]) -> dict:
-    out = {}
-    for f in dataclasses.fields(msg):
-        out[f.name] = _value_out(getattr(msg, f.name), blobs)
-    return out
+    return {name: out(getattr(msg, name), blobs) for name, out in _writers(type(msg))}
+
+
+def _blob_out(v, blobs: list[bytes]) -> int:
+    blobs.append(bytes(v))
+    return len(blobs) - 1
+
+
+def _plain_out(v, blobs: list[bytes]):
+    return v
 
 
 def _value_out(v, blobs: list[bytes]):
+    """Any value, by what it is (a field whose type allows several kinds)."""
     if isinstance(v, (bytes, bytearray, memoryview)):
-        blobs.append(bytes(v))
-        return len(blobs) - 1
+        return _blob_out(v, blobs)
     if dataclasses.is_dataclass(v):
         return _fields_out(v, blobs)
     if isinstance(v, tuple):
@@ -76,69 +84,90 @@ def _value_out(v, blobs: list[bytes]):
 
 
 @functools.lru_cache(maxsize=None)
-def _spec(cls: type) -> tuple[tuple[str, object, bool], ...]:
-    """(name, type, required) of each field of ``cls``."""
+def _writers(cls: type) -> tuple[tuple[str, object], ...]:
+    """(name, writer) of each field of ``cls``: a blob index for bytes, the value for JSON scalars."""
     hints = typing.get_type_hints(cls)
-    return tuple((f.name, hints[f.name],
+    plain = (bool, int, float, str)
+    return tuple((f.name, _blob_out if hints[f.name] is bytes else _plain_out if hints[f.name] in plain
+                  else _value_out) for f in dataclasses.fields(cls))
+
+
+@functools.lru_cache(maxsize=None)
+def _spec(cls: type) -> tuple[tuple[str, object, bool], ...]:
+    """(name, reader, required) of each field of ``cls``."""
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, _reader(hints[f.name]),
                   f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
                  for f in dataclasses.fields(cls))
+
+
+@functools.lru_cache(maxsize=None)
+def _names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
 
 
 def _build(cls: type, fields, blobs: list[bytes], used: set[int], where: str):
     if not isinstance(fields, dict):
         raise WireError(f"{where}: expected an object of fields")
-    spec = _spec(cls)
-    known = {name for name, _, _ in spec}
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        raise WireError(f"{where}: unknown field {unknown[0]!r}")
+    if not _names(cls).issuperset(fields):
+        raise WireError(f"{where}: unknown field {sorted(set(fields) - _names(cls))[0]!r}")
     kwargs = {}
-    for name, typ, required in spec:
+    for name, read, required in _spec(cls):
         if name not in fields:
             if required:
                 raise WireError(f"{where}.{name}: missing")
             continue
-        kwargs[name] = _value_in(typ, fields[name], blobs, used, f"{where}.{name}")
+        kwargs[name] = read(fields[name], blobs, used, f"{where}.{name}")
     return cls(**kwargs)
 
 
-def _value_in(typ, v, blobs: list[bytes], used: set[int], where: str):
+def _scalar(typ: type, what: str, ok: tuple[type, ...]):
+    def read(v, blobs, used, where):
+        if type(v) not in ok:
+            raise WireError(f"{where}: expected {what}, got {type(v).__name__}")
+        return typ(v) if typ is float else v
+    return read
+
+
+def _read_blob(v, blobs: list[bytes], used: set[int], where: str) -> bytes:
+    if type(v) is not int or not 0 <= v < len(blobs) or v in used:
+        raise WireError(f"{where}: expected the index of an unused blob, got {v!r}")
+    used.add(v)
+    return blobs[v]
+
+
+@functools.lru_cache(maxsize=None)
+def _reader(typ):
+    """``read(v, blobs, used, where)`` for a field of type ``typ``, checking ``v`` against it."""
     origin = typing.get_origin(typ)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(typ)
-        if v is None and type(None) in options:
-            return None
         (inner,) = [t for t in options if t is not type(None)]
-        return _value_in(inner, v, blobs, used, where)
+        read_inner, nullable = _reader(inner), type(None) in options
+
+        def read_optional(v, blobs, used, where):
+            return None if v is None and nullable else read_inner(v, blobs, used, where)
+        return read_optional
     if origin is tuple:
-        inner = typing.get_args(typ)[0]
-        if not isinstance(v, list):
-            raise WireError(f"{where}: expected a list, got {type(v).__name__}")
-        return tuple(_value_in(inner, x, blobs, used, f"{where}[{i}]") for i, x in enumerate(v))
+        read_item = _reader(typing.get_args(typ)[0])
+
+        def read_tuple(v, blobs, used, where):
+            if not isinstance(v, list):
+                raise WireError(f"{where}: expected a list, got {type(v).__name__}")
+            return tuple(read_item(x, blobs, used, f"{where}[{i}]") for i, x in enumerate(v))
+        return read_tuple
     if dataclasses.is_dataclass(typ):
-        return _build(typ, v, blobs, used, where)
+        return lambda v, blobs, used, where: _build(typ, v, blobs, used, where)
     if typ is bytes:
-        if type(v) is not int or not 0 <= v < len(blobs) or v in used:
-            raise WireError(f"{where}: expected the index of an unused blob, got {v!r}")
-        used.add(v)
-        return blobs[v]
-    if typ is bool:
-        if type(v) is not bool:
-            raise WireError(f"{where}: expected a bool, got {type(v).__name__}")
-        return v
-    if typ is int:
-        if type(v) is not int:
-            raise WireError(f"{where}: expected an int, got {type(v).__name__}")
-        return v
-    if typ is float:
-        if type(v) not in (int, float):
-            raise WireError(f"{where}: expected a number, got {type(v).__name__}")
-        return float(v)
-    if typ is str:
-        if type(v) is not str:
-            raise WireError(f"{where}: expected a string, got {type(v).__name__}")
-        return v
-    raise WireError(f"{where}: no wire form for {typ!r}")  # a protocol field of an unsupported type
+        return _read_blob
+    scalars = {bool: ("a bool", (bool,)), int: ("an int", (int,)), float: ("a number", (int, float)),
+               str: ("a string", (str,))}
+    if typ in scalars:
+        return _scalar(typ, *scalars[typ])
+
+    def unsupported(v, blobs, used, where):  # a protocol field of an unsupported type
+        raise WireError(f"{where}: no wire form for {typ!r}")
+    return unsupported
 
 
 def _split(buf) -> tuple[dict, list[bytes]]:
