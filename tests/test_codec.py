@@ -376,6 +376,35 @@ def test_compiled_kernels_are_in_use():
         assert not native.enabled()
 
 
+KERNEL_USE = """
+import numpy as np
+from sparkcnn.compression import SparseDelta, decode, encode
+from sparkcnn.ps import ParameterServer
+layout = (3000, 40)
+d = SparseDelta(3040, np.array([5, 900, 3001]), np.array([0.5, -1.0, 2.0], np.float32))
+assert decode(encode(d, layout, value_dtype="float16"), layout).nnz == 3
+ps = ParameterServer(np.zeros(3040, np.float32), layout, density_down=0.01, value_dtype="float16")
+ps.apply(d, 0.1)
+assert ps.downlink() is not None
+"""
+
+
+def test_a_later_process_loads_the_compiled_kernels_from_the_disk_cache(tmp_path):
+    # Kernels keyed on something that differs per process would be compiled again in every
+    # Python worker and driver (seconds each) and leave a new cache file every time.
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), NUMBA_DEBUG_CACHE="1", SPARKCNN_NATIVE="1")
+    runs = [subprocess.run([sys.executable, "-c", KERNEL_USE], env=env, capture_output=True, text=True,
+                           timeout=600) for _ in range(2)]
+    assert [r.returncode for r in runs] == [0, 0], runs[-1].stderr[-2000:]
+    first, second = (r.stdout + r.stderr for r in runs)
+    assert "data saved" in first
+    assert "data loaded" in second and "data saved" not in second, second[-2000:]
+
+
 @settings(max_examples=300, deadline=None)
 @given(case=layouts_and_deltas(), value_dtype=st.sampled_from(["float16", "float32"]))
 def test_compiled_encoder_writes_the_bytes_numpy_writes(case, value_dtype):

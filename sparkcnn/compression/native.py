@@ -5,9 +5,18 @@
     native_server.py   the blocked weighted add, the support of the parameter server's residual,
                        a downlink's apply with its checksum change, the candidate downlink
 
-This module is their switch and their compile. numba compiles them on first
-use (cached on disk afterwards); importing this module, or any of the three,
-imports nothing heavy. Where numba is missing, or ``SPARKCNN_NATIVE=0``,
+This module is their switch and their compile. The kernels are plain
+module-level functions marked with :func:`kernel`; the first :func:`kernels`
+call imports numba and puts a compiled dispatcher in place of each, so a
+kernel calls another by its module-level name. numba compiles each on first
+use and caches it on disk: a module-level kernel has no closure, so its cache
+key (its bytecode) is the same in every process and later processes load it.
+(Kernels built as closures were keyed on their captured dispatchers, which
+differ per process: every process compiled them again, seconds per process,
+and added a cache file each time.) numba checks a cached kernel against its
+own file only: a kernel that calls one of another file is recompiled when
+that file changes only if its own file changes too (an installed package
+changes both). Importing this module, or any of the three, imports nothing heavy. Where numba is missing, or ``SPARKCNN_NATIVE=0``,
 ``enabled()`` is False and the codec, sparse_sum and the other callers keep
 their numpy paths, which are the reference: both paths give bitwise equal results
 (tests/test_codec.py), and on bad input the compiled decoder only reports
@@ -37,16 +46,38 @@ _kernels = None  # every compiled kernel by name (see _compile) once compiled, F
 OK, FAULT = 0, 1
 
 
+_marked: list[tuple[object, dict]] = []  # (module-level function, numba options), as marked
+
+
+def kernel(**options):
+    """Mark a module-level function as a compiled kernel (``numba.njit(**options)``, cached)."""
+    def mark(fn):
+        _marked.append((fn, options))
+        return fn
+    return mark
+
+
 def _compile(cache: bool) -> SimpleNamespace:
-    # One namespace for the three modules' kernels: one switch, one fallback
-    # when numba is missing, and the float16 rounding that the server's
-    # downlink shares with the codec defined (and compiled) once. numba
-    # compiles a kernel on its first call, so defining them all compiles none.
+    # One namespace for the three modules' kernels: one switch, one fallback when numba is
+    # missing. Each marked function is replaced by its dispatcher wherever a kernel module
+    # holds it (native_server holds the codec's float16 rounding too); numba resolves a
+    # kernel's callees from its module's globals when it compiles it, at its first call.
+    import numba
+
     from . import native_codec, native_server, native_step
 
-    wire = native_codec.build(cache)
-    server = native_server.build(cache, wire["f16_bits"], wire["f32_bits"])
-    return SimpleNamespace(**wire, **native_step.build(cache), **server)
+    modules = (native_codec, native_server, native_step)
+    jitted = {}
+    for fn, options in _marked:
+        jitted[fn] = numba.njit(cache=cache, **options)(fn)
+    by_name = {}
+    for fn, dispatcher in jitted.items():
+        for module in modules:
+            for name, value in list(vars(module).items()):
+                if value is fn or getattr(value, "py_func", None) is fn:
+                    setattr(module, name, dispatcher)
+        by_name[fn.__name__.removeprefix("k_")] = dispatcher
+    return SimpleNamespace(**by_name)
 
 
 def kernels() -> SimpleNamespace | bool:

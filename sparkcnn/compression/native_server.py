@@ -8,6 +8,7 @@ candidate set.
                         Σ_i mix64((i << 32) | bits(U[i])) mod 2**64   (replica.py's checksum)
     candidate_downlink  ps.py's float16 downlink from its candidate set, applied to U
 
+
 The float16 rounding of the downlink is the codec's kernel (native_codec.f16_bits).
 """
 
@@ -17,7 +18,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .native import FAULT, OK, kernels
+from .native import FAULT, OK, kernel, kernels
+from .native_codec import f16_bits, f32_bits
 
 # Output floats per chunk of the blocked add: 64 Ki float32 = 256 KiB, which
 # stays in L2 while every payload adds its entries of the chunk.
@@ -29,149 +31,147 @@ MIX_C1, MIX_C2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 MIX_S1, MIX_S2 = np.uint64(29), np.uint64(32)
 
 
-def build(cache: bool, f16_bits, f32_bits) -> dict:
-    """The server's kernels by name (numba imported here, on first use; see native._compile);
-    ``f16_bits``, ``f32_bits``: the codec's float16 rounding kernels."""
-    import numba
+@kernel(nogil=True, boundscheck=False)
+def k_scatter_runs(acc, weights, idx, vals, sparse_lo, sparse_hi, seg_start, seg_end, seg_value, dense_vals,
+                 seg_lo, seg_hi, lo, hi, chunk):
+    """``acc[i] += weights[k] * v`` for every entry (i, v) of every payload k with lo <= i < hi.
 
-    @numba.njit(cache=cache, nogil=True, boundscheck=False)
-    def scatter_runs(acc, weights, idx, vals, sparse_lo, sparse_hi, seg_start, seg_end, seg_value, dense_vals,
-                     seg_lo, seg_hi, lo, hi, chunk):
-        """``acc[i] += weights[k] * v`` for every entry (i, v) of every payload k with lo <= i < hi.
-
-        Payload k's sparse entries are ``idx/vals[sparse_lo[k]:sparse_hi[k]]``
-        (indices strictly increasing); its dense segments g in
-        ``[seg_lo[k], seg_hi[k])`` (ascending) cover ``acc[seg_start[g]:seg_end[g]]``
-        with values from ``dense_vals[seg_value[g]]`` on. The output is walked
-        chunk by chunk, payload by payload in each, so every element gets its
-        additions in payload order (as the numpy path).
-        """
-        n = weights.size
-        cur = np.empty(n, np.int64)
-        end = np.empty(n, np.int64)
-        seg = np.empty(n, np.int64)
+    Payload k's sparse entries are ``idx/vals[sparse_lo[k]:sparse_hi[k]]``
+    (indices strictly increasing); its dense segments g in
+    ``[seg_lo[k], seg_hi[k])`` (ascending) cover ``acc[seg_start[g]:seg_end[g]]``
+    with values from ``dense_vals[seg_value[g]]`` on. The output is walked
+    chunk by chunk, payload by payload in each, so every element gets its
+    additions in payload order (as the numpy path).
+    """
+    n = weights.size
+    cur = np.empty(n, np.int64)
+    end = np.empty(n, np.int64)
+    seg = np.empty(n, np.int64)
+    for k in range(n):
+        s = sparse_lo[k]
+        e = sparse_hi[k]
+        cur[k] = s + np.searchsorted(idx[s:e], lo)
+        end[k] = s + np.searchsorted(idx[s:e], hi)
+        g = seg_lo[k]
+        while g < seg_hi[k] and seg_end[g] <= lo:
+            g += 1
+        seg[k] = g
+    c0 = lo
+    while c0 < hi:
+        c1 = min(c0 + chunk, hi)
         for k in range(n):
-            s = sparse_lo[k]
-            e = sparse_hi[k]
-            cur[k] = s + np.searchsorted(idx[s:e], lo)
-            end[k] = s + np.searchsorted(idx[s:e], hi)
-            g = seg_lo[k]
-            while g < seg_hi[k] and seg_end[g] <= lo:
+            w = weights[k]
+            j = cur[k]
+            e = end[k]
+            while j < e and idx[j] < c1:
+                acc[idx[j]] += w * vals[j]
+                j += 1
+            cur[k] = j
+            g = seg[k]
+            while g < seg_hi[k] and seg_start[g] < c1:
+                shift = seg_value[g] - seg_start[g]
+                for i in range(max(seg_start[g], c0), min(seg_end[g], c1)):
+                    acc[i] += w * dense_vals[shift + i]
+                if seg_end[g] > c1:
+                    break  # the segment goes on in the next chunk
                 g += 1
             seg[k] = g
-        c0 = lo
-        while c0 < hi:
-            c1 = min(c0 + chunk, hi)
-            for k in range(n):
-                w = weights[k]
-                j = cur[k]
-                e = end[k]
-                while j < e and idx[j] < c1:
-                    acc[idx[j]] += w * vals[j]
-                    j += 1
-                cur[k] = j
-                g = seg[k]
-                while g < seg_hi[k] and seg_start[g] < c1:
-                    shift = seg_value[g] - seg_start[g]
-                    for i in range(max(seg_start[g], c0), min(seg_end[g], c1)):
-                        acc[i] += w * dense_vals[shift + i]
-                    if seg_end[g] > c1:
-                        break  # the segment goes on in the next chunk
-                    g += 1
-                seg[k] = g
-            c0 = c1
+        c0 = c1
 
-    @numba.njit(cache=cache, nogil=True, boundscheck=False)
-    def residual_support(w, u, idx, vals):
-        """Every i with ``float32(w[i] - u[i]) != 0``, ascending, into ``idx``, and that difference
-        into ``vals``; returns how many. One pass where numpy needs a subtraction, a comparison,
-        a scan and a gather over all P entries; branch-free (every entry is written at the next
-        free place, which only a nonzero one keeps): twice as fast as a branch on a sparse support."""
-        c = 0
-        for i in range(w.size):
-            d = w[i] - u[i]  # float32 - float32 rounds in float32, as numpy does
-            idx[c] = i
-            vals[c] = d
-            c += d != 0
-        return c
 
-    c1, c2, s29, s32 = MIX_C1, MIX_C2, MIX_S1, MIX_S2
+@kernel(nogil=True, boundscheck=False)
+def k_residual_support(w, u, idx, vals):
+    """Every i with ``float32(w[i] - u[i]) != 0``, ascending, into ``idx``, and that difference
+    into ``vals``; returns how many. One pass where numpy needs a subtraction, a comparison,
+    a scan and a gather over all P entries; branch-free (every entry is written at the next
+    free place, which only a nonzero one keeps): twice as fast as a branch on a sparse support."""
+    c = 0
+    for i in range(w.size):
+        d = w[i] - u[i]  # float32 - float32 rounds in float32, as numpy does
+        idx[c] = i
+        vals[c] = d
+        c += d != 0
+    return c
 
-    @numba.njit(cache=cache, nogil=True, boundscheck=False)
-    def mix64(i, bits):
-        w = (np.uint64(i) << s32) | np.uint64(bits)
-        w *= c1
-        w ^= w >> s29
-        w *= c2
-        return w ^ (w >> s32)
 
-    @numba.njit(cache=cache, nogil=True, boundscheck=False)
-    def apply_delta(u, ubits, idx, vals, assign):
-        """``u[idx] = u[idx] + vals`` (float32, rounded once) or ``= vals``; returns the change of
-        ``sum_i mix64((i << 32) | bits(u[i]))`` mod 2**64 (replica.py's checksum; ``ubits`` is
-        ``u`` viewed as uint32)."""
-        change = np.uint64(0)
-        for j in range(idx.size):
-            i = idx[j]
-            change -= mix64(i, ubits[i])
-            if assign:
-                u[i] = vals[j]
-            else:
-                u[i] = u[i] + vals[j]
-            change += mix64(i, ubits[i])
-        return change
+c1, c2, s29, s32 = MIX_C1, MIX_C2, MIX_S1, MIX_S2
 
-    f16_zero = np.float32(2.0**-25)  # the largest magnitude that rounds to 0 in float16
-    f16_max = np.float32(65504.0)
 
-    @numba.njit(cache=cache, nogil=True, boundscheck=False)
-    def candidate_downlink(cands, w, u, ubits, offsets, limits, keep, vals, vbits, idx):
-        """ps.ParameterServer's downlink from its candidate set (``_from_candidates``, the float16
-        rounding, the apply to ``u``; ps.py is the reference), bitwise the same.
+@kernel(nogil=True, boundscheck=False)
+def mix64(i, bits):
+    w = (np.uint64(i) << s32) | np.uint64(bits)
+    w *= c1
+    w ^= w >> s29
+    w *= c2
+    return w ^ (w >> s32)
 
-        ``cands``: the candidate indices (repeats allowed). The entries of ``w - u`` among them
-        that do not round to 0 in float16 go to ``keep`` (the next candidate set), ascending.
-        If tensor t has more than ``limits[t]`` of them, returns (FAULT, ...): the selector must
-        choose, the caller scans. Else their float16-rounded non-zero values (``vals``, with
-        ``vbits`` its uint32 view) and indices (``idx``) are added to ``u``: returns (OK, kept,
-        sent, the checksum change mod 2**64)."""
-        c = np.sort(cands)
-        n = 0
-        prev = -1
-        for j in range(c.size):
-            i = c[j]
-            if i == prev:
-                continue
-            prev = i
-            r = w[i] - u[i]
-            if abs(r) > f16_zero:
-                keep[n] = i
-                vals[n] = r
-                n += 1
-        t = 0
-        count = 0  # kept entries of tensor t
-        for j in range(n):
-            while keep[j] >= offsets[t + 1]:
-                if count > limits[t]:
-                    return FAULT, 0, 0, np.uint64(0)
-                count = 0
-                t += 1
-            count += 1
-        if count > limits[t]:
-            return FAULT, 0, 0, np.uint64(0)
-        m = 0
-        for j in range(n):
-            vals[j] = min(max(vals[j], -f16_max), f16_max)
-            h = f16_bits(np.int64(vbits[j]))
-            if h & 0x7FFF == 0:
-                continue  # underflowed to 0: would cost bytes and move nothing
-            vbits[m] = f32_bits(h)
-            idx[m] = keep[j]
-            m += 1
-        return OK, n, m, apply_delta(u, ubits, idx[:m], vals[:m], False)
 
-    return dict(scatter_runs=scatter_runs, residual_support=residual_support, apply_delta=apply_delta,
-                candidate_downlink=candidate_downlink)
+@kernel(nogil=True, boundscheck=False)
+def k_apply_delta(u, ubits, idx, vals, assign):
+    """``u[idx] = u[idx] + vals`` (float32, rounded once) or ``= vals``; returns the change of
+    ``sum_i mix64((i << 32) | bits(u[i]))`` mod 2**64 (replica.py's checksum; ``ubits`` is
+    ``u`` viewed as uint32)."""
+    change = np.uint64(0)
+    for j in range(idx.size):
+        i = idx[j]
+        change -= mix64(i, ubits[i])
+        if assign:
+            u[i] = vals[j]
+        else:
+            u[i] = u[i] + vals[j]
+        change += mix64(i, ubits[i])
+    return change
+
+
+f16_zero = np.float32(2.0**-25)  # the largest magnitude that rounds to 0 in float16
+f16_max = np.float32(65504.0)
+
+
+@kernel(nogil=True, boundscheck=False)
+def k_candidate_downlink(cands, w, u, ubits, offsets, limits, keep, vals, vbits, idx):
+    """ps.ParameterServer's downlink from its candidate set (``_from_candidates``, the float16
+    rounding, the apply to ``u``; ps.py is the reference), bitwise the same.
+
+    ``cands``: the candidate indices (repeats allowed). The entries of ``w - u`` among them
+    that do not round to 0 in float16 go to ``keep`` (the next candidate set), ascending.
+    If tensor t has more than ``limits[t]`` of them, returns (FAULT, ...): the selector must
+    choose, the caller scans. Else their float16-rounded non-zero values (``vals``, with
+    ``vbits`` its uint32 view) and indices (``idx``) are added to ``u``: returns (OK, kept,
+    sent, the checksum change mod 2**64)."""
+    c = np.sort(cands)
+    n = 0
+    prev = -1
+    for j in range(c.size):
+        i = c[j]
+        if i == prev:
+            continue
+        prev = i
+        r = w[i] - u[i]
+        if abs(r) > f16_zero:
+            keep[n] = i
+            vals[n] = r
+            n += 1
+    t = 0
+    count = 0  # kept entries of tensor t
+    for j in range(n):
+        while keep[j] >= offsets[t + 1]:
+            if count > limits[t]:
+                return FAULT, 0, 0, np.uint64(0)
+            count = 0
+            t += 1
+        count += 1
+    if count > limits[t]:
+        return FAULT, 0, 0, np.uint64(0)
+    m = 0
+    for j in range(n):
+        vals[j] = min(max(vals[j], -f16_max), f16_max)
+        h = f16_bits(np.int64(vbits[j]))
+        if h & 0x7FFF == 0:
+            continue  # underflowed to 0: would cost bytes and move nothing
+        vbits[m] = f32_bits(h)
+        idx[m] = keep[j]
+        m += 1
+    return OK, n, m, k_apply_delta(u, ubits, idx[:m], vals[:m], False)
 
 
 def residual_support(w: np.ndarray, u: np.ndarray, idx: np.ndarray, vals: np.ndarray) -> int:

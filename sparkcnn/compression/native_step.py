@@ -14,67 +14,65 @@ from __future__ import annotations
 
 import numpy as np
 
-from .native import kernels
+from .native import kernel, kernels
 
 
-def build(cache: bool) -> dict:
-    """The per-step kernels by name (numba imported here, on first use; see native._compile)."""
-    import numba
+@kernel(nogil=True, boundscheck=False)
+def k_momentum_step(u, v, g, m):
+    """``u = m·u + g; v += u`` in one pass (DGC's momentum correction), rounding the
+    product, then each sum, in float32 as numpy's three passes do."""
+    for i in range(u.size):
+        ui = u[i] * m
+        ui = ui + g[i]
+        u[i] = ui
+        v[i] = v[i] + ui
 
-    @numba.njit(cache=cache, nogil=True, boundscheck=False)
-    def momentum_step(u, v, g, m):
-        """``u = m·u + g; v += u`` in one pass (DGC's momentum correction), rounding the
-        product, then each sum, in float32 as numpy's three passes do."""
-        for i in range(u.size):
-            ui = u[i] * m
-            ui = ui + g[i]
-            u[i] = ui
-            v[i] = v[i] + ui
 
-    @numba.njit(cache=cache, nogil=True, boundscheck=False)
-    def abs_at_least(x, thr, out):
-        """Every i with ``|x[i]| >= thr``, ascending, into ``out``; returns how many."""
-        c = 0
-        for i in range(x.size):
-            if abs(x[i]) >= thr:  # rare (density <= a few %): a branch that predicts well
-                out[c] = i
-                c += 1
-        return c
+@kernel(nogil=True, boundscheck=False)
+def k_abs_at_least(x, thr, out):
+    """Every i with ``|x[i]| >= thr``, ascending, into ``out``; returns how many."""
+    c = 0
+    for i in range(x.size):
+        if abs(x[i]) >= thr:  # rare (density <= a few %): a branch that predicts well
+            out[c] = i
+            c += 1
+    return c
 
-    @numba.njit(cache=cache, nogil=True, boundscheck=False)
-    def velocity_step(w, prev, vel, s):
-        """``vel = (w - prev) · s; prev = w`` in one pass (float32, each operation rounded)."""
-        for i in range(w.size):
-            vel[i] = (w[i] - prev[i]) * s
-            prev[i] = w[i]
 
-    @numba.njit(cache=cache, nogil=True, boundscheck=False)
-    def velocity_step_at(w, prev, vel, s, moving, changed):
-        """velocity_step where the view moved: ``vel[moving] = 0``, then at ``changed``
-        ``vel = (w - prev) · s; prev = w`` (``changed`` may repeat an index: prev moves after)."""
-        for j in range(moving.size):
-            vel[moving[j]] = 0.0
-        for j in range(changed.size):
-            i = changed[j]
-            vel[i] = (w[i] - prev[i]) * s
-        for j in range(changed.size):
-            prev[changed[j]] = w[changed[j]]
+@kernel(nogil=True, boundscheck=False)
+def k_velocity_step(w, prev, vel, s):
+    """``vel = (w - prev) · s; prev = w`` in one pass (float32, each operation rounded)."""
+    for i in range(w.size):
+        vel[i] = (w[i] - prev[i]) * s
+        prev[i] = w[i]
 
-    @numba.njit(cache=cache, nogil=True, boundscheck=False)
-    def axpy_at(a, x, y, out, idx):
-        """axpy at ``idx`` only."""
-        for j in range(idx.size):
-            i = idx[j]
-            out[i] = a * x[i] + y[i]
 
-    @numba.njit(cache=cache, nogil=True, boundscheck=False)
-    def axpy(a, x, y, out):
-        """``out = a·x + y`` in one pass (float32; the product rounded, then the sum: no FMA)."""
-        for i in range(x.size):
-            out[i] = a * x[i] + y[i]
+@kernel(nogil=True, boundscheck=False)
+def k_velocity_step_at(w, prev, vel, s, moving, changed):
+    """velocity_step where the view moved: ``vel[moving] = 0``, then at ``changed``
+    ``vel = (w - prev) · s; prev = w`` (``changed`` may repeat an index: prev moves after)."""
+    for j in range(moving.size):
+        vel[moving[j]] = 0.0
+    for j in range(changed.size):
+        i = changed[j]
+        vel[i] = (w[i] - prev[i]) * s
+    for j in range(changed.size):
+        prev[changed[j]] = w[changed[j]]
 
-    return dict(momentum_step=momentum_step, abs_at_least=abs_at_least, velocity_step=velocity_step,
-                velocity_step_at=velocity_step_at, axpy=axpy, axpy_at=axpy_at)
+
+@kernel(nogil=True, boundscheck=False)
+def k_axpy_at(a, x, y, out, idx):
+    """axpy at ``idx`` only."""
+    for j in range(idx.size):
+        i = idx[j]
+        out[i] = a * x[i] + y[i]
+
+
+@kernel(nogil=True, boundscheck=False)
+def k_axpy(a, x, y, out):
+    """``out = a·x + y`` in one pass (float32; the product rounded, then the sum: no FMA)."""
+    for i in range(x.size):
+        out[i] = a * x[i] + y[i]
 
 
 def momentum_step(u: np.ndarray, v: np.ndarray, g: np.ndarray, m: np.float32) -> None:
