@@ -166,7 +166,8 @@ def test_worker_stops_when_the_server_is_gone(tiny_cfg):
 
 def test_stream_run_in_process(tiny_cfg, tmp_path, monkeypatch):
     """H = 1, sparse both ways: every push applied once, the listener closed, the token nowhere;
-    the task froze the heap before streaming (no full collection walks TF's objects mid-stage)."""
+    the task froze the heap before streaming and the server during the stage (no full collection
+    walks TF's objects mid-stage), and the driver's process collects as before once it is over."""
     import gc
 
     from sparkcnn.train import train
@@ -185,12 +186,18 @@ def test_stream_run_in_process(tiny_cfg, tmp_path, monkeypatch):
         return svc
 
     stream_mod.PSService = spy
+    frozen = []  # objects frozen whenever a push arrives
+    real_push = stream_mod.StreamEngine.push
+    monkeypatch.setattr(stream_mod.StreamEngine, "push",
+                        lambda self, *a: frozen.append(gc.get_freeze_count()) or real_push(self, *a))
     try:
         summary = train(cfg)
     finally:
         stream_mod.PSService = real
     svc = seen["svc"]
-    assert gc.get_freeze_count() > 0
+    import sparkcnn.worker.round as round_mod
+
+    assert round_mod._HEAP_FROZEN and frozen and min(frozen) > 0 and gc.get_freeze_count() == 0
     assert summary["transport"] == "stream" and summary["epochs"] == 2
     assert summary["test_accuracy"] > 0.6
     rounds = [r for r in read_jsonl(os.path.join(summary["run_dir"], "metrics.jsonl")) if r["kind"] == "round"]
@@ -246,13 +253,23 @@ def test_stream_config_is_checked():
 
 
 @pytest.mark.spark
-def test_sync_stream_applies_rounds_together(spark, tiny_cfg):
-    """BSP over the stream: one record per round with every block's push in it, nothing dropped."""
+def test_sync_stream_applies_rounds_together(spark, tiny_cfg, monkeypatch):
+    """BSP over the stream: one record per round with every block's push in it, nothing dropped.
+    The driver's heap is frozen while it serves the stage (its tasks run in other processes),
+    and unfrozen after."""
+    import gc
+
+    import sparkcnn.engine.stream as stream_mod
     from sparkcnn.engine.backend import SparkBackend
     from sparkcnn.train import train
 
+    frozen = []
+    real_push = stream_mod.StreamEngine.push
+    monkeypatch.setattr(stream_mod.StreamEngine, "push",
+                        lambda self, *a: frozen.append(gc.get_freeze_count()) or real_push(self, *a))
     cfg = _cfg(tiny_cfg, engine__mode="sync", train__steps_per_round=4)
     summary = train(cfg, backend=SparkBackend(spark, "t-stream-sync"))
+    assert frozen and min(frozen) > 0 and gc.get_freeze_count() == 0
     rounds = [r for r in read_jsonl(os.path.join(summary["run_dir"], "metrics.jsonl")) if r["kind"] == "round"]
     per_stage = -(-(600 // 32) // 4)  # ceil(18 steps / H) rounds per epoch
     assert len(rounds) == 2 * per_stage and all(r["blocks"] == 2 for r in rounds)

@@ -28,7 +28,9 @@ come back as duplicates and are dropped by their key) and shows every stage. The
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import logging
 import threading
 import time
@@ -67,6 +69,22 @@ class _Session:
         """A message the service refused changed nothing: its sender trains those steps again."""
         with self.engine.lock:
             return self.engine._reply(self, have=-1, retrain=True, refused=why)
+
+
+@contextlib.contextmanager
+def _frozen_heap():
+    """During a stage, the cyclic GC leaves alone what the driver held before it (gc.freeze).
+
+    A full collection walks every object of the process: with Keras and TensorFlow loaded,
+    ~360 k of them, 0.3 s, during which the interpreter lock is held and no push is served
+    (measured under 64 streams: three such pauses in the first 4 s of a stage). Frozen, a
+    collection walks only what the stage made. Unfrozen at the stage's end, so the user's
+    process collects as before."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def stream_task(spec, ticket: StreamTicket, initial: dict):
@@ -357,7 +375,9 @@ class StreamEngine(DriverShorthands):
                 initial, self.initial_states = self.initial_states, {}
                 desc = f"sparkcnn {self.spec.run_id} epoch {e + 1} stream"
                 try:
-                    totals = self.backend.run_stage(stream_task(self.spec, ticket, initial), self.num_blocks, desc)
+                    with _frozen_heap():
+                        totals = self.backend.run_stage(stream_task(self.spec, ticket, initial), self.num_blocks,
+                                                        desc)
                 except BaseException:
                     if self.failure is not None:
                         raise self.failure from None
