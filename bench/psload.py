@@ -18,9 +18,12 @@ not built), over the middle of the run (the first and last 10 % of pushes left o
 ``server_cpu_ms_per_push`` (this process's CPU over the window / pushes in it, the engine's
 handler and Flight's threads; the load generator's CPU is its own, ``client_cpu_ms_per_push``),
 ``bytes_per_push`` each way (the whole messages, downlinks and start replies included),
-``dropped`` (too stale: trained again) and ``refused`` (should be 0).
+``dropped`` (too stale: trained again) and ``refused`` (should be 0). Each case runs ``--reps``
+times (default 5); its figures are the medians of the repetitions' (``each`` keeps theirs), and
+the target is judged on those medians.
 
-    python bench/psload.py [--workers 2 4 8 16 32 64] [--rate 1050] [--pushes 4000] [--quick] [--out F]
+    python bench/psload.py [--workers 2 4 8 16 32 64] [--rate 1050] [--pushes 4000] [--reps 5] [--quick]
+                           [--out F]
 """
 
 from __future__ import annotations
@@ -282,6 +285,24 @@ def run_case(data_src: str, workers: int, pushes: int, rate: float, density: flo
             "service": summary.get("stream"), "exchanges_applied": summary.get("rounds")}
 
 
+def _median_case(reps: list[dict]) -> dict:
+    """One case over its repetitions: each figure the median of the repetitions', each
+    repetition's own figures kept (``repetitions``); counts of drops and refusals summed."""
+    if len(reps) == 1:
+        return {**reps[0], "repetitions": 1}
+    out = dict(reps[-1])
+    for key in ("pushes_per_s", "server_cpu_ms_per_push", "client_cpu_ms_per_push"):
+        out[key] = median([r[key] for r in reps])
+    out["reply_ms"] = {q: median([r["reply_ms"][q] for r in reps]) for q in ("p50", "p99")}
+    out["bytes_per_push"] = {w: median([r["bytes_per_push"][w] for r in reps]) for w in ("up", "down")}
+    for key in ("dropped", "refused", "pushes"):
+        out[key] = sum(r[key] for r in reps)
+    out["repetitions"] = len(reps)
+    out["each"] = [{"pushes_per_s": r["pushes_per_s"], "reply_ms": r["reply_ms"],
+                    "server_cpu_ms_per_push": r["server_cpu_ms_per_push"]} for r in reps]
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64])
@@ -291,7 +312,8 @@ def main() -> int:
     ap.add_argument("--pushes", type=int, default=4000, help="pushes per case")
     ap.add_argument("--density", type=float, default=0.001, help="uplink density of the recorded deltas")
     ap.add_argument("--record", type=int, default=400, help="deltas to record")
-    ap.add_argument("--quick", action="store_true", help="N = 2, 8, 64 and 1,500 pushes per case")
+    ap.add_argument("--reps", type=int, default=5, help="repetitions of each case (its figures are their medians)")
+    ap.add_argument("--quick", action="store_true", help="N = 2, 8, 64, 1,500 pushes and 1 repetition per case")
     ap.add_argument("--out", default=None)
     ap.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -299,10 +321,10 @@ def main() -> int:
         client_main()
         return 0
     if args.quick:
-        args.workers, args.pushes, args.record = [2, 8, 64], 1500, 200
-    if min(args.workers) < 1 or args.pushes < 10 * max(args.workers) or args.rate < 0:
-        print(f"psload: need --workers >= 1, --pushes >= 10 x the most workers ({10 * max(args.workers)}) "
-              f"and --rate >= 0", file=sys.stderr)
+        args.workers, args.pushes, args.record, args.reps = [2, 8, 64], 1500, 200, 1
+    if min(args.workers) < 1 or args.pushes < 10 * max(args.workers) or args.rate < 0 or args.reps < 1:
+        print(f"psload: need --workers >= 1, --pushes >= 10 x the most workers ({10 * max(args.workers)}), "
+              f"--rate >= 0 and --reps >= 1", file=sys.stderr)
         return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     src = ensure_data()
@@ -318,9 +340,10 @@ def main() -> int:
             continue
         for n in args.workers:
             log("N = %d, K = %d, offered %s pushes/s", n, k, args.rate or "unlimited")
-            c = run_case(src, n, args.pushes, args.rate, args.density, path, tmp)
-            log("  %.0f pushes/s, p99 %.1f ms, server CPU %.3f ms/push, dropped %d", c["pushes_per_s"],
-                c["reply_ms"]["p99"], c["server_cpu_ms_per_push"], c["dropped"])
+            c = _median_case([run_case(src, n, args.pushes, args.rate, args.density, path, tmp)
+                              for _ in range(args.reps)])
+            log("  median of %d: %.0f pushes/s, p99 %.1f ms, server CPU %.3f ms/push, dropped %d", args.reps,
+                c["pushes_per_s"], c["reply_ms"]["p99"], c["server_cpu_ms_per_push"], c["dropped"])
             cases.append(c)
             built.append(c)
     one = [c for c in built if c["workers"] == max(args.workers)] or built

@@ -287,6 +287,12 @@ def links_section(ln: dict | None, fig) -> str:
     return "\n".join(x for x in out if x is not None)
 
 
+def _reps_note(cases: list[dict]) -> str:
+    reps = {c.get("repetitions") for c in cases}
+    return f", each figure the median of {_g(reps.pop())} repetitions" if len(reps) == 1 and None not in reps \
+        and max(reps | {1}) > 1 else ""
+
+
 def psload_section(pl: dict | None) -> str:
     """psload.json: the parameter server under N synthetic workers replaying real deltas."""
     out = ["## Parameter server under load", ""]
@@ -303,7 +309,8 @@ def psload_section(pl: dict | None) -> str:
                     "Server CPU per push (ms)", "Load generator CPU per push (ms)", "kB down per push", "Dropped"],
                    body), "",
             f"Target at {_g(t.get('at_workers'))} workers: {_f(t.get('pushes_per_s'), 0)} pushes/s with a reply p99 "
-            f"under {_f(t.get('p99_ms'), 0)} ms: {'holds' if t.get('met') is True else 'does not hold'}. One server process "
+            f"under {_f(t.get('p99_ms'), 0)} ms: {'holds' if t.get('met') is True else 'does not hold'}"
+            f"{_reps_note(cases)}. One server process "
             "(the real stream engine and its Flight service) and one load-generator process share this machine's "
             "cores; the workers replay deltas a real run encoded (uplink density "
             f"{_g(_get(pl, 'density'))}), one push in flight each."]
