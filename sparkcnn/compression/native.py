@@ -16,7 +16,8 @@ differ per process: every process compiled them again, seconds per process,
 and added a cache file each time.) numba checks a cached kernel against its
 own file only: a kernel that calls one of another file is recompiled when
 that file changes only if its own file changes too (an installed package
-changes both). Importing this module, or any of the three, imports nothing heavy. Where numba is missing, or ``SPARKCNN_NATIVE=0``,
+changes both). Importing this module, or any of the three, imports nothing
+heavy. Where numba is missing, or ``SPARKCNN_NATIVE=0``,
 ``enabled()`` is False and the codec, sparse_sum and the other callers keep
 their numpy paths, which are the reference: both paths give bitwise equal results
 (tests/test_codec.py), and on bad input the compiled decoder only reports
