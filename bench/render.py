@@ -289,8 +289,8 @@ def links_section(ln: dict | None, fig) -> str:
 
 def _reps_note(cases: list[dict]) -> str:
     reps = {c.get("repetitions") for c in cases}
-    return f", each figure the median of {_g(reps.pop())} repetitions" if len(reps) == 1 and None not in reps \
-        and max(reps | {1}) > 1 else ""
+    n = reps.pop() if len(reps) == 1 else None
+    return f", each figure the median of {_g(n)} repetitions" if isinstance(n, int) and n > 1 else ""
 
 
 def psload_section(pl: dict | None) -> str:

@@ -103,7 +103,7 @@ def _spec(cls: type) -> tuple[tuple[str, object, bool], ...]:
 
 @functools.lru_cache(maxsize=None)
 def _names(cls: type) -> frozenset[str]:
-    return frozenset(f.name for f in dataclasses.fields(cls))
+    return frozenset(name for name, _, _ in _spec(cls))
 
 
 def _build(cls: type, fields, blobs: list[bytes], used: set[int], where: str):

@@ -67,18 +67,12 @@ def _compile(cache: bool) -> SimpleNamespace:
 
     from . import native_codec, native_server, native_step
 
-    modules = (native_codec, native_server, native_step)
-    jitted = {}
-    for fn, options in _marked:
-        jitted[fn] = numba.njit(cache=cache, **options)(fn)
-    by_name = {}
-    for fn, dispatcher in jitted.items():
-        for module in modules:
-            for name, value in list(vars(module).items()):
-                if value is fn or getattr(value, "py_func", None) is fn:
-                    setattr(module, name, dispatcher)
-        by_name[fn.__name__.removeprefix("k_")] = dispatcher
-    return SimpleNamespace(**by_name)
+    jitted = {fn: numba.njit(cache=cache, **options)(fn) for fn, options in _marked}
+    for module in (native_codec, native_server, native_step):
+        for name, value in list(vars(module).items()):
+            if callable(value) and getattr(value, "py_func", value) in jitted:  # a kernel, or its dispatcher
+                setattr(module, name, jitted[getattr(value, "py_func", value)])
+    return SimpleNamespace(**{fn.__name__.removeprefix("k_"): d for fn, d in jitted.items()})
 
 
 def kernels() -> SimpleNamespace | bool:

@@ -90,12 +90,18 @@ def _owner(bridge: str) -> str | None:
     return out.split(OWNER, 1)[1].split()[0] if OWNER in out else None
 
 
-def _kill_in(ns: str) -> None:
-    for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
+def _delete(made) -> None:
+    """Delete ``("netns" | "link", name)`` items in order; a namespace's processes are killed first."""
+    for kind, name in made:
+        if kind == "netns":
+            for pid in subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+            _ip("netns", "del", name, check=False)
+        else:
+            _ip("link", "del", name, check=False)  # a veth goes with its namespace too
 
 
 def reap_orphans() -> list[int]:
@@ -111,12 +117,8 @@ def reap_orphans() -> list[int]:
         owner = _owner(bridge)
         if owner is not None and _process_identity(int(owner.split(":")[0])) == owner:
             continue
-        for ns in (n for n in _netns_names() if n.startswith(f"{PREFIX}{subnet}h")):
-            _kill_in(ns)
-            _ip("netns", "del", ns, check=False)
-        for link in (n for n in links if n.startswith(f"{PREFIX}{subnet}v")):
-            _ip("link", "del", link, check=False)
-        _ip("link", "del", bridge, check=False)
+        _delete([*(("netns", n) for n in _netns_names() if n.startswith(f"{PREFIX}{subnet}h")),
+                 *(("link", n) for n in links if n.startswith(f"{PREFIX}{subnet}v")), ("link", bridge)])
         log.warning("test bed: deleted the bed on 198.18.%s.0/24 left by a process that is gone (%s)", subnet,
                     owner or "no owner recorded")
         reaped.append(int(subnet))
@@ -275,12 +277,7 @@ class TestBed:
                 cluster.stop()
             except Exception as e:  # the namespaces go below whatever happened here
                 log.warning("test bed: cluster stop: %s", e)
-        for kind, name in reversed(self._made):
-            if kind == "netns":
-                _kill_in(name)
-                _ip("netns", "del", name, check=False)
-            else:
-                _ip("link", "del", name, check=False)  # a veth goes with its namespace too
+        _delete(reversed(self._made))
         self._made = []
         atexit.unregister(self.stop)
 
