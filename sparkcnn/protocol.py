@@ -255,3 +255,54 @@ class StreamTotals:
     last_seq: int            # its last applied exchange
     exposed_comm_s: float    # seconds it waited for replies
     task_s: float            # seconds the whole task took
+
+
+# -- key-range shards of the parameter server (sparkcnn.shards) -----------------------------------
+
+@dataclass(frozen=True)
+class Piece:
+    """A stream task's push, the part of its delta on one shard's range."""
+
+    stream: int              # the coordinator's number of the task's stream
+    ordinal: int             # the push's place on that stream (0, 1, ...), as the coordinator counts
+    have: int                # version of the task's replica (the answer sends the downlinks since)
+    payload: bytes           # codec bytes of S on the shard's range (global indices)
+
+
+@dataclass(frozen=True)
+class PieceRef:
+    """A piece the coordinator accepted, with what its whole push was judged and applied with."""
+
+    stream: int
+    ordinal: int
+    factor: float            # the push's factor: staleness, server scale and 1/N (async)
+    samples: int             # its samples (a BSP round weighs its pieces by them)
+    sumsq: float             # the squared norm the task declared for this piece (the shard checks it)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A piece to answer once the log entry carrying it is applied."""
+
+    stream: int
+    ordinal: int
+    retrain: bool            # its push was dropped or refused: answer with the dense view
+
+
+@dataclass(frozen=True)
+class ShardStep:
+    """One entry of the coordinator's log, applied by every shard in the same order."""
+
+    version: int             # the server version after this entry
+    apply: tuple[PieceRef, ...] = ()   # pieces applied together as one version (none: version unchanged)
+    downlink: float = 0.0    # density of the downlink made after it (0: none)
+    answer: tuple[Answer, ...] = ()
+
+
+@dataclass(frozen=True)
+class ShardReply:
+    """A shard's part of the reply to a push: its range of the weights part (see :class:`Reply`)."""
+
+    dense: bytes             # b"" or float32 values of the range: W (dense downlink) or the view U
+    dense_version: int
+    downlinks: tuple[DownlinkMsg, ...] = ()  # the range's parts; checksum_after: its part of the sum
