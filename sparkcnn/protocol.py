@@ -306,3 +306,28 @@ class ShardReply:
     dense: bytes             # b"" or float32 values of the range: W (dense downlink) or the view U
     dense_version: int
     downlinks: tuple[DownlinkMsg, ...] = ()  # the range's parts; checksum_after: its part of the sum
+
+
+@dataclass(frozen=True)
+class ShardInit:
+    """The coordinator's first message to a shard: the full-length W and U it starts from."""
+
+    W: bytes                 # float32
+    U: bytes                 # float32
+    version: int
+    view_version: int
+
+
+@dataclass(frozen=True)
+class ShardCut:
+    """The coordinator asks for the shard's part of a consistent cut (after every step sent before)."""
+
+
+@dataclass(frozen=True)
+class ShardState:
+    """A shard's part of a consistent cut: its range of W and U, at the versions it reached."""
+
+    W: bytes                 # float32, the range only
+    U: bytes
+    version: int
+    view_version: int

@@ -65,8 +65,8 @@ class _Recorder:
     def __init__(self):
         self.pushes = []
 
-    def open(self, block):
-        rec = self
+    def open(self, hello):
+        rec, block = self, hello["block"]
 
         class Session:
             start = _reply(plan=StreamPlan(seq0=0, first_step=0, steps=1, h=1, expect_state=-1, lookahead=False,

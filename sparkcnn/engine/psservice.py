@@ -75,13 +75,15 @@ class _Server(flight.FlightServerBase):
 
 
 class PSService:
-    """Flight front of a stream engine: ``handler.open(block)`` returns the stream's session,
-    whose ``start`` is the first Reply, ``push(Push) -> Reply`` and ``refused(why) -> Reply``;
-    messages the service refuses never reach ``push``. The session raises :class:`WireError`
-    for a push its plan refuses, before it changes any state."""
+    """Flight front of a stream engine or a shard: ``handler.open(descriptor)`` (the stream's
+    descriptor, a JSON object) returns the stream's session, whose ``start`` is the first reply
+    (None: none), ``accept`` the message classes it takes (default Push; Done ends a stream),
+    ``push(message) -> reply`` (None: no reply) and ``refused(why) -> reply``; messages the
+    service refuses never reach ``push``. The session raises :class:`WireError` for a message
+    its plan refuses, before it changes any state. ``token``: the run's secret (default: a new one)."""
 
-    def __init__(self, host: str, handler, max_message_bytes: int):
-        self.token = secrets.token_urlsafe(32)
+    def __init__(self, host: str, handler, max_message_bytes: int, token: str | None = None):
+        self.token = token or secrets.token_urlsafe(32)
         self.host = host
         self.handler = handler
         self.max_message_bytes = int(max_message_bytes)
@@ -113,15 +115,17 @@ class PSService:
     def serve_stream(self, command: bytes, reader, writer) -> None:
         try:
             hello = json.loads(command)
-            block = hello["block"]
-            if type(block) is not int:
+            if not isinstance(hello, dict):
                 raise TypeError
-            session = self.handler.open(block)
+            session = self.handler.open(hello)
         except (ValueError, KeyError, TypeError):
             self.count("malformed_refused")
             raise flight.FlightServerError("sparkcnn parameter server: bad stream descriptor") from None
         self.count("streams")
-        writer.write_metadata(pa.py_buffer(encode(session.start)))
+        block = hello.get("block")
+        accept = (*getattr(session, "accept", (Push,)), Done)
+        if session.start is not None:
+            writer.write_metadata(pa.py_buffer(encode(session.start)))
         while True:
             try:
                 chunk = reader.read_chunk()
@@ -137,7 +141,7 @@ class PSService:
                 reply = session.refused(f"message of {md.size} bytes over the cap")
             else:
                 try:
-                    msg = decode(md, (Push, Done))
+                    msg = decode(md, accept)
                     if isinstance(msg, Done):
                         return
                     reply = session.push(msg)
@@ -145,7 +149,8 @@ class PSService:
                     self.count("malformed_refused")
                     log.warning("block %s: malformed message refused (%s)", block, e)
                     reply = session.refused(f"malformed message: {e}")
-            writer.write_metadata(pa.py_buffer(encode(reply)))
+            if reply is not None:
+                writer.write_metadata(pa.py_buffer(encode(reply)))
 
     def close(self) -> None:
         if not self._closed:

@@ -164,7 +164,11 @@ class StreamEngine(DriverShorthands):
         self.service: PSService | None = None
 
     # -- the service's handler ----------------------------------------------------------------
-    def open(self, block: int) -> "_Session":
+    def open(self, hello: dict) -> "_Session":
+        """A task's stream, from its descriptor ``{"block": b}`` (KeyError/TypeError: refused)."""
+        block = hello["block"]
+        if type(block) is not int:
+            raise TypeError(block)
         with self.lock:
             plan = self.plans[block]  # a block of no plan: KeyError, the service refuses the stream
             # a rerun barrier stage starts its tasks at Spark attempt 0 again: count the opens
