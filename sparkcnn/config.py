@@ -134,11 +134,14 @@ class PSConfig:
     max_staleness: int = 8      # async: blocks are held back beyond it; a result arriving staler is dropped
                                 # and its steps trained again. The stream raises it to 4 x data.num_blocks
                                 # (its own overlap makes tau about 2-3 at 2 blocks), with a log line
+    shards: int = 1             # stream: processes keeping the weights, each a contiguous range of whole
+                                # tensors (1: the driver alone); the driver still decides every push
 
     def validate(self, p: str) -> None:
         _check(self.staleness in ("auto", "none", "inverse"), f"{p}.staleness", "one of auto, none, inverse",
                self.staleness)
         _check(self.max_staleness >= 1, f"{p}.max_staleness", ">= 1", self.max_staleness)
+        _check(self.shards >= 1, f"{p}.shards", ">= 1", self.shards)
 
 
 @dataclass(frozen=True)
@@ -225,6 +228,7 @@ class ChaosConfig:
                                         # set SPARKCNN_CHAOS_SLOW=<factor> in one worker's environment)
     nan_round: int = -1                 # inject NaN into block 0's delta in this round (-1 = never)
     kill_driver_round: int = -1         # SIGKILL the driver right after this round (-1 = never)
+    kill_shard_round: int = -1          # ps.shards > 1: SIGKILL the last shard right after this round
     hold_every: int = 0                 # block 0 holds the result of every n-th exchange (its first
                                         # try) for hold_s seconds, so that it arrives stale (0 = never)
     hold_s: float = 1.0
@@ -266,6 +270,9 @@ class Config:
             # with lambda = 1/tau; with the lookahead on as well it collapsed to 0.1
             raise BadInput("ps.staleness=none diverges on the async stream at train.steps_per_round > 1 "
                            f"(got {self.train.steps_per_round}): use auto or inverse")
+        if self.ps.shards > 1 and self.engine.transport != "stream":
+            raise BadInput(f"ps.shards={self.ps.shards} needs engine.transport=stream: the jobs transport "
+                           "applies results in the driver")
         return self
 
     def to_dict(self) -> dict:

@@ -149,6 +149,8 @@ class RoundResult:
     first_step: int          # the block's cursor at its first step: it trained steps first_step ..
                              # first_step + steps - 1
     state: dict | None = None  # the block's state arrays, when the order asked for them
+    sumsq: tuple = ()          # stream with shards: ||S_k||^2 of each shard's piece (payload is b"")
+    piece: tuple = ()          # stream with shards: (stream, ordinal), the pieces' key on the shards
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,7 @@ class StreamTicket:
     port: int
     token: str = field(repr=False)   # never logged: the task sends it as a bearer token
     timeout_s: float = 60.0  # a reply slower than this means the server is gone
+    shards: tuple = ()       # ps.shards > 1: (host, port) of each key-range shard, in range order
 
 
 @dataclass(frozen=True)
@@ -185,6 +188,7 @@ class StreamPlan:
     lookahead: bool          # compute at the view extrapolated by the measured staleness
     overlap: bool            # compute exchange t + 1 while push t travels (else wait for its reply)
     attempt: int             # how often this stage's stream was opened for the block before (reruns)
+    stream: int = 0          # the server's number of this stream (its pieces' key on the shards)
 
 
 @dataclass(frozen=True)
@@ -219,8 +223,9 @@ class Push:
     resync: bool             # the replica was reloaded from a dense copy since the last push (counted)
     pid: int                 # the Python worker's process id
     executor: str            # "host:local dir" of the executor
-    payload: bytes           # codec bytes of the sent delta S
+    payload: bytes           # codec bytes of the sent delta S (b"" with shards: its pieces go to them)
     state: tuple[StateArray, ...] = ()  # the block's state after this exchange, when a reply asked
+    sumsq: tuple[float, ...] = ()       # with shards: ||S_k||^2 of each shard's piece (the guard's norm)
 
 
 @dataclass(frozen=True)

@@ -179,3 +179,8 @@ def test_state_is_the_range_and_load_restores_it():
     assert st["W"].tobytes() == W[lo:hi].tobytes() and st["U"].tobytes() == U[lo:hi].tobytes()
     assert (st["version"], st["view_version"]) == (7, 5)
     assert shard.reply(-1).dense == U[lo:hi].tobytes() and shard.reply(5).dense == b""
+    # a restored run's W differs from U everywhere: this shard sends only its own range's residual
+    shard.step(ShardStep(version=7, downlink=0.05))
+    (dl,) = shard.downlinks
+    idx = codec.decode(dl.payload, LAYOUT).indices
+    assert idx.size and lo <= idx.min() and idx.max() < hi

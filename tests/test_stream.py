@@ -327,7 +327,7 @@ def test_listener_closes_when_the_run_fails(tiny_cfg, monkeypatch):
 
 
 def test_lookahead_is_bitwise_the_same_compiled_and_on_numpy():
-    from sparkcnn.worker.stream import _Lookahead
+    from sparkcnn.worker.view import Lookahead
 
     rng = np.random.default_rng(4)
     views = [rng.standard_normal(1000).astype(np.float32)]
@@ -335,7 +335,7 @@ def test_lookahead_is_bitwise_the_same_compiled_and_on_numpy():
         views.append(views[-1] + rng.standard_normal(1000).astype(np.float32) * np.float32(1e-3))
 
     def run():
-        look, out = _Lookahead(), []
+        look, out = Lookahead(), []
         for i, (w, tau) in enumerate(zip(views, [None, 2, 3, 1, 5])):
             look.observe(w, 3 * i, tau)
             out.append(look.weights(w).copy())
@@ -350,7 +350,7 @@ def test_lookahead_follows_sparse_views_in_place_bitwise():
     """Given the indices each reply moved, the lookahead updates velocity and weights there only,
     bitwise the full passes: over sparse moves (some landing where the last ones did), a tau that
     changes, stays or drops to 0, a reply that moves nothing, a dense reload, negative zeros."""
-    from sparkcnn.worker.stream import _Lookahead
+    from sparkcnn.worker.view import Lookahead
 
     rng = np.random.default_rng(6)
     P = 5000
@@ -372,7 +372,7 @@ def test_lookahead_follows_sparse_views_in_place_bitwise():
         steps.append((w, version, [None, 1, 2, 2, 0, 3][i % 6], changed))
 
     def run(sparse: bool):
-        look, out = _Lookahead(), []
+        look, out = Lookahead(), []
         for w, v, tau, changed in steps:
             look.observe(w, v, tau, changed if sparse else None)
             out.append(look.weights(w).copy())
@@ -386,11 +386,11 @@ def test_lookahead_follows_sparse_views_in_place_bitwise():
 def test_lookahead_extrapolates_the_view_by_the_measured_staleness():
     """Delay compensation: a push lands tau versions after its view; the task computes at the view
     moved on by tau versions of the server's measured motion (exact for steady motion)."""
-    from sparkcnn.worker.stream import _Lookahead
+    from sparkcnn.worker.view import Lookahead
 
     rng = np.random.default_rng(2)
     w0, v = rng.standard_normal(50).astype(np.float32), rng.standard_normal(50).astype(np.float32)
-    look = _Lookahead()
+    look = Lookahead()
     look.observe(w0, 4, None)
     assert look.weights(w0) is w0  # no motion seen yet: the view itself
     w1 = w0 + 3 * v  # three versions later

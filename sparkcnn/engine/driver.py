@@ -56,6 +56,7 @@ class RoundDriver:
             value_dtype=spec.value_dtype)
         self.guard = DivergenceGuard(cfg.guard.max_norm_factor, cfg.guard.loss_spike_factor,
                                      loss_samples=cfg.guard.loss_samples, warmup_steps=cfg.guard.warmup_steps)
+        self.shards = None          # ps.shards > 1: the ShardCoordinator the stream engine starts
         self.lr_factor = 1.0        # halved by the guard on a loss spike
         self.density_factor = 1.0   # raised by the guard on a loss spike
         self.counters = dict.fromkeys(COUNTERS, 0)
@@ -81,7 +82,7 @@ class RoundDriver:
 
     @property
     def version(self) -> int:
-        return self.ps.version
+        return self.ps.version if self.shards is None else self.shards.version
 
     # -- schedule ---------------------------------------------------------------------------
     def _warmed_density(self, epoch: float, target: float) -> float:
@@ -130,6 +131,10 @@ class RoundDriver:
         only once the view is that many versions behind (0 entries until then)."""
         if not self.sparse_down:
             return int(self.W.size)
+        if self.shards is not None:  # the shards make it (its entries are theirs to count)
+            if self.shards.version - self.shards.view_version >= every:
+                self.shards.downlink(self.downlink_density(epoch))
+            return 0
         if self.ps.version - self.ps.view_version < every:
             return 0
         dl = self.ps.downlink(self.downlink_density(epoch))
@@ -161,8 +166,11 @@ class RoundDriver:
         """``W −= Σ_k factor·s(lr)·(n_k / Σ n)·S_k`` over the results that decode and pass the guard
         (``s(lr)``: the momentum policy's server scale). Each rejected one is logged and counted."""
         scale = factor * server_scale(self.spec.method, self.spec.momentum_mode, self.spec.per_step, lr)
-        out = apply_deltas(self.ps, [r.payload for r in results], [r.samples for r in results],
-                           [scale] * len(results), guard=self.guard, steps=[r.steps for r in results])
+        if self.shards is not None:  # ps.shards > 1: judged here, applied by the shards
+            out = self.shards.apply(results, scale, self.guard)
+        else:
+            out = apply_deltas(self.ps, [r.payload for r in results], [r.samples for r in results],
+                               [scale] * len(results), guard=self.guard, steps=[r.steps for r in results])
         for k, why in sorted(out.rejected.items()):
             log.error("exchange %s block %s: delta rejected: %s", results[k].seq, results[k].block, why)
         self.counters["rejected_deltas"] += len(out.rejected)
@@ -250,12 +258,16 @@ class RoundDriver:
         return erec
 
     def chaos_kill(self, seq: int) -> None:
-        """Fault drill (``chaos.kill_driver_round``): SIGKILL this driver right after exchange ``seq``."""
-        if self.cfg.chaos.kill_driver_round == seq:
-            import signal
+        """Fault drills: SIGKILL this driver (``chaos.kill_driver_round``), or its last shard
+        process (``chaos.kill_shard_round``), right after exchange ``seq``."""
+        import signal
 
+        if self.cfg.chaos.kill_driver_round == seq:
             log.warning("chaos: SIGKILL of the driver after exchange %s", seq)
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.cfg.chaos.kill_shard_round == seq and self.shards is not None:
+            log.warning("chaos: SIGKILL of shard %s after exchange %s", len(self.shards.procs) - 1, seq)
+            self.shards.procs[-1].proc.kill()
 
     def summary(self, wall_s: float) -> dict:
         h = self.history

@@ -144,9 +144,12 @@ class RangeShard:
                     "version": st["version"], "view_version": st["view_version"]}
 
     def load(self, W: np.ndarray, U: np.ndarray, version: int, view_version: int) -> None:
-        """Restore from full-length W and U (a checkpoint); the downlinks kept are forgotten."""
+        """Restore from full-length W and U (a checkpoint); the downlinks kept are forgotten.
+        Outside the range W is taken as U: a residual there is another shard's to send."""
+        W = np.array(W, np.float32, copy=True)
+        W[:self.lo], W[self.hi:] = U[:self.lo], U[self.hi:]
         with self.cond:
-            self.ps.load_state_dict({"W": np.asarray(W, np.float32), "U": np.asarray(U, np.float32),
+            self.ps.load_state_dict({"W": W, "U": np.asarray(U, np.float32),
                                      "layout": np.asarray(self.layout, np.int64), "version": version,
                                      "view_version": view_version})
             self.outside = outside_checksum(self.ps.U, self.lo, self.hi)

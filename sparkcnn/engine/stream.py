@@ -20,10 +20,16 @@ Checkpoints inside a stage (``checkpoint.every_rounds`` applied exchanges, at mo
 50 times the last one's cost) are consistent cuts: the replies ask every block still
 training for its state; a block's next push carries it, and its reply is held until all
 have arrived, so the server state written holds exactly the pushes up to each block's
-state push. Each block's last push of a stage carries its state too (the epoch-end cut).
-Spark still places, retries (a barrier stage restarts as a whole; pushes already applied
+state push (:mod:`sparkcnn.engine.streamcut`). Each block's last push of a stage carries its
+state too (the epoch-end cut). Spark still places, retries (a barrier stage restarts as a whole; pushes already applied
 come back as duplicates and are dropped by their key) and shows every stage. The service
 (:mod:`sparkcnn.engine.psservice`) is closed when the run ends or fails.
+
+``ps.shards`` > 1: K shard processes keep W and U by key range (:mod:`sparkcnn.shards`). The
+core decides each push from its header as above, and every decision goes to every shard as
+one entry of an ordered log before the lock is released; the shards apply the pieces the
+tasks sent them and answer with their parts of the reply, at the version the log entry left.
+The driver's own W and U are a cut of the shards at each stage's end and each checkpoint.
 """
 
 from __future__ import annotations
@@ -37,14 +43,13 @@ import time
 from collections import deque
 from functools import partial
 
-import numpy as np
-
 from sparkcnn.engine import tasks
 from sparkcnn.engine.driver import DriverShorthands, RoundDriver
 from sparkcnn.engine.exchange import ExchangeCore
 from sparkcnn.engine.psservice import PSService
+from sparkcnn.engine.streamcut import StageCheckpoints
 from sparkcnn.errors import BadInput
-from sparkcnn.protocol import Push, Reply, RoundResult, StreamPlan, StreamTicket, steps_per_epoch
+from sparkcnn.protocol import Answer, Push, Reply, RoundResult, StreamPlan, StreamTicket, steps_per_epoch
 from sparkcnn.staleness import resolve_rule
 from sparkcnn.streamwire import WireError
 
@@ -57,17 +62,28 @@ class _Session:
     """One task's stream: its block and the (lr, density) pairs its replies offered, which its
     pushes must have trained with (another stream, even with the token, cannot change them)."""
 
-    def __init__(self, engine: "StreamEngine", block: int):
-        self.engine, self.block = engine, block
+    def __init__(self, engine: "StreamEngine", block: int, stream: int):
+        self.engine, self.block, self.stream = engine, block, stream
         self.offered: deque = deque(maxlen=4)
         self.start: Reply | None = None
+        self.ordinal = -1       # messages received on this stream, less one (a push's key on the shards)
+        self.counted = False    # the last message was counted by push() (then refused: not again)
+        self.shard_version = -1  # ps.shards > 1: the version the shards answered its last message at
 
     def push(self, p: Push) -> Reply:
-        return self.engine.push(self, p)
+        self.ordinal += 1
+        self.counted = True
+        reply = self.engine.push(self, p)
+        self.counted = False
+        return reply
 
     def refused(self, why: str) -> Reply:
         """A message the service refused changed nothing: its sender trains those steps again."""
+        if not self.counted:
+            self.ordinal += 1
+        self.counted = False
         with self.engine.lock:
+            self.engine._to_shards([(self, True)])
             return self.engine._reply(self, have=-1, retrain=True, refused=why)
 
 
@@ -113,7 +129,7 @@ def check_limits(backend, num_blocks: int, sync: bool) -> None:
                        f"{num_blocks} exceeds the {slots} task slots of this session")
 
 
-class StreamEngine(DriverShorthands):
+class StreamEngine(DriverShorthands, StageCheckpoints):
     """Async (ASGD) or BSP over the streaming transport, through the same exchange core as the jobs transport."""
 
     def __init__(self, cfg, backend, spec, block_rows: dict[int, int], weights, sink=None, progress=None,
@@ -162,6 +178,7 @@ class StreamEngine(DriverShorthands):
         self.ckpt_at, self.ckpt_cost_s, self.ckpt_t = 0, 0.0, 0.0
         self.exposed_s = 0.0
         self.service: PSService | None = None
+        self.streams = 0                      # streams opened in the run (each one's number on the shards)
 
     # -- the service's handler ----------------------------------------------------------------
     def open(self, hello: dict) -> "_Session":
@@ -173,9 +190,11 @@ class StreamEngine(DriverShorthands):
             plan = self.plans[block]  # a block of no plan: KeyError, the service refuses the stream
             # a rerun barrier stage starts its tasks at Spark attempt 0 again: count the opens
             self.opens[block] = self.opens.get(block, 0) + 1
-            session = _Session(self, block)
-            session.start = self._reply(session, have=-1,
-                                        plan=dataclasses.replace(plan, attempt=self.opens[block] - 1))
+            self.streams += 1
+            session = _Session(self, block, self.streams)
+            self._to_shards([(session, True)])  # the shards send the task's first view (its ordinal -1)
+            session.start = self._reply(session, have=-1, plan=dataclasses.replace(
+                plan, attempt=self.opens[block] - 1, stream=self.streams))
             return session
 
     def push(self, session: "_Session", p: Push) -> Reply:
@@ -217,18 +236,34 @@ class StreamEngine(DriverShorthands):
         for a in p.state:
             if a.dtype not in STATE_DTYPES or len(a.data) != 4 * self.W.size:
                 raise WireError(f"Push.state {a.name!r}: expected {self.W.size} float32 values")
+        k = self.cfg.ps.shards
+        if k > 1 and (p.payload or len(p.sumsq) != k):
+            raise WireError(f"Push.sumsq: expected {k} pieces' norms and no payload (ps.shards={k})")
+        if k == 1 and p.sumsq:
+            raise WireError("Push.sumsq: this server has no shards")
 
-    def _result(self, block: int, p: Push) -> RoundResult:
-        return RoundResult(block=block, seq=p.seq, attempt=p.attempt, base_version=p.base_version,
+    def _to_shards(self, answered: list) -> None:
+        """ps.shards > 1: send the shards what the core just decided, and the pushes now answered
+        ((session, retrain) pairs; a session's current ordinal), before the lock is released."""
+        shards = self.driver.shards
+        if shards is not None:
+            shards.step([Answer(s.stream, s.ordinal, retrain) for s, retrain in answered])
+            for s, _ in answered:  # the version they answer at, which the reply must say (a cut may wait)
+                s.shard_version = shards.view_version if self.spec.sparse_downlink else shards.version
+
+    def _result(self, session: "_Session", p: Push) -> RoundResult:
+        return RoundResult(block=session.block, seq=p.seq, attempt=p.attempt, base_version=p.base_version,
                            payload=p.payload, samples=p.samples, steps=p.steps, loss_sum=p.loss_sum,
                            correct=p.correct, nnz=p.nnz, prep_s=0.0, compute_s=p.compute_s, encode_s=0.0,
                            task_s=p.compute_s + p.wait_s, state_reset=p.state_reset, state_stale=False,
                            replica_resync=p.resync, view_bytes=p.down_bytes, pid=p.pid, executor=p.executor,
-                           lr=p.lr, density=p.density, first_step=p.first_step)
+                           lr=p.lr, density=p.density, first_step=p.first_step, sumsq=p.sumsq,
+                           piece=(session.stream, session.ordinal))
 
     def _push_async(self, session: "_Session", p: Push) -> Reply:
         block, t0 = session.block, time.perf_counter()
-        out = self.core.accept(self._result(block, p), pass_end=self.pass_end[block])
+        out = self.core.accept(self._result(session, p), pass_end=self.pass_end[block])
+        self._to_shards([(session, out is not None and out.dropped)])
         if out is None:  # a duplicate
             return self._reply(session, p.have)
         if out.dropped:
@@ -246,15 +281,18 @@ class StreamEngine(DriverShorthands):
         """BSP: the reply waits until every block's push of this round has arrived; the last
         arrival applies them together. A rerun stage's pushes of applied rounds are answered at once."""
         block = session.block
-        if p.seq > self.core.last_seq[block]:
-            self.arrived.setdefault(p.seq, {})[block] = (self._result(block, p), p)
+        if p.seq <= self.core.last_seq[block]:
+            self._to_shards([(session, False)])
+        else:
+            self.arrived.setdefault(p.seq, {})[block] = (self._result(session, p), p, session)
             if len(self.arrived[p.seq]) == self.num_blocks:
                 t0 = time.perf_counter()
                 got = self.arrived.pop(p.seq)
-                out = self.core.accept_round([r for r, _ in got.values()], p.seq,
+                out = self.core.accept_round([r for r, _, _ in got.values()], p.seq,
                                              pass_end=self.pass_end[block])
+                self._to_shards([(s, False) for _, _, s in got.values()])
                 self.tau.update({k: out.tau for k in got})
-                for k, (_, q) in got.items():
+                for k, (_, q, _) in got.items():
                     self._take_state(k, q)
                 self._record(out.record, p, t0)
                 if self.cut is not None and len(self.cut) == self.num_blocks:
@@ -281,6 +319,8 @@ class StreamEngine(DriverShorthands):
         session.offered.append((lr, density))
         head = dict(lr=lr, density=density, tau=self.tau.get(block, 0), retrain=retrain, refused=refused,
                     send_state=self.cut is not None and block not in self.cut, plan=plan)
+        if d.shards is not None:  # the weights part comes from the shards, at the version they answered
+            return Reply(**head, dense=b"", dense_version=session.shard_version)
         if not self.spec.sparse_downlink:
             return Reply(**head, dense=d.W.tobytes(), dense_version=d.version)
         v = d.ps.view_version
@@ -304,51 +344,6 @@ class StreamEngine(DriverShorthands):
             d.progress.round(rec, total)
         d.chaos_kill(rec["round"])
 
-    # -- checkpoints inside a stage -----------------------------------------------------------
-    def _take_state(self, block: int, p: Push) -> None:
-        """Keep the state an applied push carried: the cut's, or its stage's last."""
-        if not p.state:
-            return
-        state = {a.name: np.frombuffer(a.data, np.float32) for a in p.state}
-        if self.cut is not None:
-            self.cut[block] = state
-        if self.core.block_epoch[block] > self.next_epoch:  # its pass of this stage is done
-            self.final_states[block] = state
-
-    def _checkpoint_due(self) -> bool:
-        every = self.cfg.checkpoint.every_rounds
-        return (self.driver.run_dir is not None and every > 0 and self.core.exchanges - self.ckpt_at >= every
-                and time.perf_counter() - self.ckpt_t >= 50 * self.ckpt_cost_s)  # under 2 % of the run
-
-    def _settled(self, block: int) -> bool:
-        """Whether ``block``'s state for the cut is known: it sent it, its stage is done, or it
-        has not pushed in this stage yet (it is where the stage started it)."""
-        c = self.core
-        return block in self.cut or c.block_epoch[block] > self.next_epoch or c.last_seq[block] < self.plans[block].seq0
-
-    def _gather_cut(self) -> None:
-        """Async: hold this block until every block still training has sent its state, then write."""
-        if all(self._settled(k) for k in self.block_rows):
-            self._write_cut()
-            self.cond.notify_all()
-            return
-        cut = self.cut
-        if not self.cond.wait_for(lambda: self.cut is not cut or self.failure is not None,
-                                  timeout=self.cfg.engine.stream_timeout_s):
-            log.warning("checkpoint at exchange %s: blocks %s sent no state in time; skipped",
-                        self.core.exchanges, sorted(set(self.block_rows) - set(cut)))
-            self.cut = None
-            self.cond.notify_all()
-
-    def _write_cut(self) -> None:
-        blocks = {k: self.cut.get(k, self.final_states.get(k, self.stage_states.get(k))) for k in self.block_rows}
-        self.cut = None
-        t0 = time.perf_counter()
-        # no job can run beside the stage: a block whose state did not come restarts from zero (counted)
-        self.save_checkpoint(self.next_epoch, {k: s for k, s in blocks.items() if s is not None}, read=False)
-        self.ckpt_at, self.ckpt_t = self.core.exchanges, time.perf_counter()
-        self.ckpt_cost_s = self.ckpt_t - t0
-
     # -- the loop -----------------------------------------------------------------------------
     def _plan_stage(self) -> None:
         """Each block's share of the next stage, from its cursor. A block that finished this
@@ -370,9 +365,12 @@ class StreamEngine(DriverShorthands):
         t_start = time.perf_counter()
         d = self.driver
         self.service = PSService(self.backend.driver_host(), self, self.max_message_bytes)
-        ticket = StreamTicket(self.service.host, self.service.port, self.service.token,
-                              self.cfg.engine.stream_timeout_s)
         try:
+            if self.cfg.ps.shards > 1:
+                d.shards = self._start_shards()
+            ticket = StreamTicket(self.service.host, self.service.port, self.service.token,
+                                  self.cfg.engine.stream_timeout_s,
+                                  shards=d.shards.locations if d.shards is not None else ())
             while self.next_epoch < self.cfg.train.epochs:
                 e = self.next_epoch
                 self._plan_stage()
@@ -391,6 +389,8 @@ class StreamEngine(DriverShorthands):
                 missing = [k for k in self.block_rows if self.core.block_epoch[k] <= e]
                 if missing:
                     log.warning("epoch %s: blocks %s did not finish their steps", e + 1, missing)
+                if d.shards is not None:  # the driver's W and U, for the evaluation and the checkpoint
+                    d.shards.refresh(d.ps)
                 exposed = sum(t.exposed_comm_s for t in totals)  # the tasks' waits, the last reply's too
                 self.exposed_s += exposed
                 d.write_epoch(e, time.perf_counter() - t_start, on_epoch,
@@ -401,6 +401,9 @@ class StreamEngine(DriverShorthands):
                     self.save_checkpoint(self.next_epoch, self.final_states)
         finally:
             self.service.close()
+            if d.shards is not None:
+                d.shards.close()
+                d.shards = None
         out = d.summary(time.perf_counter() - t_start)
         steps = max(1, sum(r.get("steps", 0) for r in d.history))
         out.update(transport="stream", exposed_comm_ms_per_step=1000 * self.exposed_s / steps,
@@ -408,18 +411,12 @@ class StreamEngine(DriverShorthands):
                    ps_address=f"{self.service.host}:{self.service.port}", ps_peers=sorted(self.service.peer_hosts))
         return out
 
-    # -- checkpoints --------------------------------------------------------------------------
-    def save_checkpoint(self, next_epoch: int, states: dict, read: bool = True) -> str:
-        """The server, the cursors and each block's state (``read``: a state the pushes did not
-        carry is read where the task spilled it, by one small job)."""
-        missing = {k: self.core.last_seq[k] for k in self.block_rows if k not in states}
-        blocks = {**states, **(tasks.block_states(self.backend, self.spec, missing, self.num_blocks) if read else {})}
-        st = {"next_epoch": next_epoch, **self.core.state_dict()}
-        return self.driver.save_checkpoint(self.core.exchanges, st, blocks)
+    def _start_shards(self):
+        """ps.shards > 1: the shard processes, started from the driver's W and U (a restored run's)."""
+        from sparkcnn.engine.shardgroup import ShardCoordinator
 
-    def restore(self, ckpt) -> int:
-        st = self.driver.restore(ckpt)
-        self.next_epoch = int(st["next_epoch"])
-        self.core.load_state_dict(st)
-        self.initial_states = {int(k): v for k, v in ckpt.blocks.items()}
-        return self.next_epoch
+        c, d = self.cfg.compression, self.driver
+        return ShardCoordinator(self.cfg.ps.shards, self.service.host, self.service.token, d.ps,
+                                selector=d.plan.selector, dense_below=c.dense_below, value_dtype=self.spec.value_dtype,
+                                keep_downlinks=d.inline_downlinks, timeout_s=self.cfg.engine.stream_timeout_s,
+                                max_message_bytes=self.max_message_bytes)

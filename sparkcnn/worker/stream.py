@@ -2,7 +2,7 @@
 the driver's parameter server every H steps (H may be 1).
 
     start  <- Reply: StreamPlan (seq0, first step, steps, H) + lr, density + weights (W, or the view U)
-    loop:  keep the block state;  V = replica (extrapolated, _Lookahead);  S = compute(V, next H minibatches)
+    loop:  keep the block state;  V = replica (extrapolated, Lookahead);  S = compute(V, next H minibatches)
            wait for the previous push's reply; apply its downlink to the replica
            reply.retrain (that push was too stale and dropped, or refused): put the block state back
                to what it was before that push, drop the exchange just computed, train the dropped
@@ -15,6 +15,9 @@ while exchange t+1 computes, so each exchange starts from a replica one reply
 old (bounded staleness 1, measured by the server as usual). The time the task
 waits for a reply is the exposed communication, reported per exchange. A push
 carries the block state when a reply asks (a checkpoint) and at the stage's end.
+With ``ps.shards`` > 1 a push's delta travels as one piece per shard, sent to the shards
+before the push (which then carries only their norms) reaches the driver, and the reply's
+weights part is the shards' parts, merged (:mod:`sparkcnn.shards`).
 Nothing here imports Spark.
 """
 
@@ -31,9 +34,21 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import numpy as np
 
 from sparkcnn import blockstore
-from sparkcnn.compression import codec, native
+from sparkcnn.compression import codec
 from sparkcnn.compression.feedback import make_policy
-from sparkcnn.protocol import Done, Push, Reply, StateArray, StreamTicket, StreamTotals, TaskContextInfo, TaskSpec
+from sparkcnn.protocol import (
+    Done,
+    Piece,
+    Push,
+    Reply,
+    ShardReply,
+    StateArray,
+    StreamTicket,
+    StreamTotals,
+    TaskContextInfo,
+    TaskSpec,
+)
+from sparkcnn.shards import shard_ranges, split_delta, sum_squares
 from sparkcnn.streamwire import decode, encode
 from sparkcnn.worker.round import (
     _chaos_hit,
@@ -46,11 +61,9 @@ from sparkcnn.worker.round import (
     local_root,
 )
 from sparkcnn.worker.trainer import get_trainer
+from sparkcnn.worker.view import Lookahead, View
 
 log = logging.getLogger(__name__)
-
-
-FULL_CHECK_EVERY = 64  # replies between full checksums of the replica (each downlink is checked alone)
 
 
 class ServerGone(RuntimeError):
@@ -62,38 +75,62 @@ class _Link:
 
     def __init__(self, ticket: StreamTicket, block: int):
         import pyarrow as pa
-        import pyarrow.flight as flight
 
         self._pa, self.ticket = pa, ticket
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="sparkcnn-push")
-        where = f"{ticket.host}:{ticket.port}"
-        try:
-            self.client = flight.FlightClient(f"grpc+tcp://{where}")
-            opts = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {ticket.token}".encode())])
-            desc = flight.FlightDescriptor.for_command(json.dumps({"block": block}).encode())
-            self.writer, self.reader = self.client.do_exchange(desc, opts)
-        except Exception as e:  # noqa: BLE001 - any failure to reach it means the same to the task
-            raise ServerGone(f"parameter server at {where} unreachable ({type(e).__name__})") from None
+        self.writer, self.reader = self._open(ticket.host, ticket.port, {"block": block})
+        self.shards: list = []  # (writer, reader) of each shard's stream (ps.shards > 1)
+        self.ordinal = -1       # pushes sent (their pieces' key on the shards, with the stream)
+        self.stream = 0
 
-    def _read(self):
+    def _open(self, host: str, port: int, hello: dict):
+        import pyarrow.flight as flight
+
         try:
-            chunk = self.reader.read_chunk()
+            client = flight.FlightClient(f"grpc+tcp://{host}:{port}")
+            opts = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {self.ticket.token}".encode())])
+            desc = flight.FlightDescriptor.for_command(json.dumps(hello).encode())
+            return client.do_exchange(desc, opts)
+        except Exception as e:  # noqa: BLE001 - any failure to reach it means the same to the task
+            raise ServerGone(f"parameter server at {host}:{port} unreachable ({type(e).__name__})") from None
+
+    def _read(self, reader=None, kind=Reply):
+        try:
+            chunk = (reader or self.reader).read_chunk()
         except StopIteration:
             raise ServerGone("the parameter server closed the stream") from None
         except Exception as e:  # noqa: BLE001 - Flight raises per gRPC status; all mean the server is gone
             raise ServerGone(f"parameter server stream failed ({type(e).__name__})") from None
-        return decode(chunk.app_metadata, (Reply,))
+        return decode(chunk.app_metadata, (kind,))
 
     def start(self):
-        return self._wait(self._pool.submit(self._read))
+        """The first Reply (the plan); with shards, and the shards' parts of its weights."""
+        reply = self._wait(self._pool.submit(self._read))
+        if not self.ticket.shards or reply.plan is None:
+            return reply, None
+        self.stream = reply.plan.stream
+        self.shards = [self._open(h, p, {"stream": self.stream}) for h, p in self.ticket.shards]
+        return reply, self._wait(self._pool.submit(self._pieces, [b""] * len(self.shards), -1, -1))
 
-    def send(self, push: Push):
-        """Push on the background thread; returns a future of the reply."""
+    def _pieces(self, payloads: list[bytes], have: int, ordinal: int) -> list[ShardReply]:
+        for (w, _), payload in zip(self.shards, payloads):
+            w.write_metadata(self._pa.py_buffer(encode(Piece(self.stream, ordinal, have, payload))))
+        return [self._read(r, ShardReply) for _, r in self.shards]
+
+    def send(self, push: Push, pieces: list[bytes] = ()):
+        """Push (its pieces first, to the shards) on the background thread; returns a future of
+        the reply and the shards' parts (None without shards)."""
         buf = encode(push)
+        self.ordinal += 1
+        ordinal = self.ordinal
 
         def roundtrip():
+            if self.shards:  # the pieces reach the shards before the push reaches the coordinator
+                for (w, _), payload in zip(self.shards, pieces):
+                    w.write_metadata(self._pa.py_buffer(encode(Piece(self.stream, ordinal, push.have, payload))))
             self.writer.write_metadata(self._pa.py_buffer(buf))
-            return self._read()
+            reply = self._read()
+            return reply, ([self._read(r, ShardReply) for _, r in self.shards] if self.shards else None)
 
         return self._pool.submit(roundtrip)
 
@@ -108,158 +145,14 @@ class _Link:
         return self._wait(fut)
 
     def close(self) -> None:
-        try:
-            self.writer.write_metadata(self._pa.py_buffer(encode(Done())))
-            self.writer.done_writing()
-            self.writer.close()
-        except Exception:  # noqa: BLE001 - closing a stream to a server that is gone
-            pass
+        for writer in [self.writer] + [w for w, _ in self.shards]:
+            try:
+                writer.write_metadata(self._pa.py_buffer(encode(Done())))
+                writer.done_writing()
+                writer.close()
+            except Exception:  # noqa: BLE001 - closing a stream to a server that is gone
+                pass
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-class _View:
-    """The weights this block computes from: W (dense downlink) or a checksummed replica of U."""
-
-    def __init__(self, sparse: bool, layout):
-        from sparkcnn.replica import Replica
-
-        self.sparse, self.layout = sparse, layout
-        self.replica = Replica() if sparse else None
-        self.w: np.ndarray | None = None
-        self.version = 0
-        self.resyncs = 0
-        self.replies = 0
-        self.changed: np.ndarray | None = None  # what the last take moved: indices, or None (all of it)
-
-    def take(self, reply: Reply) -> int:
-        """Apply a reply's weights part; returns the bytes it carried."""
-        from sparkcnn.replica import Downlink
-
-        nbytes = len(reply.dense) + sum(len(m.payload) for m in reply.downlinks)
-        self.changed = _NOTHING
-        if reply.dense:  # W itself, or a dense copy of U (start, resync)
-            self.changed = None
-            w = np.frombuffer(reply.dense, np.float32)
-            if self.sparse:
-                self.replica.load_snapshot(reply.dense_version, w.copy())
-                if reply.plan is None:
-                    self.resyncs += 1
-            else:
-                self.w = w
-            self.version = reply.dense_version
-        if self.sparse and reply.downlinks:
-            dls = [Downlink(m.version, codec.decode(m.payload, self.layout), m.checksum_after, m.base_version,
-                            m.assign) for m in reply.downlinks]
-            # each downlink is checked by its O(nnz) checksum; the full O(P) pass only every
-            # FULL_CHECK_EVERY replies (at H = 1 it would cost ~1 ms of every step)
-            self.replies += 1
-            self.replica.apply(dls, full_check=self.replies % FULL_CHECK_EVERY == 0)
-            self.version = self.replica.version
-            if self.changed is not None:
-                self.changed = np.concatenate([d.delta.indices for d in dls])
-        return nbytes
-
-    @property
-    def weights(self) -> np.ndarray:
-        return self.replica.U if self.sparse else self.w
-
-
-class _Lookahead:
-    """Delay compensation: the weights a step's update will land on, extrapolated.
-
-    With the push of step t in flight while step t+1 computes, a block's update
-    lands ``tau`` server versions after the view it was computed from (the
-    server measures ``tau`` and says it in each reply). Momentum makes the
-    server's motion smooth, so the task computes at
-
-        view + tau · (view − previous view) / (versions between them)
-
-    rather than at the view (measured: at one step per exchange the plain view
-    kept the per-step runs near 0.8, DESIGN §3). ``tau = 0`` is the view itself.
-
-    A sparse view moves only where its downlinks land, so the velocity is zero
-    elsewhere: given the indices a reply moved (``changed``), both the velocity
-    and the extrapolated weights are updated there and where the velocity was
-    non-zero, in O(nnz), bitwise the full passes (each of which cost ~0.25 ms of
-    every step at one step per exchange); ``changed=None`` (a dense copy) runs them.
-    """
-
-    def __init__(self):
-        self.prev: np.ndarray | None = None
-        self.prev_version = -1
-        self.velocity: np.ndarray | None = None
-        self.out: np.ndarray | None = None
-        self.tau = 0
-        self.moving: np.ndarray | None = None  # where the velocity may be non-zero (None: anywhere)
-        self.dirty: np.ndarray | None = None   # where ``out`` is out of date (None: everywhere)
-
-    def observe(self, w: np.ndarray, version: int, tau: int | None, changed: np.ndarray | None = None) -> None:
-        """The view ``w`` at ``version``; ``changed``: the indices moved since the last call (None: any)."""
-        if tau is not None and int(tau) != self.tau:
-            self.tau = int(tau)
-            self._stale(self.moving)
-        if self.prev is None:
-            self.prev, self.prev_version = w.copy(), version
-            return
-        if version <= self.prev_version:
-            if changed is None or changed.size:  # moved, same version: the next motion is measured in full
-                self.moving = None
-                self._stale(changed)
-            return
-        s = np.float32(1.0 / (version - self.prev_version))
-        self.prev_version = version
-        if self.velocity is not None and changed is not None and self.moving is not None:
-            v, p = self.velocity, self.prev
-            self._stale(self.moving)
-            if native.enabled():
-                native.velocity_step_at(w, p, v, s, self.moving, changed)
-            else:
-                v[self.moving] = 0.0  # w == prev there now: (w - prev) · s is +0
-                v[changed] = (w[changed] - p[changed]) * s
-                p[changed] = w[changed]
-            self.moving = changed
-            self._stale(changed)
-            return
-        if self.velocity is None:
-            self.velocity, self.out = np.empty_like(self.prev), np.empty_like(self.prev)
-        if native.enabled():  # one pass instead of three, bitwise the same
-            native.velocity_step(w, self.prev, self.velocity, s)
-        else:
-            np.subtract(w, self.prev, out=self.velocity)
-            self.velocity *= s
-            np.copyto(self.prev, w)
-        self.moving = np.flatnonzero(self.velocity)
-        self.dirty = None
-
-    def _stale(self, idx: np.ndarray | None) -> None:
-        """``out`` must be recomputed at ``idx`` (None: everywhere)."""
-        if self.dirty is None or idx is None or self.dirty.size + idx.size > self.out.size // 4:
-            self.dirty = None  # (a full pass is as cheap)
-        else:
-            self.dirty = np.concatenate([self.dirty, idx])
-
-    def weights(self, w: np.ndarray) -> np.ndarray:
-        """The extrapolated weights (a buffer reused by the next call), or ``w`` itself."""
-        if self.velocity is None or self.tau <= 0:
-            return w
-        a = np.float32(self.tau)
-        if self.dirty is None:
-            if native.enabled():
-                native.axpy(self.tau, self.velocity, w, self.out)
-            else:
-                np.multiply(self.velocity, a, out=self.out)
-                self.out += w
-        else:
-            d = self.dirty
-            if native.enabled():
-                native.axpy_at(a, self.velocity, w, self.out, d)
-            else:
-                self.out[d] = self.velocity[d] * a + w[d]
-        self.dirty = _NOTHING
-        return self.out
-
-
-_NOTHING = np.empty(0, np.int64)
 
 
 def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: int,
@@ -293,13 +186,14 @@ class _BlockStream:
                  initial: dict, ctx: TaskContextInfo):
         self.spec, self.link, self.trainer, self.block = spec, link, trainer, block
         self.images, self.labels = images, labels
-        start = link.start()
+        start, parts = link.start()
         if start.plan is None:
             raise ServerGone(f"the parameter server sent no plan for block {block}")
         self.plan = plan = start.plan
-        self.view = _View(spec.sparse_downlink, spec.layout)
-        self.view.take(start)
-        self.look = _Lookahead() if plan.lookahead else None
+        self.view = View(spec.sparse_downlink, spec.layout)
+        self.view.take(start, parts)
+        self.ranges = shard_ranges(spec.layout, len(link.ticket.shards)) if link.ticket.shards else None
+        self.look = Lookahead() if plan.lookahead else None
         if self.look:
             self.look.observe(self.view.weights, self.view.version, None)
         state, self.reset = _stage_state(spec, plan.expect_state, root, block, initial)
@@ -341,7 +235,11 @@ class _BlockStream:
         t0 = time.perf_counter()
         sent, _, loss_sum, correct, seen = compute(spec, self.trainer, self.policy, None, w, self.images,
                                                    self.labels, batches, self.lr, self.density, live=True)
-        payload = codec.encode(sent, spec.layout, value_dtype=spec.value_dtype)
+        if self.ranges is None:
+            payload = codec.encode(sent, spec.layout, value_dtype=spec.value_dtype)
+        else:  # a piece per shard; the guard's norm is of the values as they travel
+            payload = [codec.encode(p, spec.layout, value_dtype=spec.value_dtype)
+                       for p in split_delta(sent, self.ranges)]
         return (n, before, view.version, self.lr, self.density, sent, payload, loss_sum, correct, seen,
                 time.perf_counter() - t0)
 
@@ -352,10 +250,10 @@ class _BlockStream:
         fut, last, before, left = self.pending
         self.pending = None
         tw = time.perf_counter()
-        reply = self.link.wait(fut)
+        reply, parts = self.link.wait(fut)
         self.wait_s = time.perf_counter() - tw
         self.exposed += self.wait_s
-        self.down_bytes = self.view.take(reply)
+        self.down_bytes = self.view.take(reply, parts)
         if self.look:
             self.look.observe(self.view.weights, self.view.version, reply.tau, self.view.changed)
         self.lr, self.density, self.send_state = reply.lr, reply.density, reply.send_state
@@ -372,16 +270,18 @@ class _BlockStream:
     def _push(self, n, before, base, lr, density, sent, payload, loss_sum, correct, seen, compute_s) -> None:
         spec = self.spec
         final = n == self.left  # the stage's last push carries the block state, as a checkpoint asks
+        pieces = payload if isinstance(payload, list) else []
+        sumsq = tuple(sum_squares(codec.decode(p, spec.layout)) for p in pieces)
         push = Push(seq=self.seq, first_step=self.step, steps=n, samples=seen, base_version=base,
                     have=self.view.version, attempt=self.attempt, lr=lr, density=density, loss_sum=loss_sum,
                     correct=correct, nnz=int(sent.nnz), compute_s=compute_s, wait_s=self.wait_s,
                     down_bytes=self.down_bytes, state_reset=self.reset, resync=self.view.resyncs > self.resyncs_sent,
-                    pid=os.getpid(), executor=self.executor, payload=payload,
-                    state=_state_arrays(self.state()) if self.send_state or final else ())
+                    pid=os.getpid(), executor=self.executor, payload=b"" if pieces else payload,
+                    state=_state_arrays(self.state()) if self.send_state or final else (), sumsq=sumsq)
         self.resyncs_sent = self.view.resyncs
         if _hold_hit(spec, self.block, self.seq, self.attempt, self.held):  # chaos: this push arrives stale
             time.sleep(spec.chaos_hold_s)
-        self.pending = (self.link.send(push), push, before, self.left)
+        self.pending = (self.link.send(push, pieces), push, before, self.left)
         if self.attempt == 0 and _chaos_hit(spec, self.seq, self.block, 1, spec.chaos_kill_p):
             self.link.wait(self.pending[0])  # the push has landed: its retry must be a duplicate
             log.warning("chaos: killing the Python worker (block %s exchange %s)", self.block, self.seq)
