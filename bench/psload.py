@@ -12,11 +12,14 @@ density, and trains a dropped push "again" by sending the next recorded delta fo
 steps. With ``--rate R`` the workers together offer R pushes/s (each at R/N, a push no
 earlier than its slot); ``--rate 0`` sends as fast as replies come.
 
-For each N (``--workers``) and K (``--shards``; only K = 1 exists, other K are reported as
-not built), over the middle of the run (the first and last 10 % of pushes left out):
-``pushes_per_s`` sustained, ``reply_ms`` p50/p99 (push sent to reply read, at the worker),
-``server_cpu_ms_per_push`` (this process's CPU over the window / pushes in it, the engine's
-handler and Flight's threads; the load generator's CPU is its own, ``client_cpu_ms_per_push``),
+For each N (``--workers``) and K (``--shards``: ``ps.shards``; with K > 1 each worker sends
+its recorded delta as one piece per shard, split beforehand, and merges nothing: it follows
+the version the replies name), over the middle of the run (the first and last 10 % of
+pushes left out): ``pushes_per_s`` sustained, ``reply_ms`` p50/p99 (push sent to reply read,
+at the worker), ``server_cpu_ms_per_push`` (the CPU of this process, the engine's handler and
+Flight's threads, plus that of the shard processes, over the window / pushes in it; apart:
+``coordinator_cpu_ms_per_push`` and ``shard_cpu_ms_per_push``, one per shard; the load
+generator's CPU is its own, ``client_cpu_ms_per_push``),
 ``bytes_per_push`` each way (the whole messages, downlinks and start replies included),
 ``dropped`` (too stale: trained again) and ``refused`` (should be 0). Each case runs ``--reps``
 times (default 5); its figures are the medians of the repetitions' (``each`` keeps theirs), and
@@ -100,29 +103,54 @@ def read_deltas(path: str) -> list[dict]:
 
 
 # -- the load generator (a child process) ----------------------------------------------------------
+def _split(deltas: list[dict], layout: list[int], k: int, value_dtype: str) -> None:
+    """K > 1: each recorded delta's pieces (codec bytes per shard) and their squared norms."""
+    from sparkcnn.compression import codec
+    from sparkcnn.shards import shard_ranges, split_delta, sum_squares
+
+    ranges = shard_ranges(layout, k)
+    for d in deltas:
+        whole = codec.decode(d["payload"], layout)
+        pieces = [codec.encode(p, layout, value_dtype=value_dtype) for p in split_delta(whole, ranges)]
+        d["pieces"] = pieces
+        d["sumsq"] = tuple(sum_squares(codec.decode(p, layout)) for p in pieces)
+
+
 def _worker(ticket: dict, block: int, n: int, deltas: list[dict], interval: float, t_start: float,
             out: dict) -> None:
     import pyarrow as pa
     import pyarrow.flight as flight
 
-    from sparkcnn.protocol import Done, Push, Reply
+    from sparkcnn.protocol import Done, Piece, Push, Reply, ShardReply
     from sparkcnn.streamwire import decode, encode
 
-    client = flight.FlightClient(f"grpc+tcp://{ticket['host']}:{ticket['port']}")
     opts = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {ticket['token']}".encode())])
-    writer, reader = client.do_exchange(flight.FlightDescriptor.for_command(json.dumps({"block": block}).encode()),
-                                        opts)
 
+    def stream(host, port, hello):
+        client = flight.FlightClient(f"grpc+tcp://{host}:{port}")
+        return client, *client.do_exchange(flight.FlightDescriptor.for_command(json.dumps(hello).encode()), opts)
+
+    client, writer, reader = stream(ticket["host"], ticket["port"], {"block": block})
     got = {"down": 0, "up": 0}
 
-    def read() -> Reply:
-        md = reader.read_chunk().app_metadata
+    def read(r=None, kind=Reply):
+        md = (r or reader).read_chunk().app_metadata
         got["down"] += md.size
-        return decode(md, (Reply,))
+        return decode(md, (kind,))
+
+    def send(w, msg):
+        buf = encode(msg)
+        got["up"] += len(buf)
+        w.write_metadata(pa.py_buffer(buf))
 
     reply = read()
     plan = reply.plan
     have = reply.dense_version
+    shards = [stream(h, p, {"stream": plan.stream}) for h, p in ticket.get("shards", ())]
+    for _, w, _ in shards:  # the first view's pieces
+        send(w, Piece(plan.stream, -1, -1, b""))
+    for _, _, r in shards:
+        read(r, ShardReply)
     seq, step, left = plan.seq0, plan.first_step, plan.steps
     sent = dropped = refused = 0
     lat: list[tuple[float, float]] = []  # (send time, reply seconds)
@@ -137,16 +165,20 @@ def _worker(ticket: dict, block: int, n: int, deltas: list[dict], interval: floa
         push = Push(seq=seq, first_step=step, steps=1, samples=BATCH, base_version=have, have=have, attempt=0,
                     lr=reply.lr, density=reply.density, loss_sum=d["loss_sum"] * BATCH / d["samples"],
                     correct=min(BATCH, d["correct"]), nnz=d["nnz"], compute_s=0.02, wait_s=0.0, down_bytes=0,
-                    state_reset=False, resync=False, pid=os.getpid(), executor="psload:0", payload=d["payload"],
-                    state=())
-        buf = encode(push)
-        got["up"] += len(buf)
+                    state_reset=False, resync=False, pid=os.getpid(), executor="psload:0",
+                    payload=b"" if shards else d["payload"], state=(), sumsq=d["sumsq"] if shards else ())
         t0 = time.perf_counter()
-        writer.write_metadata(pa.py_buffer(buf))
+        for (_, w, _), piece in zip(shards, d.get("pieces", ())):  # the pieces first, as a task sends them
+            send(w, Piece(plan.stream, sent, have, piece))
+        send(writer, push)
         reply = read()
+        for _, _, r in shards:
+            read(r, ShardReply)
         lat.append((t0, time.perf_counter() - t0))
         sent += 1
-        if reply.dense:
+        if shards:  # the shards' parts bring a replica to the version the reply names
+            have = reply.dense_version
+        elif reply.dense:
             have = reply.dense_version
         elif reply.downlinks:
             have = reply.downlinks[-1].version
@@ -156,15 +188,16 @@ def _worker(ticket: dict, block: int, n: int, deltas: list[dict], interval: floa
             dropped += 1
             continue
         seq, step, left = seq + 1, step + 1, left - 1
-    writer.write_metadata(pa.py_buffer(encode(Done())))
-    writer.done_writing()
-    try:
-        reader.read_chunk()
-    except StopIteration:
-        pass
-    except Exception:  # noqa: BLE001 - the server ends the call once Done is read
-        pass
-    writer.close()
+    for _, w, r in [(client, writer, reader), *shards]:
+        w.write_metadata(pa.py_buffer(encode(Done())))
+        w.done_writing()
+        try:
+            r.read_chunk()
+        except StopIteration:
+            pass
+        except Exception:  # noqa: BLE001 - the server ends the call once Done is read
+            pass
+        w.close()
     out[block] = {"lat": lat, "sent": sent, "dropped": dropped, "refused": refused, **got}
 
 
@@ -173,6 +206,8 @@ def client_main() -> None:
     prints one JSON line of per-push send times and reply latencies."""
     job = json.loads(sys.stdin.read())
     deltas = read_deltas(job["deltas"])
+    if job["ticket"].get("shards"):
+        _split(deltas, job["layout"], len(job["ticket"]["shards"]), job["value_dtype"])
     n = len(job["blocks"])
     n_all = job["workers"]
     interval = n_all / job["rate"] if job["rate"] > 0 else 0.0
@@ -192,10 +227,13 @@ def client_main() -> None:
 
 # -- the server side -------------------------------------------------------------------------------
 class _Marks:
-    """(time, process CPU) after every push the engine answers."""
+    """(time, process CPU) after every push the engine answers; and, with shards, each shard
+    process's CPU sampled every 50 ms on a thread (read at a time by interpolation)."""
 
     def __init__(self, engine):
         self.rows: list[tuple[float, float]] = []
+        self.shard_rows: list[tuple[float, list[float]]] = []
+        self.engine, self._stop = engine, threading.Event()
         real = engine.push
 
         def push(session, p):
@@ -205,6 +243,37 @@ class _Marks:
                 self.rows.append((time.perf_counter(), time.process_time()))
 
         engine.push = push
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        while not self._stop.wait(0.05):
+            shards = self.engine.driver.shards
+            if shards is None:
+                continue
+            cpu = []
+            for p in shards.procs:
+                try:
+                    with open(f"/proc/{p.proc.pid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    cpu.append((int(fields[11]) + int(fields[12])) / tick)
+                except (OSError, IndexError, ValueError):
+                    cpu = []
+                    break
+            if cpu:
+                self.shard_rows.append((time.perf_counter(), cpu))
+
+    def shard_cpu(self, t: float) -> list[float]:
+        """Each shard's CPU seconds at ``t`` (linear between the samples around it)."""
+        self._stop.set()
+        rows = self.shard_rows
+        if not rows:
+            return []
+        after = next((i for i, (ti, _) in enumerate(rows) if ti >= t), len(rows) - 1)
+        (t0, a), (t1, b) = rows[max(0, after - 1)], rows[after]
+        f = 0.0 if t1 <= t0 else min(1.0, max(0.0, (t - t0) / (t1 - t0)))
+        return [x + f * (y - x) for x, y in zip(a, b)]
 
 
 def _load_backend(deltas_path: str, rate: float):
@@ -222,7 +291,11 @@ def _load_backend(deltas_path: str, rate: float):
             env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
             procs = max(1, -(-universe // PER_PROCESS))
             t_start = time.perf_counter() + 2.0  # after every process has opened its streams
-            jobs = [{"ticket": {"host": svc.host, "port": svc.port, "token": svc.token}, "workers": universe,
+            shards = self.engine.driver.shards
+            ticket = {"host": svc.host, "port": svc.port, "token": svc.token,
+                      "shards": list(shards.locations) if shards is not None else []}
+            jobs = [{"ticket": ticket, "workers": universe, "layout": list(self.engine.spec.layout),
+                     "value_dtype": self.engine.spec.value_dtype,
                      "blocks": list(range(i, universe, procs)), "rate": rate, "deltas": deltas_path,
                      "t_start": t_start} for i in range(procs)]
             ps = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--client"], stdin=subprocess.PIPE,
@@ -251,7 +324,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def run_case(data_src: str, workers: int, pushes: int, rate: float, density: float, deltas_path: str,
-             out_dir: str) -> dict:
+             out_dir: str, shards: int = 1) -> dict:
     from sparkcnn import config
     from sparkcnn.train import build_engine
 
@@ -259,7 +332,8 @@ def run_case(data_src: str, workers: int, pushes: int, rate: float, density: flo
     data = slice_data(data_src, rows, 500)
     cfg = config.load(None, [f"data.path={data}", f"run.out_dir={out_dir}", f"run.name=psload-{workers}",
                              f"data.num_blocks={workers}", f"train.batch_size={BATCH}", "train.epochs=1",
-                             f"compression.density={density}", "checkpoint.every_rounds=0", *SETTINGS])
+                             f"compression.density={density}", "checkpoint.every_rounds=0", f"ps.shards={shards}",
+                             *SETTINGS])
     backend = _load_backend(deltas_path, rate)(f"psload-{workers}")
     engine, _ = build_engine(cfg, backend, f"psload-{workers}")
     backend.engine = engine
@@ -272,10 +346,15 @@ def run_case(data_src: str, workers: int, pushes: int, rate: float, density: flo
     window = (t_lo, t_hi)
     lat = [ms for w in client["workers"].values() for t, ms in w["lat"] if window[0] <= t <= window[1]]
     sent = sum(w["sent"] for w in client["workers"].values())
-    return {"workers": workers, "shards": 1, "offered_pushes_per_s": rate or None, "pushes": n,
+    shard_ms = [1000 * (b - a) / (hi - lo) for a, b in zip(marks.shard_cpu(t_lo), marks.shard_cpu(t_hi))]
+    if shards > 1 and len(shard_ms) != shards:
+        raise RuntimeError("psload: the shard processes' CPU could not be read")
+    coordinator_ms = 1000 * (c_hi - c_lo) / (hi - lo)
+    return {"workers": workers, "shards": shards, "offered_pushes_per_s": rate or None, "pushes": n,
             "pushes_per_s": (hi - lo) / (t_hi - t_lo),
             "reply_ms": {"p50": 1000 * _pct(lat, 0.5), "p99": 1000 * _pct(lat, 0.99)},
-            "server_cpu_ms_per_push": 1000 * (c_hi - c_lo) / (hi - lo),
+            "server_cpu_ms_per_push": coordinator_ms + sum(shard_ms),
+            "coordinator_cpu_ms_per_push": coordinator_ms, "shard_cpu_ms_per_push": shard_ms,
             "client_cpu_ms_per_push": 1000 * client["cpu_s"] / max(1, sent), "client_processes": client["processes"],
             "bytes_per_push": {way: sum(w[way] for w in client["workers"].values()) / max(1, sent)
                                for way in ("up", "down")},
@@ -291,8 +370,9 @@ def _median_case(reps: list[dict]) -> dict:
     if len(reps) == 1:
         return {**reps[0], "repetitions": 1}
     out = dict(reps[-1])
-    for key in ("pushes_per_s", "server_cpu_ms_per_push", "client_cpu_ms_per_push"):
+    for key in ("pushes_per_s", "server_cpu_ms_per_push", "client_cpu_ms_per_push", "coordinator_cpu_ms_per_push"):
         out[key] = median([r[key] for r in reps])
+    out["shard_cpu_ms_per_push"] = [median(x) for x in zip(*(r["shard_cpu_ms_per_push"] for r in reps))]
     out["reply_ms"] = {q: median([r["reply_ms"][q] for r in reps]) for q in ("p50", "p99")}
     out["bytes_per_push"] = {w: median([r["bytes_per_push"][w] for r in reps]) for w in ("up", "down")}
     for key in ("dropped", "refused", "pushes"):
@@ -333,25 +413,27 @@ def main() -> int:
     deltas = record_deltas(slice_data(src, 2 * args.record * 32, 500), args.density, args.record, tmp)
     path = os.path.join(tmp, "deltas.bin")
     write_deltas(deltas, path)
-    cases, built = [], []
+    cases = []
     for k in args.shards:
-        if k != 1:
-            cases.append({"shards": k, "error": "ps.shards > 1 is not built yet"})
-            continue
         for n in args.workers:
             log("N = %d, K = %d, offered %s pushes/s", n, k, args.rate or "unlimited")
-            c = _median_case([run_case(src, n, args.pushes, args.rate, args.density, path, tmp)
+            c = _median_case([run_case(src, n, args.pushes, args.rate, args.density, path, tmp, k)
                               for _ in range(args.reps)])
             log("  median of %d: %.0f pushes/s, p99 %.1f ms, server CPU %.3f ms/push, dropped %d", args.reps,
                 c["pushes_per_s"], c["reply_ms"]["p99"], c["server_cpu_ms_per_push"], c["dropped"])
             cases.append(c)
-            built.append(c)
-    one = [c for c in built if c["workers"] == max(args.workers)] or built
+    one = [c for c in cases if c["workers"] == max(args.workers) and c["shards"] == 1] or cases
+    # K shards against one, at each N: this machine's 2 cores leave no core free for a shard,
+    # so the question here is whether K = 2 loses anything
+    by = {(c["shards"], c["workers"]): c for c in cases}
+    against_one = {f"K={k} N={n}": {"pushes_per_s": by[k, n]["pushes_per_s"] / by[1, n]["pushes_per_s"],
+                                    "p99_ms": by[k, n]["reply_ms"]["p99"] / max(1e-9, by[1, n]["reply_ms"]["p99"])}
+                   for k, n in by if k > 1 and (1, n) in by}
     met = bool(one) and all(c["pushes_per_s"] >= TARGET_PUSHES_PER_S and c["reply_ms"]["p99"] < TARGET_P99_MS
                             and c["refused"] == 0 for c in one)
     emit({"bench": "psload", "model": "fmnist_cnn", "settings": SETTINGS, "density": args.density,
           "recorded_deltas": len(deltas), "median_payload_bytes": median([len(d["payload"]) for d in deltas]),
-          "cases": cases,
+          "cases": cases, "shards_against_one": against_one,
           "target": {"pushes_per_s": TARGET_PUSHES_PER_S, "p99_ms": TARGET_P99_MS, "at_workers": max(args.workers),
                      "met": met}}, args.out)
     return 0 if met else 1
