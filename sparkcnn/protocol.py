@@ -282,7 +282,8 @@ class PieceRef:
     ordinal: int
     factor: float            # the push's factor: staleness, server scale and 1/N (async)
     samples: int             # its samples (a BSP round weighs its pieces by them)
-    sumsq: float             # the squared norm the task declared for this piece (the shard checks it)
+    sumsq: tuple[float, ...]  # the squared norms the task declared for its pieces (shard j checks
+                              # the j-th): one log entry serves every shard
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ def test_shards_follow_one_server_bitwise(value_dtype, k):
     ref = ParameterServer(w0, LAYOUT, density_down=0.05, sparsifier=Sparsifier("threshold", 1000),
                           value_dtype=value_dtype)
     shards = [RangeShard(lo, hi, w0, LAYOUT, density_down=0.05, dense_below=1000, value_dtype=value_dtype,
-                         timeout_s=5) for lo, hi in ranges]
+                         index=j, timeout_s=5) for j, (lo, hi) in enumerate(ranges)]
     replica = Replica()
     replica.load_snapshot(0, w0)
     ordinal = 0
@@ -83,7 +83,7 @@ def test_shards_follow_one_server_bitwise(value_dtype, k):
             pieces = _pieces(d, ranges, value_dtype)
             for j, payload in enumerate(pieces):
                 per_shard[j].append(Piece(stream=1, ordinal=ordinal, have=replica.version, payload=payload))
-            refs.append([PieceRef(1, ordinal, f, s, sum_squares(codec.decode(pl, LAYOUT))) for pl in pieces])
+            refs.append(PieceRef(1, ordinal, f, s, tuple(sum_squares(codec.decode(pl, LAYOUT)) for pl in pieces)))
             answers.append(Answer(1, ordinal, retrain=False))
             ordinal += 1
         replies = []
@@ -93,7 +93,7 @@ def test_shards_follow_one_server_bitwise(value_dtype, k):
                        for p in per_shard[j]]
             for th in threads:  # the pieces arrive before their log entry, each on its own stream
                 th.start()
-            shard.step(ShardStep(version=ref.version, apply=tuple(r[j] for r in refs), downlink=0.05,
+            shard.step(ShardStep(version=ref.version, apply=tuple(refs), downlink=0.05,
                                  answer=tuple(answers)))
             for th in threads:
                 th.join(5)
@@ -146,7 +146,7 @@ def test_a_shard_refuses_to_drift_from_the_log():
     th = threading.Thread(target=send)
     th.start()
     with pytest.raises(ShardDisagrees, match="declared"):
-        shard.step(ShardStep(version=1, apply=(PieceRef(1, 0, 1.0, 64, 4 * sum_squares(d)),),
+        shard.step(ShardStep(version=1, apply=(PieceRef(1, 0, 1.0, 64, (4 * sum_squares(d),)),),
                              answer=(Answer(1, 0, False),)))
     th.join(5)
     assert "declared" in out["error"] and shard.ps.version == 0
@@ -155,7 +155,7 @@ def test_a_shard_refuses_to_drift_from_the_log():
     th = threading.Thread(target=lambda: pytest.raises(ShardDisagrees, other.piece, Piece(1, 0, 0, payload)))
     th.start()
     with pytest.raises(ShardDisagrees, match="version 1, the log at 2"):
-        other.step(ShardStep(version=2, apply=(PieceRef(1, 0, 1.0, 64, sum_squares(d)),),
+        other.step(ShardStep(version=2, apply=(PieceRef(1, 0, 1.0, 64, (sum_squares(d),)),),
                              answer=(Answer(1, 0, False),)))
     th.join(5)
 
@@ -164,7 +164,7 @@ def test_a_log_entry_whose_piece_never_comes_times_out_naming_it():
     P = sum(LAYOUT)
     shard = RangeShard(0, P, np.zeros(P, np.float32), LAYOUT, density_down=None, timeout_s=0.2)
     with pytest.raises(TimeoutError, match=r"pieces \[\(4, 9\)\] of version 1"):
-        shard.step(ShardStep(version=1, apply=(PieceRef(4, 9, 1.0, 64, 0.0),)))
+        shard.step(ShardStep(version=1, apply=(PieceRef(4, 9, 1.0, 64, (0.0,)),)))
 
 
 def test_state_is_the_range_and_load_restores_it():

@@ -35,8 +35,8 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _start(token, lo, hi):
-    return ShardProcess("127.0.0.1", token, lo, hi, LAYOUT, density_down=0.05, selector="threshold",
+def _start(token, lo, hi, index=0):
+    return ShardProcess("127.0.0.1", token, index, lo, hi, LAYOUT, density_down=0.05, selector="threshold",
                         dense_below=1000, value_dtype="float16", keep_downlinks=8, timeout_s=10,
                         max_message_bytes=1 << 22)
 
@@ -56,7 +56,7 @@ def test_two_shard_processes_keep_one_servers_weights_bitwise():
     ranges = shard_ranges(LAYOUT, 2)
     ref = ParameterServer(w0, LAYOUT, density_down=0.05, sparsifier=Sparsifier("threshold", 1000),
                           value_dtype="float16")
-    shards = [_start(token, lo, hi) for lo, hi in ranges]
+    shards = [_start(token, lo, hi, j) for j, (lo, hi) in enumerate(ranges)]
     streams = []
     try:
         for s in shards:
@@ -71,8 +71,8 @@ def test_two_shard_processes_keep_one_servers_weights_bitwise():
             pieces = [codec.encode(p, LAYOUT, value_dtype="float16") for p in split_delta(d, ranges)]
             for (client, writer, reader), payload in zip(streams, pieces):
                 writer.write_metadata(pa.py_buffer(encode(Piece(stream=5, ordinal=t, have=t, payload=payload))))
-            for s, payload in zip(shards, pieces):
-                ref_piece = PieceRef(5, t, factor, 64, sum_squares(codec.decode(payload, LAYOUT)))
+            ref_piece = PieceRef(5, t, factor, 64, tuple(sum_squares(codec.decode(p, LAYOUT)) for p in pieces))
+            for s in shards:
                 s.send(ShardStep(version=t + 1, apply=(ref_piece,), downlink=0.05, answer=(Answer(5, t, False),)))
             for client, writer, reader in streams:
                 reply = decode(reader.read_chunk().app_metadata, (ShardReply,))

@@ -95,8 +95,14 @@ def _apply_one(ps: ParameterServer, payload: bytes, k: int, factor: float, guard
     why = guard.check_norm(values_norm(delta.values), steps) if guard is not None else None
     if why is not None:
         return Applied((), {k: str(why)})
+    apply_decoded(ps, delta, factor)
+    return Applied((k,), {})
+
+
+def apply_decoded(ps: ParameterServer, delta, factor: float) -> None:
+    """``W -= float32(factor) · delta`` for one decoded payload: in place when sparse, bitwise the
+    dense subtraction (what :func:`apply_deltas` does with a lone payload)."""
     if delta.nnz * SPARSE_APPLY_BELOW < ps.W.size:
         ps.apply(delta, scale=float(np.float32(factor)))
     else:
         ps.apply(delta.to_dense() * np.float32(factor))
-    return Applied((k,), {})

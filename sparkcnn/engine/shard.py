@@ -22,7 +22,8 @@ import numpy as np
 
 from sparkcnn.compression import codec
 from sparkcnn.compression.sparsify import Sparsifier
-from sparkcnn.engine.apply import apply_deltas
+from sparkcnn.engine.apply import apply_decoded, apply_deltas
+from sparkcnn.errors import CodecError
 from sparkcnn.protocol import DownlinkMsg, Piece, ShardReply, ShardStep
 from sparkcnn.ps import ParameterServer
 from sparkcnn.shards import outside_checksum, range_checksum, sum_squares
@@ -37,10 +38,10 @@ class ShardDisagrees(RuntimeError):
 class RangeShard:
     """W and U of the flat range ``[lo, hi)`` (full-length vectors; only the range moves)."""
 
-    def __init__(self, lo: int, hi: int, weights: np.ndarray, layout, *, density_down: float | None,
+    def __init__(self, lo: int, hi: int, weights: np.ndarray, layout, *, density_down: float | None, index: int = 0,
                  selector: str = "threshold", dense_below: int = 16384, value_dtype: str = "float32",
                  keep_downlinks: int = 8, timeout_s: float = 60.0):
-        self.lo, self.hi = int(lo), int(hi)
+        self.lo, self.hi, self.index = int(lo), int(hi), int(index)  # index: its place among the shards
         self.layout, self.value_dtype = tuple(layout), value_dtype
         self.sparse_down = density_down is not None
         self.ps = ParameterServer(np.array(weights, np.float32, copy=True), self.layout,
@@ -91,12 +92,11 @@ class RangeShard:
             raise TimeoutError(f"shard [{self.lo}, {self.hi}): pieces {missing} of version {e.version} never came")
         if e.apply:
             payloads = [self.pieces[(r.stream, r.ordinal)].payload for r in e.apply]
-            for r, payload in zip(e.apply, payloads):
-                self._check_norm(r, payload)
-            out = apply_deltas(self.ps, payloads, [r.samples for r in e.apply], [r.factor for r in e.apply])
-            if out.rejected:
-                raise ShardDisagrees(f"shard [{self.lo}, {self.hi}): a piece the coordinator accepted does not "
-                                     f"decode: {next(iter(out.rejected.values()))}")
+            deltas = [self._checked(r, payload) for r, payload in zip(e.apply, payloads)]
+            if len(deltas) == 1:  # decoded once: what apply_deltas does with a lone payload
+                apply_decoded(self.ps, deltas[0], e.apply[0].factor)
+            else:
+                apply_deltas(self.ps, payloads, [r.samples for r in e.apply], [r.factor for r in e.apply])
         if self.ps.version != e.version:
             raise ShardDisagrees(f"shard [{self.lo}, {self.hi}) is at version {self.ps.version}, the log at "
                                  f"{e.version}")
@@ -106,10 +106,16 @@ class RangeShard:
             have = -1 if a.retrain else self.pieces[(a.stream, a.ordinal)].have
             self.replies[(a.stream, a.ordinal)] = self.reply(have)
 
-    def _check_norm(self, r, payload: bytes) -> None:
-        got = sum_squares(codec.decode(payload, self.layout))
-        if not math.isclose(got, r.sumsq, rel_tol=SUMSQ_RTOL, abs_tol=1e-30):
-            raise ShardDisagrees(f"piece {(r.stream, r.ordinal)}: squared norm {got:.6g}, declared {r.sumsq:.6g}")
+    def _checked(self, r, payload: bytes):
+        """The piece decoded, its squared norm the one the coordinator's guard judged."""
+        try:
+            delta = codec.decode(payload, self.layout)
+        except CodecError as err:
+            raise ShardDisagrees(f"piece {(r.stream, r.ordinal)} was accepted but does not decode: {err}") from None
+        got, declared = sum_squares(delta), r.sumsq[self.index]
+        if not math.isclose(got, declared, rel_tol=SUMSQ_RTOL, abs_tol=1e-30):
+            raise ShardDisagrees(f"piece {(r.stream, r.ordinal)}: squared norm {got:.6g}, declared {declared:.6g}")
+        return delta
 
     def _downlink(self, density: float) -> None:
         dl = self.ps.downlink(density)

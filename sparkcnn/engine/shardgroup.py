@@ -25,6 +25,7 @@ from sparkcnn.engine.apply import Applied
 from sparkcnn.engine.shardservice import ShardProcess
 from sparkcnn.protocol import Answer, PieceRef, RoundResult, ShardInit, ShardStep
 from sparkcnn.shards import shard_ranges
+from sparkcnn.streamwire import encode
 
 
 class ShardCoordinator:
@@ -33,8 +34,8 @@ class ShardCoordinator:
         self.ranges = shard_ranges(ps.layout, k)
         self.procs: list[ShardProcess] = []
         try:
-            for lo, hi in self.ranges:
-                self.procs.append(ShardProcess(host, token, lo, hi, ps.layout, density_down=ps.density_down,
+            for j, (lo, hi) in enumerate(self.ranges):
+                self.procs.append(ShardProcess(host, token, j, lo, hi, ps.layout, density_down=ps.density_down,
                                                selector=selector, dense_below=dense_below, value_dtype=value_dtype,
                                                keep_downlinks=keep_downlinks, timeout_s=timeout_s,
                                                max_message_bytes=max_message_bytes))
@@ -78,13 +79,15 @@ class ShardCoordinator:
             self._down = float(density)
 
     def step(self, answers: list[Answer]) -> None:
-        """Send what was decided since the last step, with ``answers``, to every shard."""
+        """Send what was decided since the last step, with ``answers``, to every shard (one
+        message, encoded once)."""
         apply, self._apply = self._apply, []
         down, self._down = self._down, 0.0
-        for j, p in enumerate(self.procs):
-            refs = tuple(PieceRef(stream=r.piece[0], ordinal=r.piece[1], factor=f, samples=r.samples,
-                                  sumsq=r.sumsq[j]) for r, f in apply)
-            p.send(ShardStep(version=self.version, apply=refs, downlink=down, answer=tuple(answers)))
+        refs = tuple(PieceRef(stream=r.piece[0], ordinal=r.piece[1], factor=f, samples=r.samples, sumsq=r.sumsq)
+                     for r, f in apply)
+        buf = encode(ShardStep(version=self.version, apply=refs, downlink=down, answer=tuple(answers)))
+        for p in self.procs:
+            p.send_bytes(buf)
 
     def refresh(self, ps) -> None:
         """The driver's W and U from a cut of every shard, after every step sent so far."""

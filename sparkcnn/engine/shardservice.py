@@ -2,7 +2,7 @@
 driver's address with the run's token, and the coordinator's handle on it.
 
     python -m sparkcnn.engine.shardservice
-    stdin    one JSON line (host, token, lo, hi, layout, density_down, selector, dense_below,
+    stdin    one JSON line (host, token, index, lo, hi, layout, density_down, selector, dense_below,
              value_dtype, keep_downlinks, timeout_s, max_message_bytes); then nothing until the
              coordinator is gone: at EOF the shard closes and exits, so a driver that dies,
              even by SIGKILL, leaves no shard behind
@@ -91,7 +91,7 @@ class _Handler:
 def main() -> int:
     cfg = json.loads(sys.stdin.readline())
     n = sum(cfg["layout"])
-    shard = RangeShard(cfg["lo"], cfg["hi"], np.zeros(n, np.float32), cfg["layout"],
+    shard = RangeShard(cfg["lo"], cfg["hi"], np.zeros(n, np.float32), cfg["layout"], index=cfg["index"],
                        density_down=cfg["density_down"], selector=cfg["selector"], dense_below=cfg["dense_below"],
                        value_dtype=cfg["value_dtype"], keep_downlinks=cfg["keep_downlinks"],
                        timeout_s=cfg["timeout_s"])
@@ -113,7 +113,7 @@ def main() -> int:
 class ShardProcess:
     """The coordinator's handle on one shard process: start, the log, cuts, close."""
 
-    def __init__(self, host: str, token: str, lo: int, hi: int, layout, *, density_down: float | None,
+    def __init__(self, host: str, token: str, index: int, lo: int, hi: int, layout, *, density_down: float | None,
                  selector: str, dense_below: int, value_dtype: str, keep_downlinks: int, timeout_s: float,
                  max_message_bytes: int):
         import pyarrow as pa
@@ -122,7 +122,7 @@ class ShardProcess:
         self._pa, self.host, self.lo, self.hi, self.timeout_s = pa, host, lo, hi, timeout_s
         self.proc = subprocess.Popen([sys.executable, "-m", "sparkcnn.engine.shardservice"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
-        cfg = dict(host=host, token=token, lo=lo, hi=hi, layout=list(layout), density_down=density_down,
+        cfg = dict(host=host, token=token, index=index, lo=lo, hi=hi, layout=list(layout), density_down=density_down,
                    selector=selector, dense_below=dense_below, value_dtype=value_dtype,
                    keep_downlinks=keep_downlinks, timeout_s=timeout_s, max_message_bytes=max_message_bytes)
         self.proc.stdin.write(json.dumps(cfg) + "\n")
@@ -144,8 +144,12 @@ class ShardProcess:
 
     def send(self, msg) -> None:
         """ShardInit or ShardStep, in log order."""
+        self.send_bytes(encode(msg))
+
+    def send_bytes(self, buf: bytes) -> None:
+        """An encoded ShardStep (the same bytes for every shard)."""
         with self.lock:
-            self.writer.write_metadata(self._pa.py_buffer(encode(msg)))
+            self.writer.write_metadata(self._pa.py_buffer(buf))
 
     def cut(self) -> ShardState:
         """The shard's part of a cut, after every step sent before."""
