@@ -361,7 +361,8 @@ def run_case(data_src: str, workers: int, pushes: int, rate: float, density: flo
             "dropped": sum(w["dropped"] for w in client["workers"].values()),
             "stale_dropped": summary.get("stale_dropped"),
             "refused": sum(w["refused"] for w in client["workers"].values()),
-            "service": summary.get("stream"), "exchanges_applied": summary.get("rounds")}
+            "service": summary.get("stream"), "exchanges_applied": summary.get("rounds"),
+            "layout": list(engine.spec.layout)}
 
 
 def _median_case(reps: list[dict]) -> dict:
@@ -422,6 +423,7 @@ def main() -> int:
             log("  median of %d: %.0f pushes/s, p99 %.1f ms, server CPU %.3f ms/push, dropped %d", args.reps,
                 c["pushes_per_s"], c["reply_ms"]["p99"], c["server_cpu_ms_per_push"], c["dropped"])
             cases.append(c)
+    layout = [c.pop("layout") for c in cases][-1]
     one = [c for c in cases if c["workers"] == max(args.workers) and c["shards"] == 1] or cases
     # K shards against one, at each N: this machine's 2 cores leave no core free for a shard,
     # so the question here is whether K = 2 loses anything
@@ -432,7 +434,8 @@ def main() -> int:
     met = bool(one) and all(c["pushes_per_s"] >= TARGET_PUSHES_PER_S and c["reply_ms"]["p99"] < TARGET_P99_MS
                             and c["refused"] == 0 for c in one)
     emit({"bench": "psload", "model": "fmnist_cnn", "settings": SETTINGS, "density": args.density,
-          "recorded_deltas": len(deltas), "median_payload_bytes": median([len(d["payload"]) for d in deltas]),
+          "recorded_deltas": len(deltas), "layout": layout,
+          "median_payload_bytes": median([len(d["payload"]) for d in deltas]),
           "cases": cases, "shards_against_one": against_one,
           "target": {"pushes_per_s": TARGET_PUSHES_PER_S, "p99_ms": TARGET_P99_MS, "at_workers": max(args.workers),
                      "met": met}}, args.out)

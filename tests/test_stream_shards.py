@@ -46,13 +46,17 @@ def _final_weights(run_dir: str) -> np.ndarray:
     return load_checkpoint(run_dir).arrays["W"]
 
 
-def test_shards_keep_one_servers_weights_in_process(tiny_cfg):
+@pytest.mark.parametrize("both_ways", ["sparse", "dense"])
+def test_shards_keep_one_servers_weights_in_process(tiny_cfg, both_ways):
     """In process (blocks in turn: the same order of pushes on every run), 2 and 3 shards end on
-    bitwise the weights of the driver alone, every push applied once, no shard process left."""
+    bitwise the weights of the driver alone, every push applied once, no shard process left;
+    sparse both ways (the shards' parts of each downlink merged) and dense both ways (each
+    reply's W, in ranges)."""
     from sparkcnn.train import train
 
+    dense = dict(compression__method="none", compression__density_down=0.0) if both_ways == "dense" else {}
     before = set(_shard_pids())
-    runs = {k: train(_cfg(tiny_cfg, engine__master="inprocess", ps__shards=k)) for k in (1, 2, 3)}
+    runs = {k: train(_cfg(tiny_cfg, engine__master="inprocess", ps__shards=k, **dense)) for k in (1, 2, 3)}
     assert set(_shard_pids()) <= before
     weights = {k: _final_weights(s["run_dir"]) for k, s in runs.items()}
     assert weights[2].tobytes() == weights[1].tobytes() and weights[3].tobytes() == weights[1].tobytes()
