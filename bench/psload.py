@@ -387,7 +387,7 @@ def _median_case(reps: list[dict]) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64])
-    ap.add_argument("--shards", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4], help="ps.shards of each case (--quick: 1 2)")
     ap.add_argument("--rate", type=float, default=OFFERED, help="pushes/s offered by all workers (0: "
                     "as fast as replies come)")
     ap.add_argument("--pushes", type=int, default=4000, help="pushes per case")
@@ -402,7 +402,7 @@ def main() -> int:
         client_main()
         return 0
     if args.quick:
-        args.workers, args.pushes, args.record, args.reps = [2, 8, 64], 1500, 200, 1
+        args.workers, args.pushes, args.record, args.reps, args.shards = [2, 8, 64], 1500, 200, 1, [1, 2]
     if min(args.workers) < 1 or args.pushes < 10 * max(args.workers) or args.rate < 0 or args.reps < 1:
         print(f"psload: need --workers >= 1, --pushes >= 10 x the most workers ({10 * max(args.workers)}), "
               f"--rate >= 0 and --reps >= 1", file=sys.stderr)

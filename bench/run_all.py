@@ -68,6 +68,8 @@ def benchmarks(quick: bool, seeds: int) -> dict[str, list[str]]:
         "costmodel": ["costmodel.py", *q],
         "links": ["links.py"],  # needs root for its test bed of separate hosts (exits 2 without)
         "psload": ["psload.py", *q],
+        # the per-step speed-up with K shards, predicted from the two above ({out}: this run's folder)
+        "shardmodel": ["shardmodel.py", "--psload", "{out}/psload.json", "--throughput", "{out}/throughput.json"],
     }
     if quick:  # each starts a standalone cluster: 2.4 and 4 of the 14 minutes every --quick form took
         del plan["balance"], plan["costmodel"], plan["links"]
@@ -108,7 +110,7 @@ def archive_older() -> list[str]:
 
 def run_one(name: str, argv: list[str], out: str) -> dict:
     """``python bench/<argv>`` with stdout into ``<out>/<name>.json`` (kept only when it is one JSON object)."""
-    cmd = [sys.executable, os.path.join("bench", argv[0]), *argv[1:]]
+    cmd = [sys.executable, os.path.join("bench", argv[0]), *(a.replace("{out}", out) for a in argv[1:])]
     log("%s: %s", name, " ".join(cmd[1:]))
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
