@@ -18,6 +18,7 @@ released, so every shard sees the log in the order the core decided it.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -33,15 +34,17 @@ class ShardCoordinator:
                  keep_downlinks: int, timeout_s: float, max_message_bytes: int):
         self.ranges = shard_ranges(ps.layout, k)
         self.procs: list[ShardProcess] = []
-        try:
-            for j, (lo, hi) in enumerate(self.ranges):
-                self.procs.append(ShardProcess(host, token, j, lo, hi, ps.layout, density_down=ps.density_down,
-                                               selector=selector, dense_below=dense_below, value_dtype=value_dtype,
-                                               keep_downlinks=keep_downlinks, timeout_s=timeout_s,
-                                               max_message_bytes=max_message_bytes))
-        except BaseException:
+        with ThreadPoolExecutor(k, thread_name_prefix="sparkcnn-shard-start") as pool:  # they start at once
+            started = [pool.submit(ShardProcess, host, token, j, lo, hi, ps.layout, density_down=ps.density_down,
+                                   selector=selector, dense_below=dense_below, value_dtype=value_dtype,
+                                   keep_downlinks=keep_downlinks, timeout_s=timeout_s,
+                                   max_message_bytes=max_message_bytes)
+                       for j, (lo, hi) in enumerate(self.ranges)]
+        failed = [f.exception() for f in started if f.exception() is not None]
+        self.procs = [f.result() for f in started if f.exception() is None]
+        if failed:
             self.close()
-            raise
+            raise failed[0]
         self.version, self.view_version = ps.version, ps.view_version
         init = ShardInit(W=ps.W.tobytes(), U=ps.U.tobytes(), version=ps.version, view_version=ps.view_version)
         for p in self.procs:
