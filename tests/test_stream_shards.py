@@ -48,23 +48,24 @@ def _final_weights(run_dir: str) -> np.ndarray:
 
 @pytest.mark.parametrize("both_ways", ["sparse", "dense"])
 def test_shards_keep_one_servers_weights_in_process(tiny_cfg, both_ways):
-    """In process (blocks in turn: the same order of pushes on every run), 2 and 3 shards end on
-    bitwise the weights of the driver alone, every push applied once, no shard process left;
+    """In process (blocks in turn: the same order of pushes on every run), 3 shards (ranges of
+    unequal size) end on bitwise the weights of the driver alone, every push applied once, no
+    shard process left;
     sparse both ways (the shards' parts of each downlink merged) and dense both ways (each
     reply's W, in ranges)."""
     from sparkcnn.train import train
 
     dense = dict(compression__method="none", compression__density_down=0.0) if both_ways == "dense" else {}
     before = set(_shard_pids())
-    runs = {k: train(_cfg(tiny_cfg, engine__master="inprocess", ps__shards=k, **dense)) for k in (1, 2, 3)}
+    runs = {k: train(_cfg(tiny_cfg, engine__master="inprocess", ps__shards=k, **dense)) for k in (1, 3)}
     assert set(_shard_pids()) <= before
     weights = {k: _final_weights(s["run_dir"]) for k, s in runs.items()}
-    assert weights[2].tobytes() == weights[1].tobytes() and weights[3].tobytes() == weights[1].tobytes()
+    assert weights[3].tobytes() == weights[1].tobytes()
     for s in runs.values():
         rounds = [r for r in read_jsonl(os.path.join(s["run_dir"], "metrics.jsonl")) if r["kind"] == "round"]
         assert len({(r["block"], r["seq"]) for r in rounds}) == len(rounds)
         assert sum(r["samples"] for r in rounds) == 2 * 2 * (ROWS_PER_BLOCK // 32) * 32
-    assert runs[2]["test_accuracy"] == runs[1]["test_accuracy"] > 0.6
+    assert runs[3]["test_accuracy"] == runs[1]["test_accuracy"] > 0.6
 
 
 @pytest.mark.spark
