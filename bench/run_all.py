@@ -110,7 +110,8 @@ def archive_older() -> list[str]:
 
 def run_one(name: str, argv: list[str], out: str) -> dict:
     """``python bench/<argv>`` with stdout into ``<out>/<name>.json`` (kept only when it is one JSON object)."""
-    cmd = [sys.executable, os.path.join("bench", argv[0]), *(a.replace("{out}", out) for a in argv[1:])]
+    here = os.path.relpath(out, ROOT) if os.path.abspath(out).startswith(ROOT + os.sep) else out  # in the record
+    cmd = [sys.executable, os.path.join("bench", argv[0]), *(a.replace("{out}", here) for a in argv[1:])]
     log("%s: %s", name, " ".join(cmd[1:]))
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
