@@ -111,12 +111,17 @@ def test_shards_follow_one_server_bitwise(value_dtype, k):
     assert replica.U.tobytes() == ref.U.tobytes()
 
 
-def test_a_dropped_push_is_answered_with_the_dense_view_and_moves_nothing():
-    rng = np.random.default_rng(1)
+def _one_of_two(seed: int, which: int):
+    """(rng, P, w0, lo, hi, shard): shard ``which`` of 2 over random weights."""
+    rng = np.random.default_rng(seed)
     P = sum(LAYOUT)
     w0 = rng.standard_normal(P).astype(np.float32)
-    lo, hi = shard_ranges(LAYOUT, 2)[1]
-    shard = RangeShard(lo, hi, w0, LAYOUT, density_down=0.05, timeout_s=5)
+    lo, hi = shard_ranges(LAYOUT, 2)[which]
+    return rng, P, w0, lo, hi, RangeShard(lo, hi, w0, LAYOUT, density_down=0.05, timeout_s=5)
+
+
+def test_a_dropped_push_is_answered_with_the_dense_view_and_moves_nothing():
+    rng, P, w0, lo, hi, shard = _one_of_two(1, 1)
     payload = _pieces(_delta(rng, P, 100), ((0, lo), (lo, hi)), "float32")[1]
     out = {}
     th = threading.Thread(target=lambda: out.setdefault("r", shard.piece(Piece(3, 0, 0, payload))))
@@ -168,11 +173,7 @@ def test_a_log_entry_whose_piece_never_comes_times_out_naming_it():
 
 
 def test_state_is_the_range_and_load_restores_it():
-    rng = np.random.default_rng(3)
-    P = sum(LAYOUT)
-    w0 = rng.standard_normal(P).astype(np.float32)
-    lo, hi = shard_ranges(LAYOUT, 2)[0]
-    shard = RangeShard(lo, hi, w0, LAYOUT, density_down=0.05, timeout_s=5)
+    _, _, w0, lo, hi, shard = _one_of_two(3, 0)
     W, U = w0 + 1, w0 + 2
     shard.load(W, U, 7, 5)
     st = shard.state()

@@ -113,9 +113,12 @@ class _Link:
         return reply, self._wait(self._pool.submit(self._pieces, [b""] * len(self.shards), -1, -1))
 
     def _pieces(self, payloads: list[bytes], have: int, ordinal: int) -> list[ShardReply]:
+        self._write_pieces(payloads, have, ordinal)
+        return [self._read(r, ShardReply) for _, r in self.shards]
+
+    def _write_pieces(self, payloads, have: int, ordinal: int) -> None:
         for (w, _), payload in zip(self.shards, payloads):
             w.write_metadata(self._pa.py_buffer(encode(Piece(self.stream, ordinal, have, payload))))
-        return [self._read(r, ShardReply) for _, r in self.shards]
 
     def send(self, push: Push, pieces: list[bytes] = ()):
         """Push (its pieces first, to the shards) on the background thread; returns a future of
@@ -126,8 +129,7 @@ class _Link:
 
         def roundtrip():
             if self.shards:  # the pieces reach the shards before the push reaches the coordinator
-                for (w, _), payload in zip(self.shards, pieces):
-                    w.write_metadata(self._pa.py_buffer(encode(Piece(self.stream, ordinal, push.have, payload))))
+                self._write_pieces(pieces, push.have, ordinal)
             self.writer.write_metadata(self._pa.py_buffer(buf))
             reply = self._read()
             return reply, ([self._read(r, ShardReply) for _, r in self.shards] if self.shards else None)
