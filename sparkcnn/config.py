@@ -144,6 +144,9 @@ class PSConfig:
         _check(self.shards >= 1, f"{p}.shards", ">= 1", self.shards)
 
 
+TRANSPORTS = ("auto", "jobs", "stream")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     mode: str = "sync"          # sync (one treeAggregate job per round) | async (ASGD)
@@ -151,8 +154,9 @@ class EngineConfig:
     pipeline: bool = False      # sync: compute round t+1 while the driver applies round t
     tree_depth: int = 2         # treeAggregate depth
     threads: int = 0            # async: jobs in flight, fixed; 0 = live executor slots (load monitor)
-    transport: str = "jobs"     # jobs (a Spark job per exchange) | stream (a barrier task per block and
-                                # epoch exchanging with the driver's parameter-server service)
+    transport: str = "auto"     # jobs (a Spark job per exchange) | stream (a barrier task per block and
+                                # epoch exchanging with the driver's parameter-server service) | auto
+                                # (jobs on a classic session, stream on Spark Connect)
     stream_timeout_s: float = 60.0  # stream: a task gives up when the server does not answer this long
     max_message_bytes: int = 0  # stream: larger messages are refused unread; 0 = 8 x parameters + 1 MiB
 
@@ -160,7 +164,7 @@ class EngineConfig:
         _check(self.mode in ("sync", "async"), f"{p}.mode", "one of sync, async", self.mode)
         _check(self.tree_depth >= 1, f"{p}.tree_depth", ">= 1", self.tree_depth)
         _check(self.threads >= 0, f"{p}.threads", ">= 0", self.threads)
-        _check(self.transport in ("jobs", "stream"), f"{p}.transport", "one of jobs, stream", self.transport)
+        _check(self.transport in TRANSPORTS, f"{p}.transport", "one of " + ", ".join(TRANSPORTS), self.transport)
         _check(self.stream_timeout_s > 0, f"{p}.stream_timeout_s", "> 0", self.stream_timeout_s)
         _check(self.max_message_bytes >= 0, f"{p}.max_message_bytes", ">= 0", self.max_message_bytes)
 

@@ -120,7 +120,8 @@ class _ClassifierParams(_SparkCNNParams, HasLabelCol, HasSeed):
     engineMode = Param(Params._dummy(), "engineMode", "sync | async (engine.mode)",
                        typeConverter=TypeConverters.toString)
     transport = Param(Params._dummy(), "transport",
-                      "jobs (a Spark job per exchange; classic sessions) | stream (engine.transport)",
+                      "auto (default: jobs on a classic session, stream on Spark Connect) | jobs (a Spark job "
+                      "per exchange; classic sessions) | stream (engine.transport)",
                       typeConverter=TypeConverters.toString)
     numBlocks = Param(Params._dummy(), "numBlocks", "data blocks = Spark partitions (data.num_blocks)",
                       typeConverter=TypeConverters.toInt)
@@ -177,14 +178,11 @@ class SparkCNNClassifier(Estimator, _ClassifierParams, DefaultParamsReadable, De
     def _fit(self, dataset) -> "SparkCNNModel":
         import sparkcnn
         from sparkcnn import config
-        from sparkcnn.engine.session import require_classic
 
         image_col, label_col = self.getFeaturesCol(), self.getLabelCol()
         overrides = [*self.config_overrides(), f"data.image_col={json.dumps(image_col)}",
                      f"data.label_col={json.dumps(label_col)}"]
         cfg = config.load(self.getOrDefault(self.configFile) or None, overrides)
-        if getattr(cfg.engine, "transport", "jobs") == "jobs":
-            require_classic(dataset.sparkSession)  # before any work: Connect has no RDDs for the jobs
         for name in (image_col, label_col):
             if name not in dataset.columns:
                 raise BadInput(f"SparkCNNClassifier: column {name!r} not found "

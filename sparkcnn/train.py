@@ -65,18 +65,38 @@ def set_flat_weights(model, flat: np.ndarray) -> None:
 
 
 def make_backend(cfg, run_id: str, spark=None):
-    """The backend a run uses: ``spark`` if given, else the active or launcher's session."""
+    """The backend a run uses: ``spark`` if given, else the active or launcher's session; a Spark
+    Connect session gets :class:`~sparkcnn.engine.connect.ConnectBackend` (the stream only)."""
     from sparkcnn.engine.backend import SparkBackend
-    from sparkcnn.engine.session import get_or_create_spark, require_classic
+    from sparkcnn.engine.session import get_or_create_spark, is_connect
 
     if cfg.engine.master == "inprocess":  # no Spark: every block runs in this process (tests, debugging)
         from sparkcnn.engine.inprocess import LocalBackend
 
         return LocalBackend(run_id)
     spark = spark if spark is not None else get_or_create_spark(cfg.engine.master, app_name=f"sparkcnn {run_id}")
-    require_classic(spark)
+    if is_connect(spark):
+        from sparkcnn.engine.connect import ConnectBackend
+
+        if cfg.engine.transport == "jobs":
+            raise BadInput("engine.transport=jobs runs an RDD job per exchange, which Spark Connect does not "
+                           "offer: use engine.transport=stream, or leave it unset")
+        return ConnectBackend(spark, run_id)
     # async jobs of one run share a FAIR pool (effective when the session runs the FAIR scheduler)
     return SparkBackend(spark, run_id, pool=f"sparkcnn-{run_id}" if cfg.engine.mode == "async" else None)
+
+
+def resolve_transport(cfg, backend):
+    """``cfg`` with ``engine.transport=auto`` made concrete: the stream on a Spark Connect
+    session (the only transport there, said in one log line), else the jobs transport."""
+    if cfg.engine.transport != "auto":
+        return cfg
+    from sparkcnn.engine.connect import ConnectBackend
+
+    if isinstance(backend, ConnectBackend):
+        log.info("engine.transport unset: training over Spark Connect on the stream transport")
+        return cfg.replace(engine__transport="stream")
+    return cfg.replace(engine__transport="jobs")
 
 
 def resolve_frames(cfg, backend, data=None, test_data=None, local=None):
@@ -112,6 +132,7 @@ def build_engine(cfg, backend, run_id: str, sink=None, progress=None, run_dir: s
     from sparkcnn.engine.sync import SyncEngine
     from sparkcnn.models import build_model
 
+    cfg = resolve_transport(cfg, backend)
     train_f, test_f = frames if frames is not None else resolve_frames(cfg, backend)
     model = build_model(cfg.model.name, tuple(train_f.shape), len(train_f.classes), cfg.run.seed)
     spec = build_spec(cfg, run_id, train_f, test_f, model)
@@ -198,6 +219,7 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
         raise BadInput(f"run.out_dir {cfg.run.out_dir!r}: cannot create run directory ({e.strerror})") from None
     if backend is None:
         backend = make_backend(cfg, run_id, spark)
+    cfg = resolve_transport(cfg, backend)
     if local is not None:
         frames = resolve_frames(cfg, backend, local=local)
     metrics_path = os.path.join(run_dir, "metrics.jsonl")

@@ -1,4 +1,6 @@
-"""The Transformer on a local Spark Connect session; training from Connect refuses in one line.
+"""sparkcnn on a local Spark Connect session: the Transformer, a Pipeline that trains on the stream
+transport (fit, transform, evaluate, save, load), the jobs transport refused in one line, and a
+run whose driver is SIGKILLed resumed from a new Connect session.
 
 A local Connect session (``SparkSession.builder.remote("local[2]")``) starts a
 Spark Connect server on its own SparkContext inside the calling process and
@@ -35,7 +37,7 @@ def _connect_available() -> bool:
 
 
 @pytest.mark.skipif(not _connect_available(), reason="pyspark's connect extra is not installed")
-def test_transformer_on_local_connect_session(tmp_path, tiny_data):
+def test_transformer_and_pipeline_on_local_connect_session(tmp_path, tiny_data):
     import keras
 
     from sparkcnn.models import build_model
@@ -43,12 +45,9 @@ def test_transformer_on_local_connect_session(tmp_path, tiny_data):
     keras_path = str(tmp_path / "m.keras")
     build_model("fmnist_cnn", SHAPE, 10, seed=4).save(keras_path)
     result = tmp_path / "result.json"
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYSPARK_GATEWAY_", "SPARK_CONNECT", "SPARK_REMOTE")) and k != "PYSPARK_SUBMIT_ARGS"}
-    env.update(PYSPARK_PYTHON=sys.executable, PYTHONPATH=os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), keras_path,
-                           os.path.join(tiny_data, "test"), str(result), str(tmp_path / "saved")],
-                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), keras_path, tiny_data, str(result),
+                           str(tmp_path / "saved")], cwd=str(tmp_path), env=_connect_env(), capture_output=True,
+                          text=True, timeout=500)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     got = json.loads(result.read_text())
 
@@ -65,21 +64,72 @@ def test_transformer_on_local_connect_session(tmp_path, tiny_data):
     assert clear.mean() > 0.9 and (np.array(got["pred"])[clear] == z[clear].argmax(axis=1)).all()
     assert got["reloaded_same"] is True
 
-    msg = got["fit_error"]
+    msg = got["jobs_error"]
     assert msg.startswith("BadInput: ") and "\n" not in msg
-    assert "needs a classic SparkSession" in msg and "Spark Connect" in msg
+    assert "engine.transport=jobs" in msg and "Spark Connect" in msg
+
+    # the Pipeline trained over Connect (the stream transport, chosen by itself) and evaluated there
+    assert got["fit"]["transport"] == "stream" and got["fit"]["run_session"].startswith("local")
+    print("connect pipeline fit:", json.dumps(got["fit"]))
+    assert got["fit"]["accuracy"] > 0.6, got["fit"]
+    assert got["fit"]["reloaded_same"] is True
 
 
-def _connect_main(keras_path: str, split: str, result: str, save_dir: str) -> None:
+def _connect_env():
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYSPARK_GATEWAY_", "SPARK_CONNECT", "SPARK_REMOTE")) and k != "PYSPARK_SUBMIT_ARGS"}
+    env.update(PYSPARK_PYTHON=sys.executable, TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p))
+    return env
+
+
+@pytest.mark.skipif(not _connect_available(), reason="pyspark's connect extra is not installed")
+def test_connect_driver_killed_mid_run_resumes(tiny_data, tmp_path):
+    """sparkcnn.fit over Connect: the driver (this client, which runs the parameter server) is
+    SIGKILLed mid epoch 2 (chaos.kill_driver_round); a new client on a new local Connect server
+    resumes the run directory and finishes it with every step applied once."""
+    from sparkcnn.metrics import read_jsonl
+
+    run_dir = str(tmp_path / "run")
+    args = [sys.executable, os.path.abspath(__file__), "--fit", tiny_data, run_dir]
+    per_epoch = 2 * (600 // 24)  # exchanges per epoch: 2 blocks of 600 rows, batches of 24, one step each
+    killed = subprocess.run([*args, str(per_epoch + per_epoch // 2)], cwd=str(tmp_path), env=_connect_env(),
+                            capture_output=True, text=True, timeout=400)
+    assert killed.returncode == -9, killed.stderr[-4000:]
+    assert os.path.isfile(os.path.join(run_dir, "checkpoints", "LATEST")), killed.stderr[-3000:]
+    resumed = subprocess.run([*args, "resume"], cwd=str(tmp_path), env=_connect_env(), capture_output=True,
+                             text=True, timeout=400)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    summary = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert summary["transport"] == "stream" and summary["test_accuracy"] > 0.6, summary
+    records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    rounds = [r for r in records if r["kind"] == "round"]
+    assert [r["round"] for r in rounds] == list(range(len(rounds)))
+    assert [r["epoch"] for r in records if r["kind"] == "epoch"] == [0, 1, 2]
+    steps = [(r["block"], r["block_epoch"], r["block_step"] + i) for r in rounds for i in range(r["steps"])]
+    assert len(steps) == len(set(steps)) == 3 * per_epoch
+
+
+def _classifier(out_dir: str, **kw):
+    from sparkcnn.ml import SparkCNNClassifier
+
+    return SparkCNNClassifier(epochs=3, batchSize=24, stepsPerRound=1, engineMode="async", lr=0.05,
+                              lrWarmupEpochs=0.0, lrSchedule="constant", numBlocks=2, imageShape=list(SHAPE),
+                              outDir=out_dir, **kw)
+
+
+def _connect_main(keras_path: str, data: str, result: str, save_dir: str) -> None:
+    from pyspark.ml import Pipeline, PipelineModel
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql import SparkSession
 
     from sparkcnn.errors import BadInput
-    from sparkcnn.ml import SparkCNNClassifier, SparkCNNModel
+    from sparkcnn.ml import SparkCNNModel
 
     spark = SparkSession.builder.remote("local[2]").getOrCreate()
     try:
-        df = spark.read.parquet(split).limit(40)
+        df = spark.read.parquet(os.path.join(data, "test")).limit(40)
         model = SparkCNNModel.from_keras(keras_path)
         out = model.transform(df)
         types = {f.name: ("vector" if isinstance(f.dataType, VectorUDT) else f.dataType.simpleString())
@@ -88,10 +138,19 @@ def _connect_main(keras_path: str, split: str, result: str, save_dir: str) -> No
         model.save(save_dir)
         again = SparkCNNModel.load(save_dir).transform(df).select("probability").collect()
         try:
-            SparkCNNClassifier(epochs=1, imageShape=list(SHAPE)).fit(df)
-            fit_error = "no error"
+            _classifier("runs", transport="jobs").fit(df)
+            jobs_error = "no error"
         except BadInput as e:
-            fit_error = f"BadInput: {e}"
+            jobs_error = f"BadInput: {e}"
+        train_df, test_df = (spark.read.parquet(os.path.join(data, s)) for s in ("train", "test"))
+        fitted = Pipeline(stages=[_classifier("runs")]).fit(train_df)
+        scored = fitted.transform(test_df)
+        acc = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored)
+        fitted.save("pipeline")
+        before = [r["probability"] for r in scored.limit(40).collect()]
+        after = [r["probability"] for r in PipelineModel.load("pipeline").transform(test_df).limit(40).collect()]
+        with open(os.path.join(fitted.stages[0].getRunDir(), "summary.json"), encoding="utf-8") as f:
+            summary = json.load(f)
         report = {
             "session": type(spark).__module__,
             "types": types,
@@ -100,7 +159,9 @@ def _connect_main(keras_path: str, split: str, result: str, save_dir: str) -> No
             "prob": [r["probability"].toArray().tolist() for r in rows],
             "pred": [r["prediction"] for r in rows],
             "reloaded_same": [r["probability"] for r in rows] == [r["probability"] for r in again],
-            "fit_error": fit_error,
+            "jobs_error": jobs_error,
+            "fit": {"accuracy": acc, "transport": summary["transport"], "run_session": summary["master"],
+                    "reloaded_same": before == after},
         }
         with open(result, "w", encoding="utf-8") as f:
             json.dump(report, f)
@@ -108,5 +169,34 @@ def _connect_main(keras_path: str, split: str, result: str, save_dir: str) -> No
         spark.stop()
 
 
+def _fit_main(data: str, run_dir: str, kill: str) -> None:
+    """sparkcnn.fit on a local Connect session into ``run_dir``: killed after round ``kill``,
+    or (``kill`` = "resume") resumed; prints the summary as JSON."""
+    from pyspark.sql import SparkSession
+
+    import sparkcnn
+
+    spark = SparkSession.builder.remote("local[2]").getOrCreate()
+    train_df, test_df = (spark.read.parquet(os.path.join(data, s)) for s in ("train", "test"))
+    if kill == "resume":
+        from sparkcnn.train import resume_config
+
+        cfg = resume_config(run_dir, ["chaos.kill_driver_round=-1"])
+        result = sparkcnn.fit(cfg, data=train_df, test_data=test_df, spark=spark, progress=False,
+                              run_dir=run_dir, resume=True)
+    else:
+        cfg = {"train": {"epochs": 3, "batch_size": 24, "steps_per_round": 1, "lr": 0.05, "lr_warmup_epochs": 0,
+                         "lr_schedule": "constant"},
+               "data": {"num_blocks": 2, "image_shape": list(SHAPE)}, "engine": {"mode": "async"},
+               "compression": {"method": "threshold", "density": 0.05, "density_down": 0.05},
+               "checkpoint": {"every_rounds": 10}, "chaos": {"kill_driver_round": int(kill)}}
+        result = sparkcnn.fit(cfg, data=train_df, test_data=test_df, spark=spark, progress=False, run_dir=run_dir)
+    print(json.dumps(result.summary))
+    spark.stop()
+
+
 if __name__ == "__main__":
-    _connect_main(*sys.argv[1:5])
+    if sys.argv[1] == "--fit":
+        _fit_main(*sys.argv[2:5])
+    else:
+        _connect_main(*sys.argv[1:5])

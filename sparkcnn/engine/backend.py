@@ -32,6 +32,7 @@ class Backend(abc.ABC):
         """Task slots the engines plan for (Spark: ``defaultParallelism``)."""
 
     spark = None  # the SparkSession the run uses (None: no Spark)
+    resident = True  # block data and state stay on the executor between jobs (Spark Connect: no)
 
     @abc.abstractmethod
     def place(self, split: str, frame, num_blocks: int, spec, spread: bool = False) -> dict[int, int]:

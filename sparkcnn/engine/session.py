@@ -43,6 +43,8 @@ def get_or_create_spark(master: str = "", app_name: str = "sparkcnn", conf: dict
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
+    if active is not None and is_connect(active):  # a Connect client has no master of its own to check
+        return active
     if active is not None:
         held = active.sparkContext.master
         if master and master != held:
@@ -193,12 +195,3 @@ def _properties(path: str) -> dict[str, str]:
 def is_connect(spark) -> bool:
     """Whether ``spark`` is a Spark Connect session (its client has no SparkContext or RDDs)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-def require_classic(spark) -> None:
-    """BadInput unless ``spark`` is a classic session: training with the jobs transport runs RDD jobs."""
-    if is_connect(spark):
-        from sparkcnn.errors import BadInput
-
-        raise BadInput("training needs a classic SparkSession: the jobs transport runs RDD jobs, which "
-                       "Spark Connect does not offer (inference with sparkcnn.ml works on Connect)")

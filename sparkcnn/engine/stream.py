@@ -121,7 +121,7 @@ def check_limits(backend, num_blocks: int, sync: bool) -> None:
         raise BadInput("engine.transport=stream runs barrier stages, which Spark refuses under dynamic "
                        "allocation: set spark.dynamicAllocation.enabled=false")
     slots = backend.stage_slots()
-    if slots is None and sync:
+    if backend.spark is None and sync:
         raise BadInput("engine.transport=stream with engine.mode=sync needs every block running at once: "
                        "use a Spark master, not engine.master=inprocess")
     if slots is not None and num_blocks > slots:
@@ -375,6 +375,8 @@ class StreamEngine(DriverShorthands, StageCheckpoints):
                 e = self.next_epoch
                 self._plan_stage()
                 initial, self.initial_states = self.initial_states, {}
+                if not self.backend.resident:  # no executor keeps a block's state: it comes from the driver
+                    initial = {**self.final_states, **initial}
                 desc = f"sparkcnn {self.spec.run_id} epoch {e + 1} stream"
                 try:
                     with _frozen_heap():

@@ -73,7 +73,8 @@ class StageCheckpoints:
         if self.driver.shards is not None:  # a cut of the shards, after every step sent so far
             self.driver.shards.refresh(self.driver.ps)
         missing = {k: self.core.last_seq[k] for k in self.block_rows if k not in states}
-        blocks = {**states, **(tasks.block_states(self.backend, self.spec, missing, self.num_blocks) if read else {})}
+        blocks = {**states, **(tasks.block_states(self.backend, self.spec, missing, self.num_blocks)
+                                if read and self.backend.resident else {})}
         st = {"next_epoch": next_epoch, **self.core.state_dict()}
         return self.driver.save_checkpoint(self.core.exchanges, st, blocks)
 
