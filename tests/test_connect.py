@@ -68,8 +68,8 @@ def test_transformer_and_pipeline_on_local_connect_session(tmp_path, tiny_data):
     assert msg.startswith("BadInput: ") and "\n" not in msg
     assert "engine.transport=jobs" in msg and "Spark Connect" in msg
 
-    # the Pipeline trained over Connect (the stream transport, chosen by itself) and evaluated there
-    assert got["fit"]["transport"] == "stream" and got["fit"]["run_session"].startswith("local")
+    # the Pipeline trained over Connect (the stream transport, chosen by itself; BSP) and evaluated there
+    assert got["fit"]["transport"] == "stream" and got["fit"]["mode"] == "sync" and got["fit"]["run_session"].startswith("local")
     print("connect pipeline fit:", json.dumps(got["fit"]))
     assert got["fit"]["accuracy"] > 0.6, got["fit"]
     assert got["fit"]["reloaded_same"] is True
@@ -111,9 +111,10 @@ def test_connect_driver_killed_mid_run_resumes(tiny_data, tmp_path):
 
 
 def _classifier(out_dir: str, **kw):
+    """BSP rounds of 2 steps (the kill/resume test runs async, one step per push)."""
     from sparkcnn.ml import SparkCNNClassifier
 
-    return SparkCNNClassifier(epochs=3, batchSize=24, stepsPerRound=1, engineMode="async", lr=0.05,
+    return SparkCNNClassifier(epochs=3, batchSize=24, stepsPerRound=2, engineMode="sync", lr=0.05,
                               lrWarmupEpochs=0.0, lrSchedule="constant", numBlocks=2, imageShape=list(SHAPE),
                               outDir=out_dir, **kw)
 
@@ -160,7 +161,8 @@ def _connect_main(keras_path: str, data: str, result: str, save_dir: str) -> Non
             "pred": [r["prediction"] for r in rows],
             "reloaded_same": [r["probability"] for r in rows] == [r["probability"] for r in again],
             "jobs_error": jobs_error,
-            "fit": {"accuracy": acc, "transport": summary["transport"], "run_session": summary["master"],
+            "fit": {"accuracy": acc, "transport": summary["transport"], "mode": summary["mode"],
+                    "run_session": summary["master"],
                     "reloaded_same": before == after},
         }
         with open(result, "w", encoding="utf-8") as f:
