@@ -24,6 +24,15 @@ crash at any point leaves ``LATEST`` naming a complete checkpoint. Loading
 reads each listed file once, checks its size and SHA-256, and parses the bytes
 it checked with ``allow_pickle=False``; every failure is a one-line
 :class:`BadInput` naming the file.
+
+On an object store (a ``run_dir`` URI, see :mod:`sparkcnn.runfs`) there is no
+directory rename: each file is one object written whole, straight into
+``<name>/``, the manifest last; ``LATEST`` is written only after all of them, so
+it names a checkpoint whose objects are all present (and loading verifies each
+against the manifest all the same). A name that ``LATEST`` already names is
+saved as ``<name>.<seq>`` rather than overwritten under it; the remains of a
+save that crashed before ``LATEST`` moved are overwritten or pruned. Pruning
+deletes a checkpoint's manifest last, so a half-pruned one is pruned again.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sparkcnn import runfs
 from sparkcnn.errors import BadInput
 
 __all__ = ["Checkpoint", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
@@ -156,8 +166,7 @@ def _render(arrays: dict, state: dict, blocks: dict | None) -> dict[str, bytes]:
 
 def _read_seq(ckpt_dir: str) -> int | None:
     try:
-        with open(os.path.join(ckpt_dir, MANIFEST), "rb") as f:
-            seq = json.loads(f.read()).get("seq")
+        seq = json.loads(runfs.read_bytes(runfs.join(ckpt_dir, MANIFEST))).get("seq")
     except (OSError, ValueError, AttributeError):
         return None
     return seq if isinstance(seq, int) and not isinstance(seq, bool) else None
@@ -166,9 +175,9 @@ def _read_seq(ckpt_dir: str) -> int | None:
 def _existing(root: str) -> dict[str, int]:
     """Checkpoint name -> seq for every complete-looking checkpoint under ``root``."""
     out = {}
-    for entry in os.listdir(root) if os.path.isdir(root) else ():
-        path = os.path.join(root, entry)
-        if not entry.startswith(".") and os.path.isdir(path):
+    for entry in runfs.listdir(root):
+        path = runfs.join(root, entry)
+        if not entry.startswith(".") and entry != LATEST:
             seq = _read_seq(path)
             if seq is not None:
                 out[entry] = seq
@@ -176,7 +185,16 @@ def _existing(root: str) -> dict[str, int]:
 
 
 def _remove(root: str, entry: str) -> None:
-    """Delete ``root/entry``, first renaming it to a hidden name so no half-deleted checkpoint shows."""
+    """Delete ``root/entry``, first renaming it to a hidden name so no half-deleted checkpoint shows
+    (on an object store: its other objects first, the manifest last)."""
+    if runfs.is_uri(root):
+        path = runfs.join(root, entry)
+        for f in runfs.listdir(path):
+            if f != MANIFEST:
+                runfs.remove(runfs.join(path, f))
+        runfs.remove(runfs.join(path, MANIFEST))
+        runfs.rmtree(path)
+        return
     path = os.path.join(root, entry)
     if not entry.startswith("."):
         hidden = os.path.join(root, f".old-{entry}-{secrets.token_hex(4)}")
@@ -194,22 +212,55 @@ def save_checkpoint(run_dir: str, name: str, *, arrays: dict[str, np.ndarray], s
     one under ``.old-<name>-*``), and the old one deleted at the end. After
     ``LATEST`` names the new checkpoint, all but the newest ``keep`` (by
     ``seq``) are deleted, as are temp directories a crashed save left behind.
+    On an object store, see the module docstring.
     """
     _check_name(name, "checkpoint name")
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise BadInput(f"checkpoint keep must be an int >= 1, got {keep!r}")
     files = _render(arrays, state, blocks)
-    root = os.path.join(run_dir, "checkpoints")
-    os.makedirs(root, exist_ok=True)
+    root = runfs.join(run_dir, "checkpoints")
+    runfs.makedirs(root)
     existing = _existing(root)
     seq = max(existing.values(), default=0) + 1
+    remote = runfs.is_uri(root)
+    if remote and _latest_name(root) == name:  # no rename: never overwrite what LATEST names
+        name = f"{name}.{seq}"
     manifest = _seal({
         "format": FORMAT, "version": FORMAT_VERSION, "name": name, "seq": seq,
         "saved_at": round(time.time(), 3),  # unix seconds, informative only
         "files": {f: {"sha256": _sha256(data), "size": len(data)} for f, data in files.items()},
     })
     files[MANIFEST] = json.dumps(manifest, sort_keys=True, indent=1).encode()
+    final = (_put_objects if remote else _put_directory)(root, name, files)
+    log.info("checkpoint %s saved (seq %s, %s files, %s bytes)", final, seq, len(files),
+             sum(len(d) for d in files.values()))
 
+    existing[name] = seq
+    for old in sorted(existing, key=existing.get)[:-keep]:
+        try:  # the new checkpoint is safe; failing to prune must not fail the run
+            _remove(root, old)
+            log.info("checkpoint %s pruned (keep=%s)", runfs.join(root, old), keep)
+        except OSError as exc:
+            log.warning("checkpoint %s not pruned: %s", runfs.join(root, old), exc)
+    if remote:
+        try:
+            for entry in runfs.listdir(root):  # no manifest: the remains of a save that crashed
+                if entry not in existing and entry != LATEST:
+                    runfs.rmtree(runfs.join(root, entry))
+        except OSError as exc:
+            log.warning("checkpoint %s: leftovers not removed: %s", root, exc)
+        return final
+    for entry in os.listdir(root):
+        if entry.startswith((".tmp-", ".old-")):  # left by a crashed save, or set aside above
+            shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
+        elif entry.startswith(f".{LATEST}-"):
+            os.unlink(os.path.join(root, entry))
+    _fsync_dir(root)
+    return final
+
+
+def _put_directory(root: str, name: str, files: dict[str, bytes]) -> str:
+    """A local checkpoint: a temp directory renamed to ``name``, then ``LATEST`` replaced."""
     tmp = os.path.join(root, f".tmp-{name}-{secrets.token_hex(6)}")
     final = os.path.join(root, name)
     os.mkdir(tmp)
@@ -241,32 +292,37 @@ def save_checkpoint(run_dir: str, name: str, *, arrays: dict[str, np.ndarray], s
             os.unlink(pointer)
         raise
     _fsync_dir(root)
-    log.info("checkpoint %s saved (seq %s, %s files, %s bytes)", final, seq, len(files),
-             sum(len(d) for d in files.values()))
+    return final
 
-    existing[name] = seq
-    for old in sorted(existing, key=existing.get)[:-keep]:
-        try:  # the new checkpoint is safe; failing to prune must not fail the run
-            _remove(root, old)
-            log.info("checkpoint %s pruned (keep=%s)", os.path.join(root, old), keep)
-        except OSError as exc:
-            log.warning("checkpoint %s not pruned: %s", os.path.join(root, old), exc)
-    for entry in os.listdir(root):
-        if entry.startswith((".tmp-", ".old-")):  # left by a crashed save, or set aside above
-            shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
-        elif entry.startswith(f".{LATEST}-"):
-            os.unlink(os.path.join(root, entry))
-    _fsync_dir(root)
+
+def _put_objects(root: str, name: str, files: dict[str, bytes]) -> str:
+    """An object-store checkpoint: one whole object per file, the manifest last, then ``LATEST``.
+
+    A stale ``name`` (a crashed save that LATEST never named) loses its manifest first, so
+    it cannot pass for complete while its files are overwritten.
+    """
+    final = runfs.join(root, name)
+    runfs.remove(runfs.join(final, MANIFEST))
+    for f, data in files.items():  # manifest last: its presence marks the files complete
+        runfs.write_bytes(runfs.join(final, f), data)
+    runfs.write_bytes(runfs.join(root, LATEST), (name + "\n").encode())
     return final
 
 
 # -- reading ----------------------------------------------------------------------------
 
-def _read_latest(root: str) -> str:
-    path = os.path.join(root, LATEST)
+def _latest_name(root: str) -> str | None:
+    """What ``root/LATEST`` says, unchecked; None when it is missing or unreadable."""
     try:
-        with open(path, "rb") as f:
-            text = f.read().decode()
+        return runfs.read_bytes(runfs.join(root, LATEST)).decode().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _read_latest(root: str) -> str:
+    path = runfs.join(root, LATEST)
+    try:
+        text = runfs.read_bytes(path).decode()
     except FileNotFoundError:
         raise BadInput(f"checkpoint {path}: missing (no checkpoint saved in this run yet?)") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -274,39 +330,38 @@ def _read_latest(root: str) -> str:
     name = text.strip()
     if not _NAME.fullmatch(name) or name == LATEST:
         raise BadInput(f"checkpoint {path}: does not hold a checkpoint name, got {text[:40]!r}")
-    if not os.path.isdir(os.path.join(root, name)):
+    if not runfs.isdir(runfs.join(root, name)):
         raise BadInput(f"checkpoint {path}: names {name!r}, which is missing")
-    return os.path.join(root, name)
+    return runfs.join(root, name)
 
 
 def latest_checkpoint(run_dir: str) -> str | None:
     """The directory ``run_dir/checkpoints/LATEST`` names, or None when there is no LATEST."""
-    root = os.path.join(run_dir, "checkpoints")
-    if not os.path.exists(os.path.join(root, LATEST)):
+    root = runfs.join(run_dir, "checkpoints")
+    if not runfs.exists(runfs.join(root, LATEST)):
         return None
     return _read_latest(root)
 
 
 def _resolve(path: str) -> str:
     """A checkpoint directory from a run dir, a checkpoints dir or a checkpoint dir."""
-    if not os.path.isdir(path):
+    if not runfs.isdir(path):
         raise BadInput(f"checkpoint {path}: no such directory")
-    if os.path.exists(os.path.join(path, MANIFEST)):
+    if runfs.exists(runfs.join(path, MANIFEST)):
         return path
-    for root in (os.path.join(path, "checkpoints"), path):
-        if os.path.exists(os.path.join(root, LATEST)):
+    for root in (runfs.join(path, "checkpoints"), path):
+        if runfs.exists(runfs.join(root, LATEST)):
             return _read_latest(root)
-    if os.path.isdir(os.path.join(path, "checkpoints")):
-        return _read_latest(os.path.join(path, "checkpoints"))  # raises: LATEST missing
-    raise BadInput(f"checkpoint {os.path.join(path, MANIFEST)}: missing (not a checkpoint or run directory)")
+    if runfs.isdir(runfs.join(path, "checkpoints")):
+        return _read_latest(runfs.join(path, "checkpoints"))  # raises: LATEST missing
+    raise BadInput(f"checkpoint {runfs.join(path, MANIFEST)}: missing (not a checkpoint or run directory)")
 
 
 def _manifest(ckpt: str) -> dict[str, dict]:
     """The verified ``files`` table of ``ckpt``'s manifest."""
-    path = os.path.join(ckpt, MANIFEST)
+    path = runfs.join(ckpt, MANIFEST)
     try:
-        with open(path, "rb") as f:
-            m = json.loads(f.read())
+        m = json.loads(runfs.read_bytes(path))
     except FileNotFoundError:
         raise BadInput(f"checkpoint {path}: missing") from None
     except (OSError, ValueError) as exc:
@@ -329,10 +384,9 @@ def _manifest(ckpt: str) -> dict[str, dict]:
 
 
 def _verified_bytes(ckpt: str, name: str, entry: dict) -> bytes:
-    path = os.path.join(ckpt, name)
+    path = runfs.join(ckpt, name)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = runfs.read_bytes(path)
     except FileNotFoundError:
         raise BadInput(f"checkpoint {path}: missing (listed in {MANIFEST})") from None
     except OSError as exc:
@@ -363,18 +417,17 @@ def load_checkpoint(path_or_run_dir: str) -> Checkpoint:
     Only files listed in the manifest are read; anything else in the
     directory is ignored.
     """
-    ckpt = _resolve(os.fspath(path_or_run_dir))
+    ckpt = _resolve(os.fspath(path_or_run_dir))  # a local path or a URI (sparkcnn.runfs)
     files = _manifest(ckpt)
     data = {f: _verified_bytes(ckpt, f, e) for f, e in sorted(files.items())}
-    state_path = os.path.join(ckpt, "state.json")
+    state_path = runfs.join(ckpt, "state.json")
     try:
         state = json.loads(data["state.json"])
     except ValueError as exc:
         raise BadInput(f"checkpoint {state_path}: malformed JSON ({_one_line(exc)})") from None
     if not isinstance(state, dict):
         raise BadInput(f"checkpoint {state_path}: expected a JSON object, got {type(state).__name__}")
-    blocks = {int(_BLOCK_FILE.fullmatch(f).group(1)): _load_npz(os.path.join(ckpt, f), d)
+    blocks = {int(_BLOCK_FILE.fullmatch(f).group(1)): _load_npz(runfs.join(ckpt, f), d)
               for f, d in data.items() if _BLOCK_FILE.fullmatch(f)}
-    return Checkpoint(arrays=_load_npz(os.path.join(ckpt, "arrays.npz"), data["arrays.npz"]),
-                      state=state, blocks=dict(sorted(blocks.items())),
-                      name=os.path.basename(os.path.normpath(ckpt)), path=ckpt)
+    return Checkpoint(arrays=_load_npz(runfs.join(ckpt, "arrays.npz"), data["arrays.npz"]),
+                      state=state, blocks=dict(sorted(blocks.items())), name=runfs.name(ckpt), path=ckpt)
