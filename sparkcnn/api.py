@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 
 from sparkcnn import config as config_mod
 from sparkcnn.errors import BadInput
@@ -24,7 +25,7 @@ class Result:
     """What a training run left: its records, the model, where it lives."""
 
     summary: dict                  # as summary.json: accuracy, wall time, bytes, session, ...
-    run_dir: str                   # runs/<run_id>: config.yaml, metrics.jsonl, model.keras, report
+    run_dir: str                   # runs/<run_id> (or a URI): config.yaml, metrics.jsonl, model.keras, report
     history: list[dict]            # one record per epoch (test_accuracy, test_loss, train_loss, ...)
     rounds: list[dict]             # one record per exchange (loss, images_per_s, bytes_up, ...)
     _model: object = dataclasses.field(default=None, repr=False)
@@ -35,7 +36,17 @@ class Result:
         if self._model is None:
             import keras
 
-            self._model = keras.saving.load_model(os.path.join(self.run_dir, "model.keras"), safe_mode=True)
+            from sparkcnn import runfs
+
+            path = runfs.join(self.run_dir, "model.keras")
+            if not runfs.is_uri(path):
+                self._model = keras.saving.load_model(path, safe_mode=True)
+                return self._model
+            with tempfile.TemporaryDirectory(prefix="sparkcnn-model-") as tmp:  # Keras reads local files
+                local = os.path.join(tmp, "model.keras")
+                with open(local, "wb") as fh:
+                    fh.write(runfs.read_bytes(path))
+                self._model = keras.saving.load_model(local, safe_mode=True)
         return self._model
 
     def plot(self):
@@ -87,6 +98,7 @@ def fit(config=None, data=None, *, test_data=None, spark=None, progress=True, ru
     ``progress``: True for a progress bar (a widget in notebooks), False for none,
     or an object with ``round(rec, total)`` and ``epoch(rec)``.
     """
+    from sparkcnn import runfs
     from sparkcnn.metrics import read_jsonl
     from sparkcnn.train import resume_config, train
 
@@ -102,7 +114,7 @@ def fit(config=None, data=None, *, test_data=None, spark=None, progress=True, ru
         progress = ProgressBar()
     summary = train(cfg, progress=progress or None, run_dir=run_dir, resume=resume, data=data,
                     test_data=test_data, spark=spark)
-    records = read_jsonl(os.path.join(summary["run_dir"], "metrics.jsonl"))
+    records = read_jsonl(runfs.join(summary["run_dir"], "metrics.jsonl"))
     return Result(summary=summary, run_dir=summary["run_dir"],
                   history=[r for r in records if r.get("kind") == "epoch"],
                   rounds=[r for r in records if r.get("kind") == "round"])

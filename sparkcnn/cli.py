@@ -41,10 +41,12 @@ def _parser() -> argparse.ArgumentParser:
                     help="override one config field (repeatable)")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
     tr.add_argument("--resume", metavar="RUN_DIR",
-                    help="continue runs/<run_id> from its latest checkpoint (same run id and config)")
+                    help="continue runs/<run_id> (a path or a URI such as s3://bucket/runs/<run_id>) from its "
+                         "latest checkpoint (same run id and config)")
     tr.add_argument("--run-dir", metavar="DIR",
-                    help="train in DIR: a new run there, or, once DIR holds a run (config.yaml), resume it "
-                         "with its own config (a scheduler's retry passes the same arguments)")
+                    help="train in DIR (a path or a URI): a new run there, or, once DIR holds a run "
+                         "(config.yaml), resume it with its own config (a scheduler's retry passes the same "
+                         "arguments)")
 
     ev = sub.add_parser("evaluate", help="accuracy, loss and confusion matrix of a saved model, on the executors")
     pd = sub.add_parser("predict", help="predicted classes of (unlabelled) images as Parquet, on the executors")
@@ -103,7 +105,7 @@ def cmd_prepare(a) -> int:
 def cmd_train(a) -> int:
     from sparkcnn import config
     from sparkcnn.metrics import ProgressBar
-    from sparkcnn.train import train
+    from sparkcnn.train import is_run_dir, train
 
     progress = None if a.no_progress else ProgressBar()
     if a.resume and a.run_dir:
@@ -111,8 +113,7 @@ def cmd_train(a) -> int:
     if a.resume and a.config:
         raise BadInput("--resume uses the run's own config.yaml; drop --config")
     # --run-dir resumes once the directory holds a run; its own config.yaml then wins over --config
-    existing = a.resume or (a.run_dir if a.run_dir and os.path.isfile(os.path.join(a.run_dir, "config.yaml"))
-                            else None)
+    existing = a.resume or (a.run_dir if a.run_dir and is_run_dir(a.run_dir) else None)
     if existing:
         from sparkcnn.train import resume_config
 

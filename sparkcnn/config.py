@@ -10,7 +10,6 @@ out-of-range values raise :class:`BadInput` naming the field, e.g.
 from __future__ import annotations
 
 import dataclasses
-import os
 import typing
 from dataclasses import dataclass, field
 
@@ -354,11 +353,15 @@ def load(path: str | None = None, overrides: typing.Iterable[str] = ()) -> Confi
     source = "--set"
     if path:
         source = path
-        if not os.path.isfile(path):
-            raise BadInput(f"config file not found: {path}")
+        from sparkcnn import runfs
+
+        runfs.check(path, "config file")
         try:
-            with open(path, encoding="utf-8") as fh:
-                data = yaml.safe_load(fh) or {}
+            if not runfs.isfile(path):
+                raise BadInput(f"config file not found: {path}")
+            data = yaml.safe_load(runfs.read_text(path)) or {}
+        except OSError as e:
+            raise BadInput(f"config file {path}: unreadable ({' '.join(str(e).split())})") from None
         except yaml.YAMLError as e:
             line = getattr(getattr(e, "problem_mark", None), "line", None)
             where = f" line {line + 1}" if line is not None else ""

@@ -43,9 +43,10 @@ def model_bytes(model) -> bytes:
     """The ``.keras`` file bytes of a ``keras.Model``, a ``.keras`` path, or bytes as given."""
     if isinstance(model, (bytes, bytearray)):
         return bytes(model)
-    if isinstance(model, (str, os.PathLike)):
-        with open(model, "rb") as f:
-            return f.read()
+    if isinstance(model, (str, os.PathLike)):  # a local path or a URI (sparkcnn.runfs)
+        from sparkcnn import runfs
+
+        return runfs.read_bytes(os.fspath(model))
     with tempfile.TemporaryDirectory(prefix="sparkcnn-model-") as d:
         path = os.path.join(d, "model.keras")
         model.save(path)

@@ -6,24 +6,55 @@ Library code never prints; the CLI passes a :class:`ProgressBar` in.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
+from sparkcnn import runfs
+
 
 class JsonlSink:
-    """Appends one JSON object per line; flushed per record so a crash loses nothing written."""
+    """Appends one JSON object per line.
+
+    A local file is flushed per record, so a crash loses nothing written. An object
+    store cannot append: the lines are kept here and the whole object is rewritten at
+    :meth:`flush` (the driver calls it before each checkpoint, so a checkpoint never
+    covers a record that is not stored), every ``FLUSH_S`` seconds, and at close.
+    """
+
+    FLUSH_S = 30.0  # longest time a record waits in memory before an object store sees it
 
     def __init__(self, path: str, mode: str = "a"):
         self.path = path
-        self._fh = open(path, mode, encoding="utf-8")
+        self._fh = self._lines = None
+        if runfs.is_uri(path):
+            kept = runfs.read_text(path) if mode == "a" and runfs.isfile(path) else ""
+            self._lines = [kept] if kept else []
+            self._dirty, self._flushed_at = False, time.monotonic()
+        else:
+            self._fh = open(path, mode, encoding="utf-8")
 
     def write(self, record: dict) -> None:
-        self._fh.write(json.dumps(record, sort_keys=False, default=_jsonable) + "\n")
-        self._fh.flush()
+        line = json.dumps(record, sort_keys=False, default=_jsonable) + "\n"
+        if self._fh is not None:
+            self._fh.write(line)
+            self._fh.flush()
+            return
+        self._lines.append(line)
+        self._dirty = True
+        if time.monotonic() - self._flushed_at >= self.FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        """Make every record written so far durable (local files already are)."""
+        if self._fh is None and self._dirty:
+            runfs.write_text(self.path, "".join(self._lines))
+            self._dirty, self._flushed_at = False, time.monotonic()
 
     def close(self) -> None:
-        self._fh.close()
+        if self._fh is not None:
+            self._fh.close()
+        else:
+            self.flush()
 
 
 def _jsonable(x):
@@ -35,8 +66,8 @@ def _jsonable(x):
 
 
 def read_jsonl(path: str) -> list[dict]:
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    """The records of a JSONL file (a local path or a URI)."""
+    return [json.loads(line) for line in runfs.read_text(path).split("\n") if line.strip()]
 
 
 def fmt_bytes(n: float) -> str:
@@ -128,7 +159,5 @@ class ProgressBar:
 
 
 def atomic_write_text(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    """Replace ``path`` (a local path or a URI) with ``text`` whole (see :mod:`sparkcnn.runfs`)."""
+    runfs.write_text(path, text)

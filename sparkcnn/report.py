@@ -1,30 +1,32 @@
 """Run report: PNG plots and a markdown page from ``metrics.jsonl`` and ``summary.json``.
 
 Plots need the ``viz`` extra (matplotlib); without it the markdown is still written.
+The run directory may be a local path or a URI (:mod:`sparkcnn.runfs`).
 """
 
 from __future__ import annotations
 
+import io
 import json
-import os
 
+from sparkcnn import runfs
 from sparkcnn.errors import BadInput
 from sparkcnn.metrics import atomic_write_text, fmt_bytes, read_jsonl
 
 
 def _load(run_dir: str):
-    mpath = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.isfile(mpath):
+    runfs.check(run_dir)
+    mpath = runfs.join(run_dir, "metrics.jsonl")
+    if not runfs.isfile(mpath):
         raise BadInput(f"{run_dir}: not a run directory (no metrics.jsonl)")
     try:
         records = read_jsonl(mpath)
     except json.JSONDecodeError as e:
         raise BadInput(f"{mpath}: line {e.lineno}: not valid JSON") from None
-    spath = os.path.join(run_dir, "summary.json")
+    spath = runfs.join(run_dir, "summary.json")
     summary = {}
-    if os.path.isfile(spath):
-        with open(spath, encoding="utf-8") as fh:
-            summary = json.load(fh)
+    if runfs.isfile(spath):
+        summary = json.loads(runfs.read_text(spath))
     return [r for r in records if r.get("kind") == "round"], [r for r in records if r.get("kind") == "epoch"], summary
 
 
@@ -53,18 +55,20 @@ def _plot(run_dir: str, rounds: list[dict], epochs: list[dict]) -> str | None:
     ax[1, 1].legend(fontsize=8)
     for a in ax.flat:
         a.grid(alpha=0.3)
-    fig.suptitle(os.path.basename(os.path.normpath(run_dir)))
+    fig.suptitle(runfs.name(run_dir))
     fig.tight_layout()
-    path = os.path.join(run_dir, "report.png")
-    fig.savefig(path, dpi=90)
+    path = runfs.join(run_dir, "report.png")
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=90)
     plt.close(fig)
+    runfs.write_bytes(path, png.getvalue())
     return path
 
 
 def write_report(run_dir: str) -> dict:
     rounds, epochs, summary = _load(run_dir)
     png = _plot(run_dir, rounds, epochs)
-    lines = [f"# sparkcnn run `{os.path.basename(os.path.normpath(run_dir))}`", ""]
+    lines = [f"# sparkcnn run `{runfs.name(run_dir)}`", ""]
     if summary:
         lines += [f"- model: {summary.get('model')} ({summary.get('params')} parameters), "
                   f"{summary.get('num_blocks')} blocks, mode {summary.get('mode')}, "
@@ -85,6 +89,6 @@ def write_report(run_dir: str) -> dict:
                      f"{e.get('train_loss') or 0:.4f} | {fmt_bytes(e.get('bytes_up', 0))} | {e['wall_s']:.1f} |")
     if png:
         lines += ["", "![metrics](report.png)"]
-    md = os.path.join(run_dir, "report.md")
+    md = runfs.join(run_dir, "report.md")
     atomic_write_text(md, "\n".join(lines) + "\n")
     return {"report": md, "plot": png, "epochs": len(epochs), "rounds": len(rounds)}

@@ -30,10 +30,14 @@ log = logging.getLogger(__name__)
 # -- before Spark ----------------------------------------------------------------------------------
 
 def model_path(path: str) -> str:
-    """The ``.keras`` file of ``--model`` (a file, or a run directory holding ``model.keras``)."""
-    if os.path.isdir(path):
-        path = os.path.join(path, "model.keras")
-    if not os.path.isfile(path):
+    """The ``.keras`` file of ``--model`` (a file, or a run directory holding ``model.keras``;
+    a local path or a URI the driver reads, see :mod:`sparkcnn.runfs`)."""
+    from sparkcnn import runfs
+
+    runfs.check(path, "--model")
+    if runfs.isdir(path):
+        path = runfs.join(path, "model.keras")
+    if not runfs.isfile(path):
         raise BadInput(f"--model: no model file at {path}")
     return path
 

@@ -23,8 +23,10 @@ import logging
 import numbers
 import os
 import secrets
+import tempfile
 import time
 
+from sparkcnn import runfs
 from sparkcnn.errors import BadInput
 
 log = logging.getLogger(__name__)
@@ -97,6 +99,12 @@ class FanOut:
         for s in self.sinks:
             s.write(record)
 
+    def flush(self) -> None:
+        """Make the records written so far durable, in the sinks that buffer (before a checkpoint)."""
+        for s in self.sinks:
+            if hasattr(s, "flush"):
+                s.flush()
+
     def close(self) -> None:
         first = None
         for s in self.sinks:  # every sink is closed even when one fails
@@ -150,7 +158,7 @@ class MlflowTracker(Tracker):
         client = self.client = self._client_cls()
         exp = client.get_experiment_by_name(self.experiment)
         exp_id = exp.experiment_id if exp is not None else client.create_experiment(self.experiment)
-        run_id = os.path.basename(os.path.normpath(run_dir))
+        run_id = runfs.name(run_dir)
         found = [] if "'" in run_id else client.search_runs(
             [exp_id], filter_string=f"tags.`sparkcnn.run_id` = '{run_id}'", max_results=1)
         params = flat_params(cfg)
@@ -164,7 +172,8 @@ class MlflowTracker(Tracker):
                             self.name, ", ".join(changed))
             params = {k: v for k, v in params.items() if k not in run.data.params}
         else:
-            tags = {"sparkcnn.run_id": run_id, "sparkcnn.run_dir": os.path.abspath(run_dir)}
+            tags = {"sparkcnn.run_id": run_id,
+                    "sparkcnn.run_dir": run_dir if runfs.is_uri(run_dir) else os.path.abspath(run_dir)}
             parent = mlflow.active_run()
             if parent is not None:
                 tags["mlflow.parentRunId"] = parent.info.run_id
@@ -208,9 +217,17 @@ class MlflowTracker(Tracker):
                   else "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
         try:
             for name in self.ARTIFACTS if summary is not None else ():
-                path = os.path.join(run_dir, name)
-                if os.path.isfile(path):
+                path = runfs.join(run_dir, name)
+                if not runfs.isfile(path):
+                    continue
+                if not runfs.is_uri(path):
                     self.client.log_artifact(self.run_id, path)
+                    continue
+                with tempfile.TemporaryDirectory(prefix="sparkcnn-artifact-") as tmp:  # MLflow uploads files
+                    local = os.path.join(tmp, name)
+                    with open(local, "wb") as fh:
+                        fh.write(runfs.read_bytes(path))
+                    self.client.log_artifact(self.run_id, local)
         finally:  # the run ends even when an upload fails
             self.client.set_terminated(self.run_id, status=RunStatus.to_string(getattr(RunStatus, status)))
             self.client = None

@@ -2,7 +2,9 @@
 
 ``runs/<run_id>/`` receives ``config.yaml`` (resolved), ``metrics.jsonl`` (a
 record per round and per epoch), ``model.keras`` (the final ``W``) and
-``summary.json``.
+``summary.json``. The run directory (``run.out_dir``, ``--run-dir``) may be a
+local path or an object-store URI such as ``s3://bucket/runs`` (see
+:mod:`sparkcnn.runfs`); only this driver writes it.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ import json
 import logging
 import os
 import secrets
+import tempfile
 import time
 
 import numpy as np
 
 from sparkcnn import config as config_mod
-from sparkcnn import tracking
+from sparkcnn import runfs, tracking
 from sparkcnn.errors import BadInput
 from sparkcnn.metrics import JsonlSink, atomic_write_text
 from sparkcnn.protocol import TaskSpec
@@ -158,7 +161,7 @@ def _truncate_metrics(path: str, records: int) -> tuple[list, list]:
     """Keep the first ``records`` records (those a checkpoint covers); a resumed run rewrites the rest."""
     from sparkcnn.metrics import read_jsonl
 
-    keep = (read_jsonl(path) if os.path.isfile(path) else [])[:records]
+    keep = (read_jsonl(path) if runfs.isfile(path) else [])[:records]
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
     return [r for r in keep if r["kind"] == "round"], [r for r in keep if r["kind"] == "epoch"]
 
@@ -168,21 +171,39 @@ def _has_checkpoint(run_dir: str) -> bool:
     what is damaged); False for a run stopped before its first checkpoint was complete."""
     from sparkcnn.checkpoint import LATEST, MANIFEST
 
-    root = os.path.join(run_dir, "checkpoints")
-    if not os.path.isdir(root):
+    root = runfs.join(run_dir, "checkpoints")
+    if not runfs.isdir(root):
         return False
-    if os.path.exists(os.path.join(root, LATEST)):
+    if runfs.exists(runfs.join(root, LATEST)):
         return True
-    return any(os.path.exists(os.path.join(root, d, MANIFEST))
-               for d in os.listdir(root) if not d.startswith((".tmp-", ".old-")))  # crashed-save leftovers
+    return any(runfs.exists(runfs.join(root, d, MANIFEST))
+               for d in runfs.listdir(root) if not d.startswith((".tmp-", ".old-")))  # crashed-save leftovers
+
+
+def is_run_dir(run_dir: str) -> bool:
+    """Whether ``run_dir`` (a path or URI) holds a run (its config.yaml); BadInput, naming it, when
+    its store cannot be reached (bad credentials, missing bucket)."""
+    runfs.check(run_dir)
+    return runfs.isfile(runfs.join(run_dir, "config.yaml"))
 
 
 def resume_config(run_dir: str, overrides=()):
     """The configuration a run was started with (its config.yaml), plus overrides."""
-    path = os.path.join(run_dir, "config.yaml")
-    if not os.path.isfile(path):
+    if not is_run_dir(run_dir):
         raise BadInput(f"--resume {run_dir}: not a run directory (no config.yaml)")
-    return config_mod.load(path, overrides)
+    return config_mod.load(runfs.join(run_dir, "config.yaml"), overrides)
+
+
+def _save_model(model, path: str) -> None:
+    """``model.keras`` at ``path``; Keras writes local files only, so a URI gets a local copy uploaded whole."""
+    if not runfs.is_uri(path):
+        model.save(path)
+        return
+    with tempfile.TemporaryDirectory(prefix="sparkcnn-model-") as tmp:
+        local = os.path.join(tmp, "model.keras")
+        model.save(local)
+        with open(local, "rb") as fh:
+            runfs.write_bytes(path, fh.read())
 
 
 def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: bool = False,
@@ -196,9 +217,9 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
     """
     if run_dir is None:
         run_id = new_run_id(cfg.run.name)
-        run_dir = os.path.join(cfg.run.out_dir, run_id)
+        run_dir = runfs.join(cfg.run.out_dir, run_id)
     else:
-        run_id = os.path.basename(os.path.normpath(run_dir))
+        run_id = runfs.name(run_dir)
     # bad data, model builder or run dir fail before anything is written; a prepared dataset on a
     # local path is checked before Spark starts, other inputs through the session
     from sparkcnn.data.source import local_prepared
@@ -213,8 +234,13 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
         frames = resolve_frames(cfg, backend, data, test_data)
     build_model(cfg.model.name, tuple(frames[0].shape), len(frames[0].classes), cfg.run.seed)
     trackers = tracking.trackers(cfg)  # a tracker's missing package fails here, before anything is written
+    if runfs.is_uri(run_dir):
+        if cfg.tracking.tensorboard:
+            raise BadInput(f"tracking.tensorboard=true writes event files to a local run directory, "
+                           f"not {run_dir}")
+        runfs.check(run_dir)  # bad credentials or a missing bucket: nothing is written
     try:
-        os.makedirs(run_dir, exist_ok=True)
+        runfs.makedirs(run_dir)
     except OSError as e:
         raise BadInput(f"run.out_dir {cfg.run.out_dir!r}: cannot create run directory ({e.strerror})") from None
     if backend is None:
@@ -222,7 +248,7 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
     cfg = resolve_transport(cfg, backend)
     if local is not None:
         frames = resolve_frames(cfg, backend, local=local)
-    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+    metrics_path = runfs.join(run_dir, "metrics.jsonl")
     ckpt = None
     if resume and _has_checkpoint(run_dir):
         from sparkcnn.checkpoint import load_checkpoint
@@ -240,7 +266,7 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
                 metrics_path, int(ckpt.state["records"]))
             log.info("resuming %s at round %s", run_id, start)
         else:
-            atomic_write_text(os.path.join(run_dir, "config.yaml"), config_mod.dump(cfg))
+            atomic_write_text(runfs.join(run_dir, "config.yaml"), config_mod.dump(cfg))
         sink = engine.driver.sink = tracking.FanOut(JsonlSink(metrics_path), *trackers).start(cfg, run_dir)
         try:
             summary = engine.run(start_round=start)
@@ -255,14 +281,14 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
     finally:
         backend.close()  # unpersist the block placement RDDs
     set_flat_weights(model, engine.W)
-    model.save(os.path.join(run_dir, "model.keras"))
+    _save_model(model, runfs.join(run_dir, "model.keras"))
     train_f, test_f = frames
     summary.update(run_id=run_id, run_dir=run_dir, warmup_s=engine.warmup_s, params=int(engine.W.size),
                    model=cfg.model.name, num_blocks=cfg.data.num_blocks, mode=cfg.engine.mode,
                    steps_per_round=cfg.train.steps_per_round, data=train_f.origin, train_rows=train_f.num_rows,
                    test_rows=test_f.num_rows if test_f is not None else 0, classes=list(train_f.classes),
                    image_shape=list(train_f.shape), **backend.session_info())
-    atomic_write_text(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=2))
+    atomic_write_text(runfs.join(run_dir, "summary.json"), json.dumps(summary, indent=2))
     try:
         from sparkcnn.report import write_report
 

@@ -212,6 +212,8 @@ class RoundDriver:
             "records": len(self.history) + len(self.epoch_history),
             "engine": engine_state, "config": self.cfg.to_dict(),
         }
+        if hasattr(self.sink, "flush"):  # the records the checkpoint covers are stored first
+            self.sink.flush()
         path = save_checkpoint(self.run_dir, f"r{position:07d}",
                                arrays={k: v for k, v in ps.items() if isinstance(v, np.ndarray)},
                                state=state, blocks=blocks)
