@@ -35,6 +35,12 @@ cluster deploy mode spark-submit reports only that the driver failed.
 
 XCom: ``train`` returns the run's ``summary.json``, ``evaluate`` the ``metrics.json``
 (accuracy, confusion matrix) it writes to ``<run>/evaluation/`` beside predictions.
+
+``runs_root`` may be an object-store URI (``s3://bucket/runs``): the train driver
+writes the run there and a retry on another machine resumes it; this worker reads
+the exit file and the summary from there through ``sparkcnn.runfs`` (so it needs
+sparkcnn installed, and the store's credentials in its environment, e.g. the AWS
+variables). ``evaluate`` writes its report to a local directory only.
 """
 
 from __future__ import annotations
@@ -71,11 +77,31 @@ RUN_DIR = f"{setting('runs_root')}/{{{{ dag.dag_id }}}}/{RUN}"
 EXIT_FILE = f"{setting('runs_root')}/{{{{ dag.dag_id }}}}/{RUN}.exit/{{{{ task.task_id }}}}.json"
 
 
+def read_json(path: str):
+    """A JSON file the application wrote: a local path, or a URI read through ``sparkcnn.runfs``."""
+    if "://" in path:
+        from sparkcnn import runfs
+
+        return json.loads(runfs.read_text(path))
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def remove(path: str) -> None:
+    """Delete a file or object; a missing one is no error."""
+    if "://" in path:
+        from sparkcnn import runfs
+
+        runfs.remove(path)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+
+
 def _exit_code(exit_file: str, error: BaseException) -> int | None:
     """The command's exit code: from the application's exit file, else from spark-submit's message."""
     try:
-        with open(exit_file, encoding="utf-8") as fh:
-            return int(json.load(fh)["exit_code"])
+        return int(read_json(exit_file)["exit_code"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
     m = re.search(r"Error code is: (-?\d+)", str(error))  # client mode: spark-submit's own exit code
@@ -131,8 +157,7 @@ class SparkCNNSubmitOperator(SparkSubmitOperator):
 
     def execute(self, context):
         self._check_paths()
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(self.exit_file)  # an earlier try's code must not be read as this one's
+        remove(self.exit_file)  # an earlier try's code must not be read as this one's
         try:
             super().execute(context)
         except Exception as e:
@@ -142,8 +167,7 @@ class SparkCNNSubmitOperator(SparkSubmitOperator):
                                            f"not retried: {e}") from e
             raise
         if self.summary_file:
-            with open(self.summary_file, encoding="utf-8") as fh:
-                return json.load(fh)
+            return read_json(self.summary_file)
         return None
 
 

@@ -7,8 +7,9 @@ exiting with the command's code, writes ``{"command": ..., "exit_code": N}`` to 
 (a temp file renamed into place). In client mode spark-submit already exits with the
 same code; in cluster deploy mode (standalone, YARN) it reports only that the driver
 failed, so the scheduler reads the code from ``F``, which must then be on storage the
-driver and the scheduler share, like the run directory. A driver killed by a signal
-writes nothing: the scheduler sees a plain failure, which it may retry.
+driver and the scheduler share, like the run directory: a path, or a URI such as
+``s3://bucket/runs/x.exit/train.json`` (one object, written whole). A driver killed
+by a signal writes nothing: the scheduler sees a plain failure, which it may retry.
 
 Exit codes are the CLI's: 0 success · 2 bad input or config · 3 diverged · 1 other.
 """
@@ -22,6 +23,11 @@ import tempfile
 
 
 def write_exit_file(path: str, command: str, code: int) -> None:
+    if "://" in path:
+        from sparkcnn import runfs
+
+        runfs.write_text(path, json.dumps({"command": command, "exit_code": code}))
+        return
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".exit-")
