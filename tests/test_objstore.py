@@ -16,10 +16,8 @@ import subprocess
 import sys
 import time
 
+import boto3  # comes with moto[server], in the dev extra: a missing install fails here, not skips
 import pytest
-
-boto3 = pytest.importorskip("boto3")  # comes with moto[server] (the dev extra)
-pytest.importorskip("moto")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUCKET = "runs"
