@@ -57,7 +57,7 @@ def name(path: str) -> str:
 
 def _env_key() -> tuple:
     # a filesystem is cached per scheme/authority and per the environment it was resolved from
-    return tuple(os.environ.get(k) for k in sorted(os.environ) if k.startswith(("AWS_", "GOOGLE_", "AZURE_")))
+    return tuple((k, v) for k, v in sorted(os.environ.items()) if k.startswith(("AWS_", "GOOGLE_", "AZURE_")))
 
 
 def _fs(uri: str):
