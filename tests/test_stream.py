@@ -239,7 +239,7 @@ def test_stream_on_spark_names_its_stages_and_checks_slots(spark, tiny_cfg):
 def test_stream_config_is_checked():
     from sparkcnn import config
 
-    with pytest.raises(BadInput, match=r"engine\.transport must be one of jobs, stream, got 'carrier'"):
+    with pytest.raises(BadInput, match=r"engine\.transport must be one of auto, jobs, stream, got 'carrier'"):
         config.load(None, ["engine.transport=carrier"])
     with pytest.raises(BadInput, match=r"unknown config key 'engine\.stream_downlink'"):
         config.load(None, ["engine.stream_downlink=round"])  # the per-round downlink went: it diverged

@@ -60,7 +60,7 @@ def test_mlflow_run_has_params_metrics_and_artifacts(tracked, tmp_path):
     run = runs[0]
     assert run.info.status == "FINISHED"
     assert run.data.tags["sparkcnn.run_id"] == summary["run_id"]
-    assert run.data.params == flat_params(cfg)
+    assert run.data.params == flat_params(cfg.replace(engine__transport="jobs"))  # as resolved for the run
     assert run.data.params["train.epochs"] == "2" and run.data.params["tracking.mlflow"] == "True"
 
     epochs = [r for r in records if r["kind"] == "epoch"]
