@@ -176,9 +176,9 @@ def test_malformed_pushes_are_refused_counted_and_the_run_goes_on(spark, tiny_cf
 
 # -- a driver killed mid-epoch resumes from its last checkpoint ------------------------------------
 @pytest.mark.spark
-@pytest.mark.parametrize("mode,h", [("async", 1), ("sync", 10)])  # async H = 10 too: bench/killresume.py
-def test_stream_resumes_mid_epoch_after_driver_sigkill(tiny_data, tmp_path, mode, h):
-    """Checkpoints every 2 exchanges (capped by the 2 % time floor) and at epoch ends; the driver
+def test_stream_resumes_mid_epoch_after_driver_sigkill(tiny_data, tmp_path):
+    """Sync, H = 10 (async H = 1: tests/test_connect.py, the same engine over Connect, and
+    tests/test_stream_shards.py; async H = 10: bench/killresume.py). Checkpoints every 2 exchanges (capped by the 2 % time floor) and at epoch ends; the driver
     is SIGKILLed two exchanges before the end of the last epoch, after at least 3 checkpoints.
     ``--resume`` keeps the records its last checkpoint covers as they were, records no
     exchange twice, and completes every epoch with every step once."""
@@ -191,10 +191,10 @@ def test_stream_resumes_mid_epoch_after_driver_sigkill(tiny_data, tmp_path, mode
         return subprocess.run([sys.executable, "-m", "sparkcnn", *args], capture_output=True, text=True,
                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), timeout=900)
 
-    epochs, batch, per_block = 3, 24, ROWS_PER_BLOCK // 24
-    per_epoch = 2 * -(-per_block // h) if mode == "async" else -(-per_block // h)  # exchanges per epoch
+    epochs, batch, per_block, h = 3, 24, ROWS_PER_BLOCK // 24, 10
+    per_epoch = -(-per_block // h)  # exchanges (BSP rounds) per epoch
     common = ["-v", "train", "--no-progress", "--set", f"data.path={tiny_data}", "--set", "engine.master=local[2]",
-              "--set", f"engine.mode={mode}", "--set", "engine.transport=stream", "--set", f"train.epochs={epochs}",
+              "--set", "engine.mode=sync", "--set", "engine.transport=stream", "--set", f"train.epochs={epochs}",
               "--set", f"train.batch_size={batch}", "--set", f"train.steps_per_round={h}",
               "--set", "train.lr_warmup_epochs=0", "--set", "checkpoint.every_rounds=2",
               "--set", "compression.method=threshold", "--set", "compression.density=0.05",
@@ -218,6 +218,3 @@ def test_stream_resumes_mid_epoch_after_driver_sigkill(tiny_data, tmp_path, mode
     assert [r["round"] for r in rounds] == list(range(len(rounds)))  # no exchange recorded twice
     assert [r["epoch"] for r in after if r["kind"] == "epoch"] == list(range(epochs))
     assert sum(r["samples"] for r in rounds) == epochs * 2 * per_block * batch
-    if mode == "async":
-        steps = _steps_applied(rounds)
-        assert len(steps) == len(set(steps)) == epochs * 2 * per_block
