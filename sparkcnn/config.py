@@ -377,5 +377,18 @@ def load(path: str | None = None, overrides: typing.Iterable[str] = ()) -> Confi
     return from_dict(data, source)
 
 
+def file_sets(path: str | None, section: str, key: str) -> bool:
+    """Whether the YAML config file at ``path`` gives ``section.key`` itself (a default does not).
+
+    For callers that choose a value when the user chose none; ``path`` was read by
+    :func:`load` already, so it exists and parses.
+    """
+    if not path:
+        return False
+    with open(path, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh) or {}
+    return isinstance(data.get(section), dict) and key in data[section]
+
+
 def dump(cfg: Config) -> str:
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

@@ -14,11 +14,19 @@ setters and getters, ``save``/``load``, and they work in a ``Pipeline``, with
 the Arrow UDF of :mod:`sparkcnn.inference` on the executors; the model goes
 with it as the bytes of its ``.keras`` file. A saved model is a directory with
 the Params in ``metadata/`` (Spark's own format) and ``model.keras`` beside it.
+
+``stepsPerRound`` (H, local steps between exchanges) follows the data when neither
+the Param nor ``configFile`` sets it: H = min(default, steps // 4), where steps =
+(rows // numBlocks) // batchSize is one epoch's steps per block, and at least 1
+(:func:`data_steps_per_round`). With the default H = 50 and batch 64, 4,000 rows in
+2 blocks are 31 steps per block, so an epoch would be one exchange; H = 7 makes it 5.
+A value the user set is kept as it is.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 from pyspark import keyword_only
@@ -30,6 +38,9 @@ from pyspark.ml.util import (DefaultParamsReadable, DefaultParamsReader, Default
                              DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter)
 
 from sparkcnn.errors import BadInput
+from sparkcnn.protocol import steps_per_epoch
+
+log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.keras"
 
@@ -99,7 +110,8 @@ class _ClassifierParams(_SparkCNNParams, HasLabelCol, HasSeed):
     weightDecay = Param(Params._dummy(), "weightDecay", "L2 coefficient (train.weight_decay)",
                         typeConverter=TypeConverters.toFloat)
     stepsPerRound = Param(Params._dummy(), "stepsPerRound",
-                          "local steps between exchanges, H (train.steps_per_round)",
+                          "local steps between exchanges, H (train.steps_per_round); unset: at most a "
+                          "quarter of an epoch's steps per block",
                           typeConverter=TypeConverters.toInt)
     compression = Param(Params._dummy(), "compression", "none | threshold | topk (compression.method)",
                         typeConverter=TypeConverters.toString)
@@ -150,7 +162,8 @@ class SparkCNNClassifier(Estimator, _ClassifierParams, DefaultParamsReadable, De
     """Trains a CNN with :func:`sparkcnn.fit` on a DataFrame of images and labels.
 
     Unset training Params keep the values of ``configFile`` (or the built-in
-    defaults); ``seed`` applies only when set.
+    defaults), but for ``stepsPerRound``, which then follows the data
+    (:func:`data_steps_per_round`); ``seed`` applies only when set.
     """
 
     @keyword_only
@@ -175,20 +188,30 @@ class SparkCNNClassifier(Estimator, _ClassifierParams, DefaultParamsReadable, De
         """Set any of the constructor's Params (None leaves one unchanged)."""
         return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
-    def _fit(self, dataset) -> "SparkCNNModel":
-        import sparkcnn
+    def training_config(self, dataset):
+        """The run's Config for ``dataset``: ``configFile``, the Params set, the columns and, for
+        what the user left unset, values that follow the data (:func:`data_steps_per_round`)."""
         from sparkcnn import config
 
         image_col, label_col = self.getFeaturesCol(), self.getLabelCol()
         overrides = [*self.config_overrides(), f"data.image_col={json.dumps(image_col)}",
                      f"data.label_col={json.dumps(label_col)}"]
-        cfg = config.load(self.getOrDefault(self.configFile) or None, overrides)
+        config_file = self.getOrDefault(self.configFile) or None
+        cfg = config.load(config_file, overrides)
         for name in (image_col, label_col):
             if name not in dataset.columns:
                 raise BadInput(f"SparkCNNClassifier: column {name!r} not found "
                                f"(columns: {', '.join(dataset.columns) or 'none'})")
-        result = sparkcnn.fit(cfg, data=dataset.select(image_col, label_col), spark=dataset.sparkSession,
-                              progress=False)
+        if not self.isSet(self.stepsPerRound) and not config.file_sets(config_file, "train", "steps_per_round"):
+            cfg = cfg.replace(train__steps_per_round=data_steps_per_round(dataset.count(), cfg))
+        return cfg
+
+    def _fit(self, dataset) -> "SparkCNNModel":
+        import sparkcnn
+
+        cfg = self.training_config(dataset)
+        result = sparkcnn.fit(cfg, data=dataset.select(cfg.data.image_col, cfg.data.label_col),
+                              spark=dataset.sparkSession, progress=False)
         saved = os.path.join(str(result.run_dir), MODEL_FILE)
         model = SparkCNNModel.from_keras(saved if os.path.isfile(saved) else result.model)
         model._set(runDir=str(result.run_dir or ""))
@@ -247,6 +270,23 @@ class SparkCNNClassifier(Estimator, _ClassifierParams, DefaultParamsReadable, De
     def getImageShape(self): return self.getOrDefault(self.imageShape)
     def getClasses(self): return self.getOrDefault(self.classes)
     def getOutDir(self): return self.getOrDefault(self.outDir)
+
+
+def data_steps_per_round(rows: int, cfg) -> int:
+    """H for ``rows`` training rows when the user set none: ``max(1, min(H0, steps // 4))``.
+
+    ``steps = (rows // data.num_blocks) // train.batch_size`` is one epoch's steps per
+    block and ``H0`` is ``cfg``'s (default) value: an epoch then has at least 4 exchanges
+    where the data is small, and large data keeps the default's amortisation of each
+    exchange's fixed cost.
+    """
+    per_block = rows // cfg.data.num_blocks
+    steps = steps_per_epoch(per_block, cfg.train.batch_size)
+    chosen = max(1, min(cfg.train.steps_per_round, steps // 4))
+    log.info("SparkCNNClassifier: stepsPerRound unset, using %d: at most a quarter of the %d steps an epoch "
+             "takes per block (%d rows in %d blocks, batch %d) and at most the default %d", chosen, steps, rows,
+             cfg.data.num_blocks, cfg.train.batch_size, cfg.train.steps_per_round)
+    return chosen
 
 
 class SparkCNNModel(Model, _SparkCNNParams, MLReadable, MLWritable):

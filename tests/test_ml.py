@@ -196,6 +196,36 @@ def test_estimator_params_map_to_config_and_persist(spark, tmp_path):
     assert back.config_overrides() == overrides and back.getLabelCol() == "y"
 
 
+@pytest.fixture(scope="module")
+def rows_4000(spark):
+    """4,000 rows with the columns the Estimator checks (what it counts; nothing trains on them)."""
+    return spark.range(4000).selectExpr("binary(string(id)) AS image", "int(id % 10) AS label")
+
+
+def test_steps_per_round_follows_the_data_unless_set(spark, rows_4000, tmp_path, caplog):
+    import logging
+
+    from sparkcnn import config
+    from sparkcnn.ml import SparkCNNClassifier, data_steps_per_round
+
+    defaults = config.load(None)  # batch 64, H 50, 2 blocks
+    assert data_steps_per_round(4000, defaults) == 7  # 2,000 rows a block: 31 steps an epoch, a quarter
+    assert data_steps_per_round(60000, defaults) == 50  # 468 steps: a quarter is above the default
+    assert data_steps_per_round(100, defaults) == 1  # not even one step a block: still 1
+    with caplog.at_level(logging.INFO, logger="sparkcnn.ml"):
+        cfg = SparkCNNClassifier(batchSize=64).training_config(rows_4000)
+    assert cfg.train.steps_per_round == 7
+    assert "stepsPerRound unset, using 7: at most a quarter of the 31 steps an epoch takes per block " \
+           "(4000 rows in 2 blocks, batch 64)" in caplog.text
+    assert SparkCNNClassifier(numBlocks=1, batchSize=64).training_config(rows_4000).train.steps_per_round == 15
+    # a value the user set stays, in the Params or in the config file
+    assert SparkCNNClassifier(stepsPerRound=50).training_config(rows_4000).train.steps_per_round == 50
+    (tmp_path / "h.yaml").write_text("train:\n  steps_per_round: 40\n")
+    (tmp_path / "b.yaml").write_text("train:\n  batch_size: 16\n")
+    assert SparkCNNClassifier(configFile=str(tmp_path / "h.yaml")).training_config(rows_4000).train.steps_per_round == 40
+    assert SparkCNNClassifier(configFile=str(tmp_path / "b.yaml")).training_config(rows_4000).train.steps_per_round == 31
+
+
 # -- training: needs sparkcnn.fit ------------------------------------------------------------------
 
 
