@@ -226,6 +226,67 @@ def test_steps_per_round_follows_the_data_unless_set(spark, rows_4000, tmp_path,
     assert SparkCNNClassifier(configFile=str(tmp_path / "b.yaml")).training_config(rows_4000).train.steps_per_round == 31
 
 
+def test_batch_size_follows_the_data_unless_set(spark, rows_4000, tmp_path, caplog):
+    import logging
+
+    from sparkcnn import config
+    from sparkcnn.ml import SparkCNNClassifier, data_batch_size
+
+    defaults = config.load(None)
+    assert data_batch_size(4000, defaults) == 32  # 31 steps a block at 64, 62 at 32
+    assert data_batch_size(60000, defaults) == 64  # 468 steps: the default stays
+    assert data_batch_size(100, defaults) == 16  # never below 16
+    assert data_batch_size(4000, config.load(None, ["data.num_blocks=1"])) == 64  # 62 steps in one block
+    with caplog.at_level(logging.INFO, logger="sparkcnn.ml"):
+        cfg = SparkCNNClassifier().training_config(rows_4000)
+    assert (cfg.train.batch_size, cfg.train.steps_per_round) == (32, 15)  # H follows the chosen batch
+    assert "batchSize unset, using 32: 62 steps an epoch per block (4000 rows in 2 blocks)" in caplog.text
+    assert "stepsPerRound unset, using 15" in caplog.text
+    assert SparkCNNClassifier(stepsPerRound=5).training_config(rows_4000).train.batch_size == 32
+    (tmp_path / "b.yaml").write_text("train:\n  batch_size: 64\n")
+    assert SparkCNNClassifier(configFile=str(tmp_path / "b.yaml")).training_config(rows_4000).train.batch_size == 64
+
+
+FASHION_MNIST = "/usr/share/datasets/fashion-mnist"  # Debian package dataset-fashion-mnist (make dataset-package)
+
+
+@pytest.fixture(scope="module")
+def fashion_4000(spark, tmp_path_factory):
+    """Real Fashion-MNIST as Parquet: the first 4,000 training images and the 10,000 test images."""
+    from sparkcnn.data import idx
+    from sparkcnn.data.parquet_io import write_split
+
+    root = tmp_path_factory.mktemp("fashion-4000")
+    for split, rows in (("train", 4000), ("test", None)):
+        images, labels = idx.read_idx_split(FASHION_MNIST, split)
+        write_split(str(root / split), images[:rows], labels[:rows], idx.FASHION_MNIST_CLASSES)
+    return spark.read.parquet(str(root / "train")).cache(), spark.read.parquet(str(root / "test"))
+
+
+@pytest.mark.skipif(not os.path.isdir(FASHION_MNIST), reason="dataset-fashion-mnist not installed")
+def test_pipeline_fit_on_4000_fashion_mnist_rows_with_the_data_defaults(spark, fashion_4000, tmp_path):
+    """Only epochs set: batchSize and stepsPerRound follow the 4,000 rows (32 and 15, not 64 and
+    50, which give one exchange per epoch and about 0.70)."""
+    import json
+
+    from pyspark.ml import Pipeline
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+
+    from sparkcnn.ml import SparkCNNClassifier
+
+    train, test = fashion_4000
+    assert train.count() == 4000
+    clf = SparkCNNClassifier(epochs=3, imageShape=[28, 28, 1], outDir=str(tmp_path / "runs"))
+    fitted = Pipeline(stages=[clf]).fit(train)
+    with open(os.path.join(fitted.stages[0].getRunDir(), "summary.json"), encoding="utf-8") as fh:
+        summary = json.load(fh)
+    assert (summary["train_rows"], summary["epochs"], summary["steps_per_round"]) == (4000, 3, 15)
+    assert summary["rounds"] == 3 * 5  # 62 steps a block: rounds of 15, 15, 15, 15, 2
+    acc = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(fitted.transform(test))
+    print(f"\n3-epoch Pipeline fit on 4,000 Fashion-MNIST rows: test accuracy {acc:.4f} (10,000 test images)")
+    assert acc >= 0.75
+
+
 # -- training: needs sparkcnn.fit ------------------------------------------------------------------
 
 
