@@ -1,4 +1,5 @@
-# sparkcnn: `make train` (set up, prepare Fashion-MNIST, train 3 epochs, report) and `make test`.
+# sparkcnn: `make train` (set up, prepare Fashion-MNIST, train 3 epochs, report), `make test` and
+# `make test-packaging` (route (b) and the image's entrypoint run for real; minutes, so apart).
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -9,7 +10,7 @@ STAMP  := $(VENV)/.installed
 # the DAG's SparkSubmitOperator; without its pyspark-client requirement (see pyproject's airflow extra)
 AIRFLOW_SPARK_PROVIDER ?= apache-airflow-providers-apache-spark>=6,<7
 
-.PHONY: setup dataset-package data train test bench dist clean
+.PHONY: setup dataset-package data train test test-packaging bench dist clean
 
 $(STAMP): pyproject.toml
 	@command -v java >/dev/null || { echo "sparkcnn: Java 17+ is required by Spark (apt-get install openjdk-17-jre-headless)"; exit 1; }
@@ -35,7 +36,12 @@ train: $(STAMP) data
 	$(VENV)/bin/sparkcnn train --config conf/fashion_mnist.yaml
 
 test: $(STAMP) dataset-package
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -m "not packaging" tests
+
+# the tests marked packaging: a venv-pack archive of the wheel shipped with --archives to a
+# standalone cluster (route (b); pip reaches PyPI), and the entrypoint's driver and executor
+test-packaging: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m packaging tests
 
 bench: $(STAMP) data
 	$(PY) bench/blocks.py

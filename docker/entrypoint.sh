@@ -7,7 +7,30 @@
 #                   Spark's Kubernetes scheduler sets on executor pods
 #   anything else   run as given: sparkcnn train ..., spark-submit ..., spark-class ... (a
 #                   standalone master or worker, see docker/compose.yaml)
+#   --help          this usage
 set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+usage: entrypoint.sh driver SPARK-SUBMIT-ARGS...   spark-submit --deploy-mode client, bound to $SPARK_DRIVER_BIND_ADDRESS
+       entrypoint.sh executor                      an executor JVM (KubernetesExecutorBackend) registering with
+                                                   $SPARK_DRIVER_URL, from the SPARK_EXECUTOR_* variables of a pod
+       entrypoint.sh COMMAND [ARGS...]             COMMAND as given, e.g. sparkcnn train --config ...
+       entrypoint.sh --help                        this message (sparkcnn --help: the command line)
+Spark comes from $SPARK_HOME, else from the pyspark package of python3.
+EOF
+}
+
+case "${1:-}" in
+  --help | -h | help)
+    usage
+    exit 0
+    ;;
+  "")
+    usage >&2
+    exit 2
+    ;;
+esac
 
 # A pod may run under a UID without a passwd entry (runAsUser, OpenShift); the JVM needs one.
 uid="$(id -u)"
@@ -16,7 +39,10 @@ if ! getent passwd "$uid" >/dev/null && [ -w /etc/passwd ]; then
 fi
 
 if [ -z "${SPARK_HOME:-}" ]; then  # pyspark's pip package is the Spark distribution
-  SPARK_HOME="$(python3 -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')"
+  if ! SPARK_HOME="$(python3 -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))' 2>/dev/null)"; then
+    echo "entrypoint.sh: SPARK_HOME is not set and python3 ($(command -v python3 || echo none)) has no pyspark" >&2
+    exit 2
+  fi
   export SPARK_HOME
 fi
 
