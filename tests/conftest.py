@@ -1,6 +1,8 @@
-"""Shared fixtures: one local[2] SparkSession for the whole run, tiny prepared datasets."""
+"""Shared fixtures: one local[2] SparkSession for the whole run, tiny prepared datasets,
+a standalone cluster, ``make dist``'s packages."""
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -57,3 +59,20 @@ def executor_python(tmp_path_factory):
     from tests.cluster_env import deps_only_python
 
     return deps_only_python(str(tmp_path_factory.mktemp("deps-only-venv")))
+
+
+@pytest.fixture(scope="session")
+def dist(tmp_path_factory) -> str:
+    """``make dist`` into a temporary directory (the working tree's dist/ stays as it is)."""
+    from tests.cluster_env import REPO
+
+    out = str(tmp_path_factory.mktemp("dist") / "dist")
+    # build with this interpreter, and never install into its environment from a test: VENV names
+    # it, so the Makefile's stamp is the very file -o marks as up to date (a relative stamp from a
+    # second worktree would not match, and make would reinstall that environment from this tree)
+    venv = os.path.dirname(os.path.dirname(sys.executable))
+    proc = subprocess.run(["make", "-s", "-o", os.path.join(venv, ".installed"), "dist", f"VENV={venv}",
+                           f"PY={sys.executable}", f"DIST={out}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return out

@@ -39,17 +39,6 @@ def test_python_m_sparkcnn_is_the_sparkcnn_script():
     assert code == 2 and "sparkcnn: error: unrecognized arguments: --no-such-option" in err
 
 
-@pytest.fixture(scope="module")
-def dist(tmp_path_factory) -> str:
-    """``make dist`` into a temporary directory (the working tree's dist/ stays as it is)."""
-    out = str(tmp_path_factory.mktemp("dist") / "dist")
-    # -o: never reinstall the environment from a test; PY: build with this interpreter
-    stamp = os.path.join(os.path.relpath(os.path.dirname(os.path.dirname(sys.executable)), REPO), ".installed")
-    proc = _run(["make", "-s", "-o", stamp, "dist", f"DIST={out}", f"PY={sys.executable}"], cwd=REPO, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return out
-
-
 def test_make_dist_builds_a_wheel_and_a_py_files_zip(dist, executor_python, tmp_path):
     wheels = glob.glob(os.path.join(dist, "sparkcnn-*-py3-none-any.whl"))
     assert len(wheels) == 1, os.listdir(dist)
