@@ -6,7 +6,10 @@
   the executors' Python workers; it fails a task that opens a data file outside Spark's own
   directories (see that file). :func:`refused_opens` reads what it refused,
   :func:`audit_installs` where it was installed (proof that it ran at all).
-- :func:`spark_submit_route_a`: the README's ``--py-files`` spark-submit command, as argv.
+- :func:`spark_submit_route_a`: the README's ``--py-files`` spark-submit command, as argv;
+  :func:`readme_block`: a whole fenced block of the README (route (b)'s, run as a script).
+- :func:`probe_records`: which Python each process ran, written by
+  ``tests/python_probe/sitecustomize.py`` (on ``PYTHONPATH``, like the audit hook).
 - :func:`event_log_tasks`: successful tasks per executor, from a Spark event log.
 
 Usage, with the session-scoped fixtures ``standalone_cluster`` and ``executor_python`` of
@@ -40,6 +43,7 @@ import sysconfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AUDIT_DIR = os.path.join(REPO, "tests", "audit_hook")  # holds the hook's sitecustomize.py
+PROBE_DIR = os.path.join(REPO, "tests", "python_probe")  # holds the interpreter probe's sitecustomize.py
 
 
 def deps_only_python(root: str) -> str:
@@ -101,12 +105,32 @@ def audit_installs(log_path) -> list[str]:
     return [path for _, what, path in _audit_lines(log_path) if what == "installed"]
 
 
-def readme_commands(marker: str) -> list[str]:
-    """The README's fenced shell commands that contain ``marker``, continuation lines joined."""
+def probe_records(log_path) -> list[dict]:
+    """One record per process that started with the probe on its path (see PROBE_DIR)."""
+    if not os.path.exists(log_path):
+        return []
+    with open(log_path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _readme_blocks() -> list[list[str]]:
+    """The README's fenced blocks, each as its lines with continuation lines joined."""
     with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
         blocks = re.findall(r"^```[a-z]*\n(.*?)^```", fh.read(), re.DOTALL | re.MULTILINE)
-    commands = [c.strip() for b in blocks for c in re.sub(r"\\\n\s*", " ", b).splitlines()]
-    return [c for c in commands if marker in c]
+    return [[c.strip() for c in re.sub(r"\\\n\s*", " ", b).splitlines()] for b in blocks]
+
+
+def readme_block(marker: str) -> list[str]:
+    """The one fenced block of the README that contains ``marker``, as its non-empty lines
+    (comments kept: route (b)'s block runs as a shell script)."""
+    found = [b for b in _readme_blocks() if any(marker in c for c in b)]
+    assert len(found) == 1, f"README: expected one block with {marker!r}, found {len(found)}"
+    return [c for c in found[0] if c]
+
+
+def readme_commands(marker: str) -> list[str]:
+    """The README's fenced shell commands that contain ``marker``, continuation lines joined."""
+    return [c for b in _readme_blocks() for c in b if marker in c]
 
 
 def spark_submit_route_a(master: str, zip_path: str, *args: str) -> list[str]:
