@@ -53,12 +53,13 @@ def _script(commands: list[str], master: str, overrides: list[str]) -> str:
 @pytest.fixture(scope="module")
 def cluster():
     """2 workers of 1 core whose environment offers no TensorFlow: ``python3`` on their PATH is
-    the machine's, not the project's, and it is their executors' default Python."""
+    the machine's, not the project's, and it is their executors' default Python; no PYTHONPATH
+    (a developer's, naming a checkout, would reach the Python workers' path)."""
     from sparkcnn.engine.standalone import StandaloneCluster
 
-    machine_path = _path_without(os.path.dirname(sys.executable))
-    with StandaloneCluster(workers=2, worker_env={"PATH": machine_path, "PYSPARK_PYTHON": "python3"}) \
-            .start(timeout=180) as c:
+    machine = {"PATH": _path_without(os.path.dirname(sys.executable)), "PYSPARK_PYTHON": "python3",
+               "PYTHONPATH": ""}
+    with StandaloneCluster(workers=2, worker_env=machine).start(timeout=180) as c:
         yield c
 
 
