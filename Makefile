@@ -41,7 +41,7 @@ test: $(STAMP) dataset-package
 # the tests marked packaging: a venv-pack archive of the wheel shipped with --archives to a
 # standalone cluster (route (b); pip reaches PyPI), and the entrypoint's driver and executor
 test-packaging: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m packaging tests
+	$(PY) -m pytest -q -p no:cacheprovider -m packaging --durations=5 tests
 
 bench: $(STAMP) data
 	$(PY) bench/blocks.py
