@@ -5,7 +5,8 @@ The model travels as the bytes of its ``.keras`` file inside the UDF's closure
 Keras' ``safe_mode=True``; nothing is unpickled. Each Python worker keeps the
 models it loaded in a small cache keyed by the SHA-256 of those bytes, so a
 model is loaded once per Python worker, however many Arrow batches, tasks or
-``transform`` calls it serves.
+``transform`` calls it serves. Its TensorFlow runs on the GPUs Spark assigned
+the task, as training's does (:mod:`sparkcnn.worker.devices`).
 
 Per row the UDF returns ``rawPrediction`` (the model's logits),
 ``probability`` (``softmax(logits)``) and ``prediction`` (``argmax``, a
@@ -150,6 +151,11 @@ def prediction_udf(data: bytes, input_shape, column: str, batch_size: int = 256,
         model = None
         for batch in batches:
             if model is None:  # first batch: the worker's cached model, loaded at most once
+                from sparkcnn.engine.backend import spark_task_context
+                from sparkcnn.worker.devices import bind
+
+                ctx = spark_task_context()
+                bind(ctx.gpus, f"inference attempt {ctx.attempt}")  # the task's GPUs, as for training
                 model = worker_model(data, key)
             images = images_from_arrow(batch, shape, column)
             extra = {"worker_pid": os.getpid(), "model_loads": load_count(key)} if debug else None

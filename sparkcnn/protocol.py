@@ -36,7 +36,8 @@ class TaskContextInfo:
 
     attempt: int = 0           # Spark's attempt number of this task (0: first try)
     cores: int = 1             # CPU cores Spark reserved for the task (spark.task.cpus)
-    gpus: tuple = ()           # GPU addresses assigned by spark.task.resource.gpu.amount
+    gpus: tuple | None = None  # GPU addresses Spark assigned (spark.task.resource.gpu.amount); () none;
+                               # None: not a Spark task (in-process), the process's devices stay as they are
     local_dir: str = ""        # the executor's local directory for block data and state ("" = a temp dir)
 
 

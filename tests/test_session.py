@@ -45,7 +45,7 @@ def test_local_backend_hands_tasks_their_context():
     out = backend.gather_blocks(lambda b, ctx: (b, ctx), [2, 0, 1], "t")
     assert [b for b, _ in out] == [2, 0, 1]
     ctx = out[0][1]
-    assert (ctx.attempt, ctx.cores, ctx.gpus) == (0, 1, ()) and ctx.local_dir
+    assert (ctx.attempt, ctx.cores, ctx.gpus) == (0, 1, None) and ctx.local_dir  # None: no scheduler assigned GPUs
     assert backend.block_homes(2) == {0: "local", 1: "local"}
     assert backend.session_info() == {"master": "inprocess", "app_id": None}
 

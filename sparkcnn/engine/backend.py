@@ -110,8 +110,9 @@ DRIVER = "driver"  # the status store's id for the driver (local mode: it runs t
 _BLOCK_NAME = re.compile(r"rdd_(\d+)_(\d+)$")
 
 
-def _spark_task_context() -> TaskContextInfo:
-    """What Spark tells the running task about itself (called inside the task)."""
+def spark_task_context() -> TaskContextInfo:
+    """What Spark tells the running task about itself (called inside the task); outside a
+    task, ``gpus=None``: nothing was assigned."""
     from pyspark import SparkFiles, TaskContext
 
     tc = TaskContext.get()
@@ -211,7 +212,7 @@ class SparkBackend(Backend):
         def store(k, it):
             from sparkcnn.worker.blocks import store as store_block
 
-            yield store_block(spec, split, num_blocks, k, [v for _, v in it], _spark_task_context(), shape)
+            yield store_block(spec, split, num_blocks, k, [v for _, v in it], spark_task_context(), shape)
 
         self._describe(f"sparkcnn {self.run_id} place {split} blocks")
         chunks = frame.df.mapInArrow(packer, SPARK_CHUNK_SCHEMA)
@@ -242,7 +243,7 @@ class SparkBackend(Backend):
     @staticmethod
     def _part(fn, wanted):
         def part(it):
-            ctx = _spark_task_context()
+            ctx = spark_task_context()
             for item in it:
                 b = item[0] if isinstance(item, tuple) else item  # (block, rows) from place()
                 if wanted is None or b in wanted:

@@ -43,7 +43,7 @@ class LocalBackend(Backend):
         for attempt in range(self.max_attempts):
             try:
                 with self._slot:
-                    return fn(block, TaskContextInfo(attempt=attempt, cores=1, gpus=(), local_dir=self._local_dir))
+                    return fn(block, TaskContextInfo(attempt=attempt, cores=1, local_dir=self._local_dir))
             except Exception:
                 if attempt + 1 == self.max_attempts:
                     raise

@@ -64,7 +64,7 @@ def store(spec: TaskSpec, split: str, num_blocks: int, block: int, chunks, ctx: 
     labels = np.concatenate([np.frombuffer(ch[3], np.int32) for ch in chunks] or [np.empty(0, np.int32)])
     blockstore.put_block(local_root(spec, ctx), spec.run_id, split, num_blocks, block,
                          images.reshape(-1, h, w, c), labels)
-    get_trainer(spec, ctx)
+    get_trainer(spec, ctx, f"placing {split} block {block} attempt {ctx.attempt}")
     return block, int(len(labels))
 
 

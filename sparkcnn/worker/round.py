@@ -175,7 +175,7 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, ctx: TaskCont
     t0 = time.perf_counter()
     root = local_root(spec, ctx)
     images, labels = blockstore.get_block(root, spec.run_id, "train", spec.num_blocks, block)
-    trainer = get_trainer(spec, ctx)
+    trainer = get_trainer(spec, ctx, f"block {block} exchange {order.seq} attempt {ctx.attempt}")
     state, state_reset, state_stale = _block_state(spec, order, root, block)
     w, resynced, view_bytes = _weights(spec, order)
     # host + the executor's local dir name it (stable across its tasks and Python workers)
@@ -301,7 +301,7 @@ def run_block_eval(spec: TaskSpec, weights: bytes, block: int, ctx: TaskContextI
     """Loss and correct predictions of test block ``block`` at ``weights`` (float32 bytes)."""
     root = local_root(spec, ctx)
     images, labels = blockstore.get_block(root, spec.run_id, "test", spec.test_blocks, block)
-    trainer = get_trainer(spec, ctx)
+    trainer = get_trainer(spec, ctx, f"test block {block} attempt {ctx.attempt}")
     trainer.set_flat(np.frombuffer(weights, np.float32))
     loss_sum, correct, n = trainer.evaluate(images, labels)
     return EvalResult(block=block, samples=n, loss_sum=loss_sum, correct=correct)

@@ -165,7 +165,7 @@ def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: 
     t_task = time.perf_counter()
     root = local_root(spec, ctx)
     images, labels = blockstore.get_block(root, spec.run_id, "train", spec.num_blocks, block)
-    trainer = get_trainer(spec, ctx)
+    trainer = get_trainer(spec, ctx, f"stream block {block} attempt {ctx.attempt}")
     # before the stream opens: a full collection walking TF's objects would stall this task
     # for ~0.3 s mid-stage, and the other blocks' pushes would run its staleness past the bound
     freeze_heap_once()

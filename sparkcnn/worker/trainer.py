@@ -4,19 +4,20 @@ The model, optimizer and ``tf.function`` steps are built once per Python
 worker process and reused across rounds (TF import and tracing cost seconds).
 Weights and momentum move in and out as one flat float32 vector each way.
 Task context values (cores, GPUs) come from the engine's task function as a
-:class:`~sparkcnn.protocol.TaskContextInfo`; nothing here imports Spark.
+:class:`~sparkcnn.protocol.TaskContextInfo`; nothing here imports Spark. Every task binds
+the process's TensorFlow to the GPUs Spark assigned it (:mod:`sparkcnn.worker.devices`)
+before it gets the trainer, whether the trainer is new or reused.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import sys
 
 import numpy as np
 
 from sparkcnn.protocol import TaskContextInfo, TaskSpec
-
+from sparkcnn.worker import devices
 
 
 @functools.lru_cache(maxsize=8)
@@ -223,19 +224,19 @@ def _configure_tf(cores: int, deterministic: bool) -> None:
 
 
 
-def get_trainer(spec: TaskSpec, ctx: TaskContextInfo) -> Trainer:
+def get_trainer(spec: TaskSpec, ctx: TaskContextInfo, task: str = "this task") -> Trainer:
     """This process's trainer for ``spec``'s model, built on first use.
 
-    With GPUs assigned to the task (``ctx.gpus``), TF is restricted to them
-    before it initialises (the fine grain of the multi-granularity design);
-    without, TF runs on the CPU with intra-op threads matched to ``ctx.cores``.
+    First the process's TensorFlow is bound to the task's GPUs (``ctx.gpus``; none: the CPU,
+    with intra-op threads matched to ``ctx.cores``), or found bound to them already (a reused
+    Python worker); a worker whose TensorFlow runs on other devices raises
+    :class:`~sparkcnn.worker.devices.DeviceMismatch` naming ``task`` rather than train there.
     """
+    devices.bind(ctx.gpus, task)
     key = (spec.model_name, spec.input_shape, spec.num_classes, spec.seed, spec.momentum, spec.weight_decay)
     tr = _TRAINERS.get(key)
     if tr is None:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        if ctx.gpus and "tensorflow" not in sys.modules:
-            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ctx.gpus)
         _configure_tf(ctx.cores, spec.deterministic)
         tr = _TRAINERS[key] = Trainer(spec)
     return tr
