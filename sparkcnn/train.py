@@ -71,6 +71,7 @@ def make_backend(cfg, run_id: str, spark=None):
     """The backend a run uses: ``spark`` if given, else the active or launcher's session; a Spark
     Connect session gets :class:`~sparkcnn.engine.connect.ConnectBackend` (the stream only)."""
     from sparkcnn.engine.backend import SparkBackend
+    from sparkcnn.engine.gpus import check_session
     from sparkcnn.engine.session import get_or_create_spark, is_connect
 
     if cfg.engine.master == "inprocess":  # no Spark: every block runs in this process (tests, debugging)
@@ -85,6 +86,7 @@ def make_backend(cfg, run_id: str, spark=None):
             raise BadInput("engine.transport=jobs runs an RDD job per exchange, which Spark Connect does not "
                            "offer: use engine.transport=stream, or leave it unset")
         return ConnectBackend(spark, run_id)
+    check_session(spark)  # GPU settings: a refused one fails here, before any data work
     # async jobs of one run share a FAIR pool (effective when the session runs the FAIR scheduler)
     return SparkBackend(spark, run_id, pool=f"sparkcnn-{run_id}" if cfg.engine.mode == "async" else None)
 
@@ -239,12 +241,18 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
             raise BadInput(f"tracking.tensorboard=true writes event files to a local run directory, "
                            f"not {run_dir}")
         runfs.check(run_dir)  # bad credentials or a missing bucket: nothing is written
+    created = not runfs.isdir(run_dir)
     try:
         runfs.makedirs(run_dir)
     except OSError as e:
         raise BadInput(f"run.out_dir {cfg.run.out_dir!r}: cannot create run directory ({e.strerror})") from None
     if backend is None:
-        backend = make_backend(cfg, run_id, spark)
+        try:
+            backend = make_backend(cfg, run_id, spark)
+        except BadInput:  # e.g. refused GPU settings: leave no empty run directory behind
+            if created and not runfs.is_uri(run_dir):
+                os.rmdir(run_dir)
+            raise
     cfg = resolve_transport(cfg, backend)
     if local is not None:
         frames = resolve_frames(cfg, backend, local=local)

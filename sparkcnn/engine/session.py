@@ -13,6 +13,8 @@ import re
 import shlex
 import sys
 
+from sparkcnn.engine import gpus
+
 log = logging.getLogger(__name__)
 
 LOCAL_DRIVER_JAVA_OPTS = "-XX:TieredStopAtLevel=1"
@@ -33,11 +35,13 @@ def get_or_create_spark(master: str = "", app_name: str = "sparkcnn", conf: dict
     Without an active session the settings that ``spark-submit``,
     ``PYSPARK_SUBMIT_ARGS`` and ``spark-defaults.conf`` gave the driver JVM are
     kept; only unset keys are filled in: ``spark.master`` (``SPARKCNN_MASTER``,
-    else ``local[2]``), ``spark.app.name`` (``app_name``), FAIR scheduling, worker
-    reuse, no console progress bar, and for local masters the workers' interpreter.
+    else ``local[2]``), ``spark.app.name`` (``app_name``), FAIR scheduling, Python worker
+    reuse (off where executors hold several GPU addresses, :mod:`sparkcnn.engine.gpus`),
+    no console progress bar, and for local masters the workers' interpreter.
     ``master`` (``engine.master``) applies only when set, and then overrides the
     launcher; an active session keeps its master. ``conf``: our callers' explicit
-    settings, applied as given.
+    settings, applied as given. GPU settings that :func:`sparkcnn.engine.gpus.check`
+    refuses fail here, before a new session starts.
     """
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
@@ -77,7 +81,8 @@ def get_or_create_spark(master: str = "", app_name: str = "sparkcnn", conf: dict
     fill("spark.app.name", app_name)
     # async mode submits jobs from several threads; FAIR shares executors between them
     fill("spark.scheduler.mode", "FAIR")
-    fill("spark.python.worker.reuse", "true")
+    # TF import and traced steps stay across rounds in a reused worker, unless its GPU may not
+    fill(gpus.REUSE, gpus.reuse_setting({**chosen, **settings, **conf}, master))
     # a console progress bar of our own is printed by the CLI; Spark's would interleave
     fill("spark.ui.showConsoleProgress", "false")
     if master.startswith("local") or "127.0.0.1" in master or "localhost" in master:
@@ -88,6 +93,7 @@ def get_or_create_spark(master: str = "", app_name: str = "sparkcnn", conf: dict
     if opts:
         fill("spark.driver.extraJavaOptions", opts)
     settings.update(conf)
+    gpus.check(gpus.plan({**chosen, **settings}, master))  # refused GPU settings: before the session starts
     builder = SparkSession.builder
     for k, v in settings.items():
         builder = builder.config(k, v)
