@@ -149,6 +149,8 @@ class RoundResult:
     density: float           # uplink density it was sparsified at
     first_step: int          # the block's cursor at its first step: it trained steps first_step ..
                              # first_step + steps - 1
+    gpus: tuple | None = None  # GPU addresses Spark assigned the task (TaskContextInfo.gpus)
+    devices: str | None = None  # CUDA_VISIBLE_DEVICES the task's TensorFlow ran with (None: unset)
     state: dict | None = None  # the block's state arrays, when the order asked for them
     sumsq: tuple = ()          # stream with shards: ||S_k||^2 of each shard's piece (payload is b"")
     piece: tuple = ()          # stream with shards: (stream, ordinal), the pieces' key on the shards

@@ -31,6 +31,9 @@ def test_sync_training_loss_falls_and_run_dir_complete(spark, tiny_cfg):
     for r in rounds:
         assert r["bytes_up"] > 0 and r["bytes_down"] > 0 and r["images_per_s"] > 0
         assert r["compute_s"] > 0 and r["wall_s"] >= r["compute_s"]
+        # local mode assigns no GPU: every block trained with TensorFlow on the CPU
+        assert r["task_gpus"] == r["task_devices"] == {"0": "", "1": ""}
+        assert set(r["task_executors"]) == {"0", "1"}
     with open(os.path.join(run_dir, "summary.json")) as fh:
         assert json.load(fh)["test_accuracy"] == epochs[-1]["test_accuracy"]
 

@@ -141,7 +141,11 @@ class SyncEngine(DriverShorthands):
                    task_compute_s={str(x.block): round(x.compute_s, 4) for x in fresh},
                    task_prep_s={str(x.block): round(x.prep_s, 4) for x in fresh},
                    task_encode_s={str(x.block): round(x.encode_s, 4) for x in fresh},
-                   task_pids={str(x.block): x.pid for x in fresh})
+                   task_pids={str(x.block): x.pid for x in fresh},
+                   task_executors={str(x.block): x.executor for x in fresh},
+                   # which GPU trained each block: Spark's addresses and what its TensorFlow saw
+                   task_gpus={str(x.block): None if x.gpus is None else ",".join(x.gpus) for x in fresh},
+                   task_devices={str(x.block): x.devices for x in fresh})
         return rec
 
     # -- the loop -----------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from sparkcnn.protocol import (
     TaskSpec,
     steps_per_epoch,
 )
+from sparkcnn.worker.devices import VISIBLE
 from sparkcnn.worker.trainer import batch_indices, get_trainer
 
 log = logging.getLogger(__name__)
@@ -214,7 +215,7 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, ctx: TaskCont
         prep_s=t1 - t0, compute_s=t2 - t1, encode_s=t3 - t2, task_s=time.perf_counter() - t0,
         state_reset=state_reset, state_stale=state_stale, replica_resync=resynced, view_bytes=view_bytes,
         pid=os.getpid(), executor=executor, lr=order.lr, density=order.density, first_step=start,
-        state=new_state if order.return_state else None)
+        gpus=ctx.gpus, devices=os.environ.get(VISIBLE), state=new_state if order.return_state else None)
 
 
 def _policy_state(policy) -> dict:
