@@ -149,3 +149,5 @@ def test_start_timeout_names_the_logs_and_cleans_up():
 def test_per_worker_env_must_name_a_worker():
     with pytest.raises(ValueError, match=r"per_worker_env names workers \[2\]"):
         StandaloneCluster(workers=2, per_worker_env={2: {CHAOS: "2"}})
+    with pytest.raises(ValueError, match=r"worker_gpus names workers \[1\]"):
+        StandaloneCluster(workers=1, worker_gpus={1: ["0"]})

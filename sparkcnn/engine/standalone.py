@@ -6,7 +6,10 @@ addresses of a test bed's hosts, :mod:`sparkcnn.engine.testbed`), with PID files
 executor work dirs in one temporary directory. For cluster tests and
 benchmarks: fault injection with :meth:`StandaloneCluster.kill_worker`, a slowed executor
 with ``per_worker_env={1: {"SPARKCNN_CHAOS_SLOW": "2.0"}}`` (a worker hands its
-environment on to the executors it launches).
+environment on to the executors it launches), fake GPUs with ``worker_gpus={0: ["0", "1"]}``
+(the worker declares them through ``spark.worker.resource.gpu.*`` and a discovery script that
+reports those addresses; an application asks for them with ``spark.executor.resource.gpu.amount``
+and ``spark.task.resource.gpu.amount``, and Spark assigns them to tasks as it would real ones).
 
     with StandaloneCluster(workers=2) as cluster:
         spark = session(cluster, "bench")
@@ -100,21 +103,25 @@ class StandaloneCluster:
     a fresh temporary directory, removed by :meth:`stop`) holds PID files, logs, work dirs.
     ``host`` is the master's (and a driver's) address; ``worker_hosts[i]`` worker ``i``'s, and
     ``worker_prefix[i]`` a command its daemon runs under, e.g. ``ip netns exec <ns>`` to put
-    it on another host (:mod:`sparkcnn.engine.testbed`).
+    it on another host (:mod:`sparkcnn.engine.testbed`). ``worker_gpus[i]``: the GPU addresses
+    worker ``i`` declares (fake ones: nothing checks that a device exists).
     """
 
     _SHARED = ("workers", "cores_per_worker", "memory", "workdir", "port", "webui_port",
-               "worker_ports", "worker_webui_ports", "host", "worker_hosts")
+               "worker_ports", "worker_webui_ports", "host", "worker_hosts", "worker_gpus")
 
     def __init__(self, workers: int = 2, cores_per_worker: int = 1, memory: str = "2g",
                  worker_env: dict | None = None, per_worker_env: dict[int, dict] | None = None,
                  workdir: str | None = None, daemon_memory: str = "512m", host: str = HOST,
-                 worker_hosts: list[str] | None = None, worker_prefix: dict[int, list[str]] | None = None):
+                 worker_hosts: list[str] | None = None, worker_prefix: dict[int, list[str]] | None = None,
+                 worker_gpus: dict[int, list[str]] | None = None):
         if workers < 1 or cores_per_worker < 1:
             raise ValueError(f"workers and cores_per_worker must be >= 1, got {workers}, {cores_per_worker}")
-        bad = sorted(set(per_worker_env or {}) - set(range(workers)))
-        if bad:
-            raise ValueError(f"per_worker_env names workers {bad}; workers are 0..{workers - 1}")
+        for name, per_worker in (("per_worker_env", per_worker_env), ("worker_gpus", worker_gpus)):
+            bad = sorted(set(per_worker or {}) - set(range(workers)))
+            if bad:
+                raise ValueError(f"{name} names workers {bad}; workers are 0..{workers - 1}")
+        self.worker_gpus = {int(i): [str(a) for a in addrs] for i, addrs in (worker_gpus or {}).items()}
         self.host = host
         self.worker_hosts = list(worker_hosts or [host] * workers)
         if len(self.worker_hosts) != workers:
@@ -147,6 +154,7 @@ class StandaloneCluster:
         handle = cls(info["workers"], info["cores_per_worker"], info["memory"], workdir=info["workdir"])
         for k in cls._SHARED:
             setattr(handle, k, info[k])
+        handle.worker_gpus = {int(i): addrs for i, addrs in info["worker_gpus"].items()}  # JSON keys are strings
         return handle
 
     @property
@@ -197,7 +205,7 @@ class StandaloneCluster:
                     "start", WORKER, i + 1, "--host", self.worker_hosts[i], "--port", str(self.worker_ports[i]),
                     "--cores", str(self.cores_per_worker), "--memory", self.memory,
                     "--webui-port", str(self.worker_webui_ports[i]), self.master_url,
-                    extra_env=self.per_worker_env.get(i), host=self.worker_hosts[i],
+                    extra_env={**self.per_worker_env.get(i, {}), **self._gpu_env(i)}, host=self.worker_hosts[i],
                     prefix=self.worker_prefix.get(i)))
             self._wait(lambda: self.alive_workers() >= self.workers, t0 + timeout, f"{self.workers} workers")
             self._reap_launchers(max(1.0, t0 + timeout - time.monotonic()))
@@ -207,6 +215,21 @@ class StandaloneCluster:
         log.info("standalone cluster %s up: %d workers in %.1f s", self.master_url, self.workers,
                  time.monotonic() - t0)
         return self
+
+    def _gpu_env(self, i: int) -> dict:
+        """Worker ``i``'s SPARK_WORKER_OPTS declaring its GPUs, with a discovery script in the
+        work dir that reports their addresses ({} for a worker without GPUs)."""
+        addrs = self.worker_gpus.get(i)
+        if not addrs:
+            return {}
+        script = os.path.join(self.workdir, "conf", f"gpus-{i}.sh")
+        with open(script, "w", encoding="utf-8") as f:
+            f.write("#!/bin/sh\n# fake GPUs of a test cluster: Spark's resource discovery format\n"
+                    f"echo '{json.dumps({'name': 'gpu', 'addresses': addrs})}'\n")
+        os.chmod(script, 0o755)
+        opts = {**self.worker_env, **self.per_worker_env.get(i, {})}.get("SPARK_WORKER_OPTS", "")
+        return {"SPARK_WORKER_OPTS": f"{opts} -Dspark.worker.resource.gpu.amount={len(addrs)} "
+                                     f"-Dspark.worker.resource.gpu.discoveryScript={script}".strip()}
 
     def _reap_launchers(self, timeout: float) -> None:
         # spark-daemon.sh writes the PID file at once, then sleeps ~2.5 s to see the JVM survive
@@ -344,14 +367,19 @@ def session(cluster: StandaloneCluster, app_name: str, conf: dict | None = None,
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     want = cluster.workers * (cluster.cores_per_worker // int(settings["spark.executor.cores"]))
+    wait_for_executors(spark, cluster, want, timeout - (time.monotonic() - t0))
+    log.info("session %r on %s: executors up in %.1f s", app_name, cluster.master_url, time.monotonic() - t0)
+    return spark
+
+
+def wait_for_executors(spark, cluster: StandaloneCluster, want: int, timeout: float = 60) -> None:
+    """Return once ``want`` executors have registered with ``spark``; else stop it and raise."""
+    t0 = time.monotonic()
     registered = spark.sparkContext._jsc.sc().getExecutorMemoryStatus  # its map includes the driver
     while registered().size() - 1 < want:
         if time.monotonic() - t0 > timeout:
             got = registered().size() - 1
             spark.stop()
             raise RuntimeError(f"only {got} of {want} executors registered with {cluster.master_url} "
-                               f"within {timeout} s\n{cluster.log_tail()}")
+                               f"within {timeout:.0f} s\n{cluster.log_tail()}")
         time.sleep(0.1)
-    log.info("session %r on %s: %d executors in %.1f s", app_name, cluster.master_url, want,
-             time.monotonic() - t0)
-    return spark
