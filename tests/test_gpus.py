@@ -26,10 +26,11 @@ EXE, TASK, REUSE = gpus.EXECUTOR_GPUS, gpus.TASK_GPUS, gpus.REUSE
      "spark.task.resource.gpu.amount=1 on master local[2]: local mode assigns tasks no GPUs and they would wait "
      "forever; use a cluster master, or unset it to train on the CPU"),
     ({EXE: "2", TASK: "1", REUSE: "true"}, CLUSTER,
-     "spark.python.worker.reuse=true with spark.executor.resource.gpu.amount=2: a reused Python worker keeps "
+     "spark.python.worker.reuse=true (Spark's default) with spark.executor.resource.gpu.amount=2: a reused Python "
+     "worker keeps "
      "the GPU its TensorFlow started on, and its next task may be assigned another; set "
      "spark.python.worker.reuse=false, or give each executor one GPU"),
-    ({EXE: "2", TASK: "0.5"}, CLUSTER, "spark.python.worker.reuse=true with"),  # Spark's default reuse
+    ({EXE: "2", TASK: "0.5"}, CLUSTER, "spark.python.worker.reuse=true (Spark's default) with"),  # unset
     ({TASK: "one"}, CLUSTER, "spark.task.resource.gpu.amount='one' is not a number"),
     ({EXE: "-1"}, CLUSTER, "spark.executor.resource.gpu.amount='-1' must be a finite amount >= 0"),
     ({EXE: "1.5", TASK: "0.5"}, CLUSTER, "spark.executor.resource.gpu.amount='1.5' must be a whole number"),

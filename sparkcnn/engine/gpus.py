@@ -105,9 +105,9 @@ def check(p: GpuPlan) -> str:
         raise BadInput(f"{amount} on master {p.master}: local mode assigns tasks no GPUs and they would "
                        f"wait forever; use a cluster master, or unset it to train on the CPU")
     if p.several and p.reuse:
-        raise BadInput(f"{REUSE}=true with {EXECUTOR_GPUS}={p.executor}: a reused Python worker keeps the "
-                       f"GPU its TensorFlow started on, and its next task may be assigned another; set "
-                       f"{REUSE}=false, or give each executor one GPU")
+        raise BadInput(f"{REUSE}=true (Spark's default) with {EXECUTOR_GPUS}={p.executor}: a reused Python "
+                       f"worker keeps the GPU its TensorFlow started on, and its next task may be assigned "
+                       f"another; set {REUSE}=false, or give each executor one GPU")
     if not p.task:
         if p.executor:
             return (f"GPUs: executors hold {p.executor} GPUs each but {TASK_GPUS} is unset, so Spark assigns "
