@@ -19,15 +19,17 @@ no GPU              train on the CPU (one log line)       as set
                                                           task); refused in one line where on
 ==================  ====================================  =====================================
 
-Keeping one Python worker per address instead is not in Spark's hands to give: its idle workers
-are a single queue per executor. One GPU per executor (``spark.executor.resource.gpu.amount=1``,
+Keeping one Python worker per address instead cannot be done from a task: an executor's idle
+Python workers form one queue, and Spark hands the next task to the first of them whatever GPU
+its TensorFlow holds. One GPU per executor (``spark.executor.resource.gpu.amount=1``,
 ``spark.executor.cores`` = the tasks that may share it) keeps workers, TensorFlow and its traced
 steps across rounds, which the jobs transport needs (one Spark job per exchange).
 
 Also refused in one line: a task amount above 1 (one model replica trains per task; no
 multi-GPU strategy here), and any task amount on a local master (local mode assigns tasks no
-resources, so they would wait forever). :func:`reuse_setting` is what
-:mod:`sparkcnn.engine.session` fills in; :func:`check_session` runs when a run gets its session.
+resources, so they would wait forever). :mod:`sparkcnn.engine.session` fills in
+:func:`reuse_setting` and runs :func:`check` before a session it opens starts;
+:func:`check_session` runs on whatever session a run gets, before any data work.
 """
 
 from __future__ import annotations
