@@ -47,9 +47,9 @@ _LOCAL_MASTER = re.compile(r"local(?:-cluster)?\[(\*|\d+)")
 
 
 def _task_context():
-    from sparkcnn.engine.backend import _spark_task_context
+    from sparkcnn.engine.backend import spark_task_context
 
-    return _spark_task_context()
+    return spark_task_context()
 
 
 def _block_task(fn, spec, split: str, num_blocks: int, shape: tuple, wanted):
