@@ -109,6 +109,8 @@ def test_connect_driver_killed_mid_run_resumes(tiny_data, tmp_path):
                              text=True, timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     summary = json.loads(resumed.stdout.strip().splitlines()[-1])
+    print("connect kill/resume:", json.dumps({k: summary[k] for k in ("transport", "rounds", "test_accuracy")}),
+          "records kept:", covered)
     assert summary["transport"] == "stream" and summary["test_accuracy"] > 0.6, summary
     records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
     assert records[:covered] == before[:covered]  # what the checkpoint covers stays as it was
