@@ -13,6 +13,7 @@ import, so the chaos seeds below are chosen for few, but enough, faults.
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import os
@@ -185,8 +186,14 @@ class _DriverUI:
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def _get(self, url: str):
-        with self._opener.open(url, timeout=5) as r:
-            return json.load(r)
+        """The JSON at ``url``; OSError or ValueError while no UI answers there. A port nobody
+        listens on yet can answer with our own request: the ports probed are in the ephemeral
+        range, and a connect whose source port is the same one opens a TCP connection to itself."""
+        try:
+            with self._opener.open(url, timeout=5) as r:
+                return json.load(r)
+        except http.client.HTTPException as e:  # BadStatusLine, RemoteDisconnected: not a UI
+            raise ValueError(f"{url}: {e!r}") from None
 
     def _find(self) -> None:
         # Spark binds the next port up when the chosen one was taken in the meantime
