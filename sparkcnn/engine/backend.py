@@ -151,6 +151,23 @@ def _one_key(x):
     return 0, x
 
 
+def packed_chunks(frame, num_blocks: int):
+    """``frame``'s rows packed per block on the executors (``worker.blocks.pack``): a DataFrame of
+    chunk rows (:data:`~sparkcnn.protocol.SPARK_CHUNK_SCHEMA`), the start of every placement."""
+    from sparkcnn.protocol import SPARK_CHUNK_SCHEMA
+
+    kind, shape = frame.kind, tuple(frame.shape)
+
+    def packer(batches):
+        from pyspark import TaskContext
+
+        from sparkcnn.worker.blocks import pack
+
+        return pack(batches, TaskContext.get().partitionId(), kind, shape, num_blocks)
+
+    return frame.df.mapInArrow(packer, SPARK_CHUNK_SCHEMA)
+
+
 class SparkBackend(Backend):
     """One Spark job per call over a small RDD of block ids.
 
@@ -198,16 +215,7 @@ class SparkBackend(Backend):
         """
         from pyspark import StorageLevel
 
-        from sparkcnn.protocol import SPARK_CHUNK_SCHEMA
-
-        kind, shape = frame.kind, tuple(frame.shape)
-
-        def packer(batches):
-            from pyspark import TaskContext
-
-            from sparkcnn.worker.blocks import pack
-
-            return pack(batches, TaskContext.get().partitionId(), kind, shape, num_blocks)
+        shape = tuple(frame.shape)
 
         def store(k, it):
             from sparkcnn.worker.blocks import store as store_block
@@ -215,7 +223,7 @@ class SparkBackend(Backend):
             yield store_block(spec, split, num_blocks, k, [v for _, v in it], spark_task_context(), shape)
 
         self._describe(f"sparkcnn {self.run_id} place {split} blocks")
-        chunks = frame.df.mapInArrow(packer, SPARK_CHUNK_SCHEMA)
+        chunks = packed_chunks(frame, num_blocks)
         pairs = chunks.rdd.map(_chunk_pair).partitionBy(num_blocks, _block_partition)
         rdd = (pairs.barrier() if spread else pairs).mapPartitionsWithIndex(store).persist(StorageLevel.MEMORY_ONLY)
         rdd.setName(f"sparkcnn {self.run_id} {split} blocks")

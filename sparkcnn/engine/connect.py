@@ -36,7 +36,7 @@ import uuid
 
 from sparkcnn.engine.backend import Backend
 from sparkcnn.errors import BadInput
-from sparkcnn.protocol import SPARK_CHUNK_SCHEMA, EvalResult, StreamTotals
+from sparkcnn.protocol import EvalResult, StreamTotals
 from sparkcnn.scheduler import ExecutorSample
 
 log = logging.getLogger(__name__)
@@ -146,17 +146,11 @@ class ConnectBackend(Backend):
         DataFrame (module docstring); returns block -> rows."""
         from pyspark.sql import functions as F
 
-        kind, shape = frame.kind, tuple(frame.shape)
+        from sparkcnn.engine.backend import packed_chunks
 
-        def packer(batches):
-            from pyspark import TaskContext
-
-            from sparkcnn.worker.blocks import pack
-
-            return pack(batches, TaskContext.get().partitionId(), kind, shape, num_blocks)
-
+        shape = tuple(frame.shape)
         keys = F.array(*[F.lit(k).cast("bigint") for k in self._partition_keys(num_blocks)])
-        placed = (frame.df.mapInArrow(packer, SPARK_CHUNK_SCHEMA)
+        placed = (packed_chunks(frame, num_blocks)
                   .withColumn("_key", F.element_at(keys, F.col("block") + 1))
                   .repartition(num_blocks, "_key").drop("_key").persist())
         counts = self._run(lambda: placed.mapInArrow(_count_task, "block int, rows long, blocks int").collect())
