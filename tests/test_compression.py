@@ -258,7 +258,8 @@ def test_sparsification_aware_momentum_matches_reference(dtype):
     for _ in range(5):
         g = rng.standard_normal(u.size).astype(np.float32)
         sent = sam.step(g, density, lr=lr, weights=w)
-        # Yan 2019: u = m·u + lr·(g + wd·w); send top(u); clear sent; u[~S] /= m.
+        # Yan 2019 (reference worker_gradient_executor): u = m·u + lr·(g + wd·w); send top(u);
+        # the sent entries keep u (their velocity), the unsent ones u /= m.
         u = np.float32(m) * u + np.float32(lr) * (g + np.float32(wd) * w)
         s = _reference_topk(u, layout, density)
         wire = u[s].astype(np.float16).astype(np.float32) if dtype == "float16" else u[s].copy()
@@ -266,13 +267,46 @@ def test_sparsification_aware_momentum_matches_reference(dtype):
         unsent[s] = False
         expected = u.copy()
         expected[unsent] = u[unsent] / np.float32(m)  # accumulate instead of decaying
-        expected[s] = (u[s] - wire) / np.float32(m)  # cleared, up to wire rounding
         assert np.array_equal(sent.indices, s)
         np.testing.assert_allclose(sent.values, wire, rtol=1e-6)
         np.testing.assert_allclose(sam.momentum, expected, rtol=1e-5, atol=1e-9)
-        if dtype == "float32":
-            assert np.all(sam.momentum[s] == 0)
+        assert np.array_equal(sam.momentum[s], u[s])  # kept exactly, not cleared
         u = expected
+
+
+def test_sparsification_aware_momentum_is_momentum_sgd_per_entry():
+    """Sent every step, an entry moves as momentum SGD; sent after T quiet steps, it applies
+    m·v + lr·(g_1 + … + g_T): momentum SGD on a T times larger batch (the paper's adaptive batch)."""
+    m, lr = 0.9, 0.1
+    rng = np.random.default_rng(3)
+    dense = SparsificationAwareMomentum((2000,), Sparsifier("topk", dense_below=0), value_dtype="float32",
+                                        momentum=m)
+    v = np.zeros(2000, np.float32)
+    for _ in range(4):
+        g = rng.standard_normal(2000).astype(np.float32)
+        sent = dense.step(g, 1.0, lr=lr, weights=None)
+        v = np.float32(m) * v + np.float32(lr) * g
+        assert sent.indices.size == 2000
+        np.testing.assert_allclose(sent.values[np.argsort(sent.indices)], v, rtol=1e-5, atol=1e-7)
+    # entry 0 is sent at step 1, then stays below the threshold for 3 steps, then is sent again
+    sam = SparsificationAwareMomentum((100,), Sparsifier("topk", dense_below=0), value_dtype="float32",
+                                      momentum=m)
+    big = np.zeros(100, np.float32)
+    big[0] = 10.0
+    first = sam.step(big, 0.01, lr=lr, weights=None)
+    assert first.indices.tolist() == [0] and first.values[0] == np.float32(lr * 10.0)
+    quiet = []
+    for k in range(3):
+        g = np.zeros(100, np.float32)
+        g[0], g[1 + k] = 0.5, 100.0  # another entry wins each of these steps
+        quiet.append(sam.step(g, 0.01, lr=lr, weights=None))
+    assert [q.indices.tolist() for q in quiet] == [[1], [2], [3]]
+    g = np.zeros(100, np.float32)
+    g[0] = 100.0
+    last = sam.step(g, 0.01, lr=lr, weights=None)
+    assert last.indices.tolist() == [0]
+    # the velocity after the first send, 1.0, decayed once (m), plus lr times the four gradients
+    assert last.values[0] == pytest.approx(m * lr * 10.0 + lr * (0.5 * 3 + 100.0), rel=1e-5)
 
 
 def test_mask_momentum_zeroes_sent_coordinates():

@@ -3,14 +3,16 @@
 Every policy has one interface, ``step(update, density, *, lr, weights) ->
 SparseDelta`` (arguments a policy does not need are ignored), keeps flat
 float32 buffers, selects entries with a :class:`~.sparsify.Sparsifier`, and
-sends them quantised to the wire dtype. What is not sent stays in the
-buffer, so nothing is lost::
+sends them quantised to the wire dtype. In error feedback and momentum
+correction what is not sent stays in the buffer, so nothing is lost::
 
     q = quantise(buf[S])      # exactly representable in the wire dtype
     buf[S] -= q               # exact: q(a) is within a factor 2 of a (Sterbenz)
 
 Hence ``sent + residual == accumulated input`` bitwise, for float16 and
 float32 values alike (float32: the residual at sent entries is exactly 0).
+Sparsification-aware momentum is a momentum, not a residual: its sent
+entries keep their velocity (see the class).
 
 Which policy a run uses, and whether the server multiplies what arrives by
 the learning rate, is decided here alone: :func:`make_policy` and
@@ -203,20 +205,29 @@ class DGCMomentum(_FlatState):
 
 
 class SparsificationAwareMomentum(_FlatState):
-    """Sparsification-aware momentum (Yan 2019, arXiv 1910.10929; DESIGN §3)::
+    """Sparsification-aware momentum (SAMomentum; Yan 2019, arXiv 1910.10929; DESIGN §3)::
 
         u = m·u + lr·(g + wd·w)  # update = g, weights = w; lr-scaled momentum, one buffer per block
         S = select(u, density)   # per-tensor threshold
-        send q(u[S]);  u[S] -= q(u[S])      # cleared (= 0 with float32 values)
-        u /= m                   # the next step's m·u restores it: what was not
-                                 # sent accumulates instead of decaying
+        send q(u[S])             # u[S] is kept: the momentum of a sent entry goes on as in SGD
+        u[~S] /= m               # the next step's m·u restores it: an entry not sent
+                                 # accumulates its gradients instead of decaying
 
-    Tensors sent whole every step (fewer than ``dense_below`` elements) keep
-    ``u`` as it is, neither cleared nor divided: plain momentum SGD there.
+    Each entry thus runs momentum SGD on its own batch: an entry sent every step
+    is plain momentum SGD; one sent after T steps applies ``m·v + lr·Σ g`` over
+    those T steps, momentum SGD with a T times larger batch (the paper's
+    "sparsification into adaptive batch size"). Unlike momentum correction, the
+    server gets no residual back for what it already applied: a sent entry's
+    ``u`` is its velocity, which the next sends carry on (what was applied is
+    ``q(u[S])``; the float16 rounding remainder is not fed back).
 
-    The sent entries hold only the wire rounding remainder, which is divided
-    by ``m`` like any other unsent mass; with float32 values they stay 0.
-    ``weights`` is read only when ``wd > 0``.
+    Tensors sent whole every step (fewer than ``dense_below`` elements) are
+    therefore plain momentum SGD. ``weights`` is read only when ``wd > 0``.
+
+    An earlier form here also cleared ``u[S]`` after sending, which left no
+    momentum at all on the sparse entries (only the undecayed accumulation);
+    the reference code (``worker_gradient_executor`` in the paper's
+    ``yanring/GradientServer``) keeps it, as above.
     """
 
     _buffers = ("momentum",)
@@ -241,11 +252,11 @@ class SparsificationAwareMomentum(_FlatState):
             u += np.float32(lr) * (g + self.wd * self._check_input("weights", weights))
         else:
             u += np.float32(lr) * g
-        sent = self._send(u, density)
+        idx = self.sparsifier.indices(u, self.layout, density)
+        kept = u[idx]
+        sent = SparseDelta(self.size, idx, quantise(kept, self.value_dtype))
         u /= self.m
-        if self.dense_ranges:
-            whole = self._dense[sent.indices]
-            u[sent.indices[whole]] = (u[sent.indices[whole]] * self.m) + sent.values[whole]
+        u[idx] = kept
         return sent
 
 
