@@ -175,12 +175,15 @@ def keras_reference(data: str, epochs: int) -> dict:
 
 
 def _aggregate(name: str, seeds: list[dict]) -> dict:
-    """A stream variant over its seeds: mean and standard deviation of what the table reports."""
+    """A stream variant over its seeds: mean and sample standard deviation (ddof = 1; None over
+    one value) of what the table reports."""
     import numpy as np
 
     def stat(key):
         vals = [r[key] for r in seeds if r.get(key) is not None]
-        return (float(np.mean(vals)), float(np.std(vals))) if vals else (None, None)
+        if not vals:
+            return None, None
+        return float(np.mean(vals)), (float(np.std(vals, ddof=1)) if len(vals) > 1 else None)
 
     out = {"name": name, "overrides": seeds[0]["overrides"][:-1], "seeds": [r["seed"] for r in seeds],
            "runs": seeds, "accuracy_per_epoch_mean": np.mean([r["accuracy_per_epoch"] for r in seeds], 0).tolist(),
