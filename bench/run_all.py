@@ -70,6 +70,11 @@ def benchmarks(quick: bool, seeds: int) -> dict[str, list[str]]:
         "psload": ["psload.py", *q],
         # the per-step speed-up with K shards, predicted from the two above ({out}: this run's folder)
         "shardmodel": ["shardmodel.py", "--psload", "{out}/psload.json", "--throughput", "{out}/throughput.json"],
+        # sparsification-aware momentum against momentum correction at N = 2, 4, 8 blocks
+        "momentum": ["momentum.py", *(["--blocks", "2", "--seeds", "1", "--epochs", "1", "--settings", "project"]
+                                      if quick else [])],
+        # async H = 1 sparse without warm-up over many seeds: the rare divergence, each loss curve
+        "divergence": ["divergence.py", *(["--seeds", "1"] if quick else ["--seeds", "10"])],
     }
     if quick:  # each starts a standalone cluster: 2.4 and 4 of the 14 minutes every --quick form took
         del plan["balance"], plan["costmodel"], plan["links"]
