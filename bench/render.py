@@ -1,6 +1,7 @@
 """BENCHMARKS.md and the README's headline block, rendered from one folder of benchmark results.
 
     python bench/render.py RESULTS_DIR [--out BENCHMARKS.md] [--readme README.md] [--check]
+    python bench/render.py --check-fresh [--out BENCHMARKS.md] [RESULTS_DIR]
 
 RESULTS_DIR holds what ``bench/run_all.py`` saved: ``<name>.json`` per benchmark (accuracy,
 throughput, jobcost, scale, balance, cifar, costmodel, links) and ``run_all.json``. The text is a pure
@@ -11,6 +12,11 @@ file renders as "Not measured in this run.", a missing field as "—".
 
 Exit status: 0 written (or, with ``--check``, the same); 1 ``--check`` found a difference (a
 unified diff on stdout); 2 no results, or a README without the markers (nothing is written).
+
+``--check-fresh`` writes nothing: it exits 1, one line per result, when a result behind the
+document was run at a commit whose ``sparkcnn/`` differs from HEAD's, or from a dirty tree
+(``bench/fresh.py``); it is run when results are published, not by the tests, so that later
+library changes do not turn the suite red.
 """
 
 from __future__ import annotations
@@ -352,6 +358,59 @@ def shardmodel_section(sm: dict | None) -> str:
     return "\n".join(out)
 
 
+MOMENTUM_FORMS = (("correction", "Momentum correction"), ("sparsification_aware", "SAMomentum"))
+
+
+def _per_epoch(mo: dict | None, setting, blocks, form) -> list[float]:
+    """Mean test accuracy after each epoch over the seeds of one cell of momentum.json."""
+    runs = [r for r in _list(_get(mo, "runs")) if isinstance(r, dict)
+            and (r.get("setting"), r.get("blocks"), r.get("form")) == (setting, blocks, form)]
+    curves = [r["accuracy_per_epoch"] for r in runs if isinstance(r.get("accuracy_per_epoch"), list)]
+    if not curves or len({len(c) for c in curves}) != 1:
+        return []
+    return [sum(c[i] for c in curves) / len(curves) for i in range(len(curves[0]))]
+
+
+def momentum_section(mo: dict | None, fig) -> str:
+    """momentum.json: sparsification-aware momentum against momentum correction, by N blocks."""
+    out = ["## Sparsification-aware momentum against momentum correction", ""]
+    rows = [r for r in _list(_get(mo, "summary")) if isinstance(r, dict) and "blocks" in r]
+    if not rows:
+        return "\n".join(out + [NOT_MEASURED])
+
+    def form(r, key):
+        return r.get(key) if isinstance(r.get(key), dict) else {}
+
+    def epochs(r, key):
+        return " → ".join(_f(x, 3) for x in _per_epoch(mo, r.get("setting"), r.get("blocks"), key)) or DASH
+
+    body = [[f"`{r.get('setting', DASH)}`", _g(r.get("blocks")),
+             *(_pm(form(r, k).get("mean"), form(r, k).get("sd"), 4) for k, _ in MOMENTUM_FORMS),
+             _f(r.get("samomentum_minus_correction_points"), 2),
+             *(epochs(r, k) for k, _ in MOMENTUM_FORMS),
+             " / ".join(_f(form(r, k).get("bytes_per_push"), 1, 1e-3) for k, _ in MOMENTUM_FORMS)] for r in rows]
+    settings = _get(mo, "settings") or {}
+    said = "; ".join(f"`{k}`: " + (", ".join(f"`{o}`" for o in v) if isinstance(v, list) and v else
+                                   "the project's defaults") for k, v in _items(settings))
+    n8 = [r for r in rows if r.get("blocks") == 8 and _num(r.get("samomentum_minus_correction_points"))]
+    verdict = ("Target: at N = 8, SAMomentum within 0.3 points of momentum correction, or better: "
+               + ", ".join(f"`{r.get('setting')}` {_f(r['samomentum_minus_correction_points'], 2)} points "
+                           f"({'holds' if r['samomentum_minus_correction_points'] >= -0.3 else 'does not hold'})"
+                           for r in n8) + ".") if n8 else ""
+    out += [measured(mo, "momentum"), "",
+            fig("momentum.png", "Final test accuracy by number of blocks, momentum correction and SAMomentum",
+                _draw_momentum, rows), "",
+            _table(["Setting", "N", "Momentum correction", "SAMomentum", "SAMomentum − correction (points)",
+                    "Correction by epoch", "SAMomentum by epoch", "kB per push (correction / SAMomentum)"], body),
+            "", verdict, "",
+            f"GS-ASGD + MS on the stream at one step per exchange (uplink density 0.001 after a 1-epoch "
+            f"warm-up from 0.25, downlink 0.01), {_g(_get(mo, 'epochs'))} epochs, {_g(_get(mo, 'seeds'))} seeds per "
+            "cell: mean ± sample standard deviation of the final test accuracy, and the mean after each epoch. "
+            f"N blocks on `local[N]`, one per slot. Settings: {said}. kB per push: bytes up and down per applied "
+            "push."]
+    return "\n".join(x for x in out if x is not None)
+
+
 def cifar_table(cif: dict | None) -> str:
     out = ["## CIFAR-10-format run (throughput only)", ""]
     modes = [m for m in _list(_get(cif, "modes")) if isinstance(m, dict)]
@@ -586,6 +645,22 @@ def _draw_speedup(ax, curves):
     axes[0].set_ylabel("predicted speed-up")
 
 
+def _draw_momentum(ax, rows):
+    labels = [f"{r.get('setting')}, N = {r.get('blocks')}" for r in rows]
+    width = 0.8 / len(MOMENTUM_FORMS)
+    for j, (key, name) in enumerate(MOMENTUM_FORMS):
+        cells = [r.get(key) if isinstance(r.get(key), dict) else {} for r in rows]
+        ax.bar([i + j * width for i in range(len(rows))], [c.get("mean") or 0 for c in cells], width,
+               yerr=[c.get("sd") or 0 for c in cells], label=name, capsize=3)
+    ax.set_xticks([i + width * (len(MOMENTUM_FORMS) - 1) / 2 for i in range(len(rows))], labels)
+    lows = [c["mean"] for r in rows for k, _ in MOMENTUM_FORMS
+            if isinstance(r.get(k), dict) and _num(r[k].get("mean")) for c in (r[k],)]
+    if lows:
+        ax.set_ylim(max(0.0, min(lows) - 0.05), min(1.0, max(lows) + 0.03))
+    ax.set(ylabel="final test accuracy")
+    ax.legend(fontsize=7)
+
+
 def _draw_balance(ax, modes, bal):
     vals = [bal.get(k) if _num(bal.get(k)) else 0 for _, _, k in modes]
     ax.barh([label for label, _, _ in modes], vals)
@@ -639,14 +714,16 @@ def render(results_dir: str, figures_dir: str | None = None, *, doc: str | None 
         return f"![{title}]({link_dir}/{name})"
 
     d = {n: _load(results_dir, n) for n in ("accuracy", "throughput", "jobcost", "scale", "balance", "cifar",
-                                             "costmodel", "links", "psload", "shardmodel", "run_all")}
+                                             "costmodel", "links", "psload", "shardmodel", "momentum",
+                                             "run_all")}
     top = ["# sparkcnn benchmarks", "", f"<!-- results: {results_label(results_dir)} -->", "",
            "Generated by `python bench/run_all.py` from the JSON each benchmark printed; do not edit by hand "
            "(re-render with `python bench/render.py RESULTS_DIR`)."]
     if _get(d["run_all"], "quick") is True:
         top += ["", "**This is a quick run (`--quick`): short forms of every benchmark, whose figures are not the "
                 "published ones.**"]
-    sections = [seed_table(d["accuracy"], fig), reference_table(d["accuracy"], d["throughput"]),
+    sections = [seed_table(d["accuracy"], fig), momentum_section(d["momentum"], fig),
+                reference_table(d["accuracy"], d["throughput"]),
                 throughput_table(d["throughput"]), cifar_table(d["cifar"]),
                 scale_section(d["scale"], d["costmodel"], fig), links_section(d["links"], fig), psload_section(d["psload"]),
                 shardmodel_section(d["shardmodel"]),
@@ -677,13 +754,45 @@ def _read(path: str) -> str:
         return ""
 
 
+def check_fresh(doc: str, results_dir: str | None = None) -> int:
+    """0 when every result behind ``doc`` (the folder its results line names, or ``results_dir``)
+    measured HEAD's sparkcnn/; 1, one line per stale result, otherwise; 2 when there is nothing to judge."""
+    if ROOT not in sys.path:  # run as a script: bench/ is on the path, the repository is not
+        sys.path.insert(0, ROOT)
+    from bench import fresh
+
+    named = results_dir or fresh.results_dir_of(_read(doc))
+    if named is None:
+        print(f"bench/render.py: {doc}: no '<!-- results: DIR -->' line naming its results", file=sys.stderr)
+        return 2
+    folder = named if os.path.isabs(named) else os.path.join(ROOT, named)
+    if not os.path.isdir(folder):
+        print(f"bench/render.py: {named}: no such folder of benchmark JSON", file=sys.stderr)
+        return 2
+    stale, checked = fresh.stale(folder)
+    if not checked:
+        print(f"bench/render.py: {named}: no benchmark JSON to judge", file=sys.stderr)
+        return 2
+    for line in stale:
+        print(f"stale: {named}/{line}")
+    print(f"{checked - len(stale)} of {checked} results in {named} measured HEAD's sparkcnn/")
+    return 1 if stale else 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results_dir", help="a folder of <benchmark>.json (bench/run_all.py's --out)")
+    ap.add_argument("results_dir", nargs="?", help="a folder of <benchmark>.json (bench/run_all.py's --out)")
     ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"), help="the document to write or check")
     ap.add_argument("--readme", help="a README whose benchmarks:begin/end block gets the headline")
     ap.add_argument("--check", action="store_true", help="write nothing; diff against the files, exit 1 if they differ")
+    ap.add_argument("--check-fresh", action="store_true",
+                    help="write nothing; exit 1 if a result of the folder --out names (or RESULTS_DIR) was run "
+                         "at a commit whose sparkcnn/ differs from HEAD's (bench/fresh.py)")
     a = ap.parse_args(argv)
+    if a.check_fresh:
+        return check_fresh(a.out, a.results_dir)
+    if a.results_dir is None:
+        ap.error("RESULTS_DIR is required (but with --check-fresh)")
     if not os.path.isdir(a.results_dir) or not any(n.endswith(".json") for n in os.listdir(a.results_dir)):
         print(f"bench/render.py: {a.results_dir}: no such folder of benchmark JSON", file=sys.stderr)
         return 2

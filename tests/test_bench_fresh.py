@@ -42,3 +42,31 @@ def test_results_at_head_are_fresh_and_older_library_code_is_stale(tmp_path):
 def test_the_results_line_of_a_rendered_document():
     assert fresh.results_dir_of("# t\n\n<!-- results: bench/results/x -->\n\nbody") == "bench/results/x"
     assert fresh.results_dir_of("# no line") is None
+
+
+def _render(*args) -> subprocess.CompletedProcess:
+    import os
+    import sys
+
+    return subprocess.run([sys.executable, os.path.join(fresh.ROOT, "bench", "render.py"), *map(str, args)],
+                          cwd=fresh.ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_render_check_fresh_judges_the_folder_the_document_names(tmp_path):
+    head = _git("rev-parse", "HEAD")
+    results = tmp_path / "results"
+    results.mkdir()
+    _result(results, "accuracy.json", git_commit=head, git_dirty=False)
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text(f"# sparkcnn benchmarks\n\n<!-- results: {results} -->\n\nbody\n")
+    ok = _render("--check-fresh", "--out", doc)
+    assert ok.returncode == 0 and "1 of 1 results" in ok.stdout, ok.stdout + ok.stderr
+    _result(results, "links.json", git_commit=head, git_dirty=True)
+    stale = _render("--check-fresh", "--out", doc)
+    assert stale.returncode == 1
+    assert [ln for ln in stale.stdout.splitlines() if ln.startswith("stale:")] == [
+        f"stale: {results}/links.json: run at {head[:7]} from a tree with uncommitted changes"]
+    doc.write_text("# no results line\n")
+    missing = _render("--check-fresh", "--out", doc)
+    assert missing.returncode == 2 and "no '<!-- results: DIR -->' line" in missing.stderr
+    assert doc.read_text() == "# no results line\n"  # nothing written

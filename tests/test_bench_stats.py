@@ -38,3 +38,25 @@ def test_momentum_summary_pairs_the_forms_by_setting_and_blocks():
     assert two["sparsification_aware"]["bytes_per_push"] == 100.0
     assert two["samomentum_minus_correction_points"] == pytest.approx(3.5)
     assert rows[1]["correction"]["sd"] is None and "samomentum_minus_correction_points" not in rows[1]
+
+
+def test_momentum_section_renders_the_committed_ablation():
+    import os
+
+    render = importlib.import_module("bench.render")
+    folder = os.path.join(render.ROOT, "bench", "results", "2026-12-04-momentum")
+    mo = render._load(folder, "momentum")
+    text = render.momentum_section(mo, lambda *a: "![figure](momentum.png)")
+    rows = [ln for ln in text.splitlines() if ln.startswith("| `")]
+    assert len(rows) == len(mo["summary"])
+    for row, s in zip(rows, mo["summary"]):
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[:2] == [f"`{s['setting']}`", str(s["blocks"])]
+        mc, sa = s["correction"], s["sparsification_aware"]
+        assert cells[2] == f"{mc['mean']:.4f} ± {mc['sd']:.4f}" and cells[3] == f"{sa['mean']:.4f} ± {sa['sd']:.4f}"
+        assert cells[4] == f"{s['samomentum_minus_correction_points']:.2f}"
+    n8 = [s for s in mo["summary"] if s["blocks"] == 8]
+    for s in n8:  # the verdict follows the figure, whichever way it falls
+        verdict = "holds" if s["samomentum_minus_correction_points"] >= -0.3 else "does not hold"
+        assert f"`{s['setting']}` {s['samomentum_minus_correction_points']:.2f} points ({verdict})" in text
+    assert render.momentum_section(None, lambda *a: "").endswith("Not measured in this run.")
