@@ -25,6 +25,10 @@ sparsification-aware momentum). Every run
 carries ``time_to_0_88_s`` and ``time_to_0_90_s`` (to the first epoch end at test accuracy >= 0.88
 or 0.90, null if never).
 
+Every row runs ``--seeds`` seeds (``run.seed`` 42, 43, ...; the jobs rows too) and reports their
+mean and sample standard deviation. ``stream-gs-asgd-ms-n8`` and ``stream-gs-asgd-samomentum-n8``
+are the last two on 8 blocks (``local[8]``), each run in a process of its own.
+
 ``reference`` (``--keras``): ``keras``, single-process Keras ``model.fit`` on the same model, data,
 batch size, momentum and lr schedule (TF's default threads), its accuracy per epoch, wall and times
 to 0.88 and 0.90: what the parallel runs are compared with.
@@ -36,14 +40,16 @@ to 0.88 and 0.90: what the parallel runs are compared with.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import config_of, emit, ensure_data, run_children  # noqa: E402
+from bench._common import ROOT, config_of, emit, ensure_data, run_children  # noqa: E402
 
 SPARSE = ["compression.method=threshold", "compression.density=0.001", "compression.initial_density=0.25",
           "compression.warmup_epochs=3", "compression.dense_below=1000"]  # only biases travel dense
@@ -61,6 +67,7 @@ VARIANTS = {
 # the second seed's own setting: one step per exchange over the streaming transport, async (ASGD),
 # 3 seeds each; sparse variants clip each block's gradient (DGC; ~0.8-1.7 measured per batch here)
 STREAM = ["engine.transport=stream", "engine.mode=async", "train.steps_per_round=1"]
+N8 = ["data.num_blocks=8", "engine.master=local[8]"]
 # GS-ASGD is momentum correction (the seed's words) without DGC's factor masking, which slows
 # coordinates selected every step (2 epochs: 0.848 with it, 0.862 without, 0.870 dense)
 STREAM_SPARSE = [*STREAM, *SPARSE, "compression.clip_norm=2.0", "compression.factor_masking=false"]
@@ -69,6 +76,9 @@ STREAM_VARIANTS = {
     "stream-gs-asgd": STREAM_SPARSE,  # uplink 0.001 + DGC momentum correction
     "stream-gs-asgd-ms": [*STREAM_SPARSE, *BIDIR],  # + model-parameter sparsification (downlink 0.01)
     "stream-gs-asgd-samomentum": [*STREAM_SPARSE, *BIDIR, "compression.momentum=sparsification_aware"],
+    # the same two at N = 8 blocks (local[8], each run in a process of its own): staleness grows with N
+    "stream-gs-asgd-ms-n8": [*STREAM_SPARSE, *BIDIR, *N8],
+    "stream-gs-asgd-samomentum-n8": [*STREAM_SPARSE, *BIDIR, "compression.momentum=sparsification_aware", *N8],
 }
 # the two momentum forms of the per-step path (steps_per_round = 1, DESIGN §3), side by side on a
 # slice of the training set: DGC momentum correction with factor masking, and sparsification-aware
@@ -101,6 +111,31 @@ def _time_to(records: list[dict], target: float) -> float | None:
         if r["kind"] == "epoch" and r.get("test_accuracy", 0) >= target:
             return r["wall_s"]
     return None
+
+
+def _own_process(overrides: list[str]) -> bool:
+    """A run whose master is set (another N than this process's session) needs a process of its own."""
+    return any(o.startswith("engine.master=") for o in overrides)
+
+
+def run_isolated(data: str, name: str, overrides: list[str], epochs: int, out_dir: str) -> dict:
+    """:func:`run_variant` in a child process (its own Spark session, on the master it names)."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYSPARK_PYTHON=sys.executable)
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", name, "--data", data,
+                           "--epochs", str(epochs), "--out-dir", out_dir, "--overrides", json.dumps(overrides)],
+                          capture_output=True, text=True, env=env, timeout=4 * 3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench/accuracy.py: {name} failed (exit {proc.returncode}): "
+                           f"{proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_seeds(data: str, name: str, overrides: list[str], epochs: int, out_dir: str, seeds: int) -> dict:
+    """``name`` over ``seeds`` seeds (``run.seed`` 42, 43, ...), aggregated."""
+    run = run_isolated if _own_process(overrides) else run_variant
+    return _aggregate(name, [run(data, name, [*overrides, f"run.seed={42 + i}"], epochs, out_dir)
+                             for i in range(seeds)])
 
 
 def run_variant(data: str, name: str, overrides: list[str], epochs: int, out_dir: str) -> dict:
@@ -226,7 +261,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--momentum-epochs", type=int, default=3)
     ap.add_argument("--momentum-rows", type=int, default=20000,
                     help="training rows of the slice the momentum forms are compared on")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # a child of run_isolated: one run, its JSON
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--out-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--overrides", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.one:
+        print(json.dumps(run_variant(a.data, a.one, json.loads(a.overrides), a.epochs, a.out_dir)))
+        return {}
+    if a.seeds < 1:
+        raise SystemExit(f"bench/accuracy.py: --seeds must be >= 1, got {a.seeds}")
     data = ensure_data()
     out_dir = tempfile.mkdtemp(prefix="sparkcnn-bench-acc-")
     epochs = 1 if a.quick else a.epochs
@@ -237,17 +281,16 @@ def main(argv=None) -> dict:
     for name in filter(None, a.variants.split(",")):
         if name not in VARIANTS:
             raise SystemExit(f"bench/accuracy.py: unknown variant {name!r} (known: {', '.join(VARIANTS)})")
-        runs.append(run_variant(data, name, VARIANTS[name], epochs, out_dir))
-        print(f"# {name}: {runs[-1]['test_accuracy']}", file=sys.stderr, flush=True)
+        runs.append(run_seeds(data, name, VARIANTS[name], epochs, out_dir, a.seeds))
+        print(f"# {name}: {runs[-1]['test_accuracy_mean']:.4f} +- {runs[-1]['test_accuracy_std'] or 0:.4f}",
+              file=sys.stderr, flush=True)
     stream = []
     names = list(STREAM_VARIANTS) if a.stream == "all" else list(filter(None, a.stream.split(",")))
     for name in names:
         if name not in STREAM_VARIANTS:
             raise SystemExit(f"bench/accuracy.py: unknown stream variant {name!r} (known: {', '.join(STREAM_VARIANTS)})")
-        seeds = [run_variant(data, name, [*STREAM_VARIANTS[name], f"run.seed={42 + i}"], epochs, out_dir)
-                 for i in range(a.seeds)]
-        stream.append(_aggregate(name, seeds))
-        print(f"# {name}: {stream[-1]['test_accuracy_mean']:.4f} +- {stream[-1]['test_accuracy_std']:.4f}",
+        stream.append(run_seeds(data, name, STREAM_VARIANTS[name], epochs, out_dir, a.seeds))
+        print(f"# {name}: {stream[-1]['test_accuracy_mean']:.4f} +- {stream[-1]['test_accuracy_std'] or 0:.4f}",
               file=sys.stderr, flush=True)
     sweep = []
     if not (a.quick or a.no_sweep):
@@ -276,20 +319,20 @@ def main(argv=None) -> dict:
     for mode in ("sync", "async"):
         dense = by.get(f"{mode}-dense")
         if mode == "sync" and dense:
-            checks["sync-dense>=0.91"] = dense["test_accuracy"] >= 0.91
+            checks["sync-dense>=0.91"] = dense["test_accuracy_mean"] >= 0.91
         for v in (f"{mode}-sparse", f"{mode}-sparse-bidir"):
             if v in by:
-                checks[f"{v} steady_uplink_ratio>=270"] = by[v]["steady_uplink_ratio"] >= 270
+                checks[f"{v} steady_uplink_ratio>=270"] = by[v]["steady_uplink_ratio_mean"] >= 270
                 if dense:
                     checks[f"{v} within 0.5pt of {mode}-dense"] = (
-                        dense["test_accuracy"] - by[v]["test_accuracy"] <= 0.005)
+                        dense["test_accuracy_mean"] - by[v]["test_accuracy_mean"] <= 0.005)
         bidir = by.get(f"{mode}-sparse-bidir")
         if bidir:
-            checks[f"{mode}-sparse-bidir steady_downlink_ratio>=100"] = bidir["steady_downlink_ratio"] >= 100
+            checks[f"{mode}-sparse-bidir steady_downlink_ratio>=100"] = bidir["steady_downlink_ratio_mean"] >= 100
             if mode == "async" and dense:
-                checks["async-sparse-bidir faster than async-dense"] = bidir["wall_s"] < dense["wall_s"]
+                checks["async-sparse-bidir faster than async-dense"] = bidir["wall_s_mean"] < dense["wall_s_mean"]
     checks.update(_stream_checks({r["name"]: r for r in stream}))
-    out = {"bench": "accuracy", "quick": a.quick, "model": "fmnist_cnn", "blocks": 2, "runs": runs,
+    out = {"bench": "accuracy", "quick": a.quick, "model": "fmnist_cnn", "blocks": 2, "std_ddof": 1, "runs": runs,
            "reference": reference, "sweep": sweep, "momentum_forms": momentum, "stream": stream, "checks": checks}
     emit(out)
     return out

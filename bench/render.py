@@ -49,6 +49,8 @@ NAMES = {
     "async-sparse": "GS-ASGD",
     "async-sparse-bidir": "GS-ASGD + MS",
     "stream-gs-asgd-samomentum": "GS-ASGD + MS, sparsification-aware momentum",
+    "stream-gs-asgd-ms-n8": "GS-ASGD + MS, 8 blocks",
+    "stream-gs-asgd-samomentum-n8": "GS-ASGD + MS, sparsification-aware momentum, 8 blocks",
 }
 # throughput.json's stream cases -> row labels (sparse: uplink 0.001, downlink 0.01)
 STREAM_CASES = {"async_h1_sparse": "Stream, async, H = 1, sparse",
@@ -177,8 +179,11 @@ def seed_rows(acc: dict | None) -> list[dict]:
 
 
 def seed_table(acc: dict | None, fig) -> str:
-    out = ["## Seed experiment (Fashion-MNIST, 2 blocks)", ""]
     rows = seed_rows(acc)
+    blocks = "2 blocks, 8 where the row says so" if any(_name(r).endswith("-n8") for r in rows) else "2 blocks"
+    out = [f"## Seed experiment (Fashion-MNIST, {blocks})", ""]
+    spread = ("mean ± sample standard deviation" if _get(acc, "std_ddof") == 1
+              else "mean ± standard deviation (population, ddof 0)")
     if not rows:
         return "\n".join(out + [NOT_MEASURED])
     body = []
@@ -194,7 +199,7 @@ def seed_table(acc: dict | None, fig) -> str:
             _table(["Variant", "H", "Final accuracy", "Wall (s)", "To 0.88 (s)", "To 0.90 (s)", "Bytes up (MB)",
                     "Bytes down (MB)", "Uplink ratio", "Downlink ratio"], body), "",
             "H: local steps per exchange with the driver (≈: async jobs sized by time to about that many). "
-            "Final accuracy: test accuracy after the last epoch; rows over seeds give mean ± standard deviation. "
+            f"Final accuracy: test accuracy after the last epoch; rows over seeds give {spread}. "
             "Wall: seconds of the whole run, evaluation included. To 0.88 / 0.90: seconds to the first epoch end "
             "at that test accuracy, over the seeds that reached it ((k/n) when only k of n did). Bytes: MB "
             "(10^6 bytes) all blocks sent to (up) and received from (down) the driver. Ratios: dense bytes / "

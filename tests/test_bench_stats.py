@@ -60,3 +60,34 @@ def test_momentum_section_renders_the_committed_ablation():
         verdict = "holds" if s["samomentum_minus_correction_points"] >= -0.3 else "does not hold"
         assert f"`{s['setting']}` {s['samomentum_minus_correction_points']:.2f} points ({verdict})" in text
     assert render.momentum_section(None, lambda *a: "").endswith("Not measured in this run.")
+
+
+def test_every_seed_table_row_runs_its_seeds_and_n8_rows_run_apart(monkeypatch):
+    calls = []
+
+    def fake(kind):
+        def run(data, name, overrides, epochs, out_dir):
+            calls.append((kind, name, overrides[-1]))
+            return {**_run(int(overrides[-1].split("=")[1]), 0.9), "overrides": overrides}
+        return run
+
+    monkeypatch.setattr(accuracy, "run_variant", fake("here"))
+    monkeypatch.setattr(accuracy, "run_isolated", fake("child"))
+    jobs = accuracy.run_seeds("d", "sync-dense", accuracy.VARIANTS["sync-dense"], 1, "o", 3)
+    n8 = accuracy.run_seeds("d", "stream-gs-asgd-ms-n8", accuracy.STREAM_VARIANTS["stream-gs-asgd-ms-n8"], 1, "o", 2)
+    assert calls == [("here", "sync-dense", "run.seed=42"), ("here", "sync-dense", "run.seed=43"),
+                     ("here", "sync-dense", "run.seed=44"), ("child", "stream-gs-asgd-ms-n8", "run.seed=42"),
+                     ("child", "stream-gs-asgd-ms-n8", "run.seed=43")]
+    assert jobs["seeds"] == [42, 43, 44] and jobs["overrides"] == accuracy.VARIANTS["sync-dense"]
+    assert {"data.num_blocks=8", "engine.master=local[8]"} <= set(n8["overrides"])
+
+
+def test_seed_table_names_its_spread_and_its_blocks():
+    render = importlib.import_module("bench.render")
+    row = {**accuracy._aggregate("stream-gs-asgd-ms-n8", [_run(0, 0.80), _run(1, 0.82)]),
+           "overrides": accuracy.STREAM_VARIANTS["stream-gs-asgd-ms-n8"]}
+    text = render.seed_table({"std_ddof": 1, "stream": [row]}, lambda *a: "")
+    assert text.startswith("## Seed experiment (Fashion-MNIST, 2 blocks, 8 where the row says so)")
+    assert "mean ± sample standard deviation" in text
+    assert f"0.8100 ± {statistics.stdev([0.80, 0.82]):.4f}" in text
+    assert "population, ddof 0" in render.seed_table({"stream": [row]}, lambda *a: "")
