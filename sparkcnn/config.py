@@ -10,6 +10,7 @@ out-of-range values raise :class:`BadInput` naming the field, e.g.
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 
@@ -293,6 +294,10 @@ class Config:
         return Config(**out).validate()
 
 
+# a number in exponent form that YAML 1.1 leaves a string: 1e-4, 5E3, 2.e+9
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def _coerce(key: str, tp, value):
     """Check ``value`` against the annotated field type; ints widen to floats."""
     if tp is bool:
@@ -300,6 +305,8 @@ def _coerce(key: str, tp, value):
     elif tp is int:
         _check(isinstance(value, int) and not isinstance(value, bool), key, "an integer", value)
     elif tp is float:
+        if isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 reads 1e-4 (no dot, or no exponent sign) as a string
         _check(isinstance(value, (int, float)) and not isinstance(value, bool), key, "a number", value)
         value = float(value)
     elif tp is str:

@@ -26,6 +26,19 @@ def test_int_widens_to_float():
     assert config.load(None, ["train.lr=1"]).train.lr == 1.0
 
 
+def test_exponent_numbers_that_yaml_reads_as_strings_are_numbers(tmp_path):
+    """YAML 1.1 (PyYAML) reads 1e-4 and 5E3 as strings; a number field takes them as numbers."""
+    cfg = config.load(None, ["train.lr=1e-4", "guard.loss_spike_factor=5E3", "compression.density=2.5e-3"])
+    assert (cfg.train.lr, cfg.guard.loss_spike_factor, cfg.compression.density) == (1e-4, 5e3, 2.5e-3)
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  lr: 3e-2\n")
+    assert config.load(str(path)).train.lr == 0.03
+    with pytest.raises(BadInput, match=r"train\.lr must be a number, got '1e-4x'"):
+        config.load(None, ["train.lr=1e-4x"])
+    with pytest.raises(BadInput, match=r"train\.epochs must be an integer, got '1e3'"):
+        config.load(None, ["train.epochs=1e3"])  # an integer field stays strict
+
+
 @pytest.mark.parametrize("override, message", [
     (["train.epochz=3"], r"unknown config key 'train\.epochz'"),
     (["trainer.epochs=3"], r"unknown config key 'trainer'"),
