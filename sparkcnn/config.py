@@ -199,6 +199,8 @@ class GuardConfig:
                                     # up over ~1/(1 - m) = 10 steps per block, so the first per-step deltas
                                     # are up to 10x smaller than later ones (H = 1: 20-40 rejected without)
     action: str = "halve_lr"        # on a spike: halve_lr | raise_density | stop (exit 3)
+    max_spikes_in_a_row: int = 3    # judged losses spiking in a row despite the action: stop (exit 3);
+                                    # 0 = never (a collapsed run then goes on at chance level)
 
     def validate(self, p: str) -> None:
         _check(self.max_norm_factor > 1, f"{p}.max_norm_factor", "> 1", self.max_norm_factor)
@@ -207,6 +209,7 @@ class GuardConfig:
         _check(self.warmup_steps >= 0, f"{p}.warmup_steps", ">= 0", self.warmup_steps)
         _check(self.action in ("halve_lr", "raise_density", "stop"), f"{p}.action",
                "one of halve_lr, raise_density, stop", self.action)
+        _check(self.max_spikes_in_a_row >= 0, f"{p}.max_spikes_in_a_row", ">= 0", self.max_spikes_in_a_row)
 
 
 @dataclass(frozen=True)

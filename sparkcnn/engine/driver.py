@@ -192,6 +192,10 @@ class RoundDriver:
         self.counters["loss_spikes"] += 1
         if action == "stop" or not math.isfinite(loss):
             raise Diverged(f"{tag}: training loss {loss:.4g} diverged (guard.action={action})")
+        limit = self.cfg.guard.max_spikes_in_a_row
+        if limit and self.guard.in_a_row >= limit:
+            raise Diverged(f"{tag}: training loss {loss:.4g} spiked in {self.guard.in_a_row} judgments in a row "
+                           f"despite guard.action={action}: the run collapsed (guard.max_spikes_in_a_row={limit})")
         if action == "halve_lr":
             self.lr_factor *= 0.5
         else:

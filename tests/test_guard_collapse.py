@@ -1,0 +1,92 @@
+"""A real collapse, caught: the stream at one step per exchange with a peak lr far too high.
+
+The lr warms up linearly from lr/10 over 3 epochs to 1.0, twenty times the project's: training
+is sound at first, then the loss explodes as the lr climbs. Without the guard (its factors out of
+reach, no limit on spikes in a row) the run goes on and ends at chance level. With the guard as
+shipped (halve the lr on a spike), halving does not undo the collapse; after
+``guard.max_spikes_in_a_row`` spiking judgments in a row the run stops with ``Diverged`` (exit 3).
+"""
+
+import os
+
+import pytest
+
+from sparkcnn.errors import Diverged
+
+COLLAPSE = ["engine.transport=stream", "engine.mode=async", "train.steps_per_round=1", "train.epochs=4",
+            "train.batch_size=32", "train.lr=1.0", "train.lr_warmup_epochs=3", "train.lr_schedule=constant",
+            "compression.method=threshold", "compression.density=0.01", "compression.dense_below=1000",
+            "compression.density_down=0.05", "guard.loss_samples=128"]
+GUARD_OFF = ["guard.loss_spike_factor=1e12", "guard.max_norm_factor=1e12", "guard.max_spikes_in_a_row=0"]
+
+
+def _rounds(run_dir: str) -> list[dict]:
+    from sparkcnn.metrics import read_jsonl
+
+    return [r for r in read_jsonl(os.path.join(run_dir, "metrics.jsonl")) if r["kind"] == "round"]
+
+
+def _run_dir(out: str) -> str:
+    [name] = os.listdir(out)
+    return os.path.join(out, name)
+
+
+@pytest.fixture(scope="module")
+def runs(spark, tiny_data, tmp_path_factory):
+    from sparkcnn import config
+    from sparkcnn.train import train
+
+    out = {}
+    off_dir = tmp_path_factory.mktemp("guard-off")
+    summary = train(config.load(None, [f"data.path={tiny_data}", f"run.out_dir={off_dir}", *COLLAPSE, *GUARD_OFF]),
+                    progress=None)
+    out["off"] = summary, _rounds(summary["run_dir"])
+    on_dir = tmp_path_factory.mktemp("guard-on")
+    with pytest.raises(Diverged) as caught:
+        train(config.load(None, [f"data.path={tiny_data}", f"run.out_dir={on_dir}", *COLLAPSE]), progress=None)
+    out["on"] = caught.value, _rounds(_run_dir(str(on_dir)))
+    return out
+
+
+def test_without_the_guard_the_run_collapses_to_chance(runs):
+    summary, rounds = runs["off"]
+    early = sum(r["loss"] for r in rounds[:20]) / 20
+    worst = max(r["loss"] for r in rounds)
+    print(f"\nguard collapse: off -> test accuracy {summary['test_accuracy']:.3f}, loss {early:.3g} early, "
+          f"{worst:.3g} at worst, spikes counted {summary['loss_spikes']}")
+    assert summary["test_accuracy"] <= 0.2  # 10 classes: chance is 0.1
+    assert worst > 10 * early
+    assert summary["loss_spikes"] is not None and summary["rejected_deltas"] is not None  # reported
+
+
+def test_with_the_guard_the_collapse_stops_the_run(runs):
+    err, rounds = runs["on"]
+    print(f"guard collapse: on -> {err}")
+    assert err.exit_code == 3
+    assert "spiked in 3 judgments in a row despite guard.action=halve_lr" in str(err)
+    assert str(err).count("\n") == 0
+    early = sum(r["loss"] for r in rounds[:20]) / 20
+    assert max(r["loss"] for r in rounds) > 3 * early  # it was collapsing when it stopped
+    assert len(rounds) < 4 * 38  # stopped well before the 4 epochs' pushes
+
+
+def test_spikes_in_a_row_reset_on_a_sound_judgment_and_survive_a_checkpoint():
+    from sparkcnn.guard import DivergenceGuard
+
+    g = DivergenceGuard(loss_spike_factor=3, warmup=3)
+    for loss in (1.0, 1.0, 1.0, 9.0, 9.0):
+        g.check_loss(loss)
+    assert (g.spikes, g.in_a_row) == (2, 2)
+    resumed = DivergenceGuard(loss_spike_factor=3, warmup=3)
+    resumed.load_state_dict(g.state_dict())
+    assert resumed.in_a_row == 2 and resumed.check_loss(float("nan")) and resumed.in_a_row == 3
+    assert not resumed.check_loss(1.1) and resumed.in_a_row == 0
+    assert DivergenceGuard().load_state_dict({"spikes": 1}) is None  # an older checkpoint: none in a row
+
+
+def test_max_spikes_in_a_row_is_checked():
+    from sparkcnn import config
+    from sparkcnn.errors import BadInput
+
+    with pytest.raises(BadInput, match=r"guard\.max_spikes_in_a_row must be >= 0, got -1"):
+        config.load(None, ["guard.max_spikes_in_a_row=-1"])
