@@ -10,8 +10,13 @@ function of those JSONs (fixed decimals, no clock, no absolute path of the repos
 into ``RESULTS_DIR/figures/``, are not compared (matplotlib versions draw differently). A missing
 file renders as "Not measured in this run.", a missing field as "—".
 
+With ``--readme``, ``--check`` also fails on a measured figure (a number with a unit of time,
+speed or size, a ratio, a share or an accuracy) anywhere in the README outside its rendered
+block: every figure a reader sees there comes from the results (``hand_figures``).
+
 Exit status: 0 written (or, with ``--check``, the same); 1 ``--check`` found a difference (a
-unified diff on stdout); 2 no results, or a README without the markers (nothing is written).
+unified diff on stdout) or a hand-written figure; 2 no results, or a README without the markers
+(nothing is written).
 
 ``--check-fresh`` writes nothing: it exits 1, one line per result, when a result behind the
 document was run at a commit whose ``sparkcnn/`` differs from HEAD's, or from a dirty tree
@@ -739,6 +744,39 @@ def render(results_dir: str, figures_dir: str | None = None, *, doc: str | None 
             "headline": headline(d["accuracy"], d["throughput"], os.path.relpath(doc, readme_dir))}
 
 
+# A measured figure written by hand: a number with a unit of time, speed or size, a ratio or a
+# share, or an accuracy-like decimal. Outside the rendered block the README may hold none; a
+# number that is a setting is said in words around it, and those phrases are listed here.
+FIGURE = re.compile(r"(?<![\w/.])(?:\d[\d,]*(?:\.\d+)?\s?(?:ms|µs|s|sec|seconds|minutes|min|h|images?/s|img/s|"
+                    r"MB|kB|KB|GB|MiB|GiB|TB|[×x]|%)(?![\w])|0\.[5-9]\d+\b)")
+SETTING_PHRASES = (
+    "8 × parameters + 1 MiB",       # engine.max_message_bytes' default
+    "4 × blocks",                   # the stream's staleness bound
+    "one per 50× the last one's cost, so checkpoints take under 2 % of the run",  # checkpoint pacing, by design
+    "10× the running median",       # guard.max_norm_factor
+    "above 3× the median",          # guard.loss_spike_factor
+    "±20 % of the target count",    # the threshold estimate's tolerance
+    "25 % → 6.25 %",                # the density warm-up's schedule
+)
+
+
+def hand_figures(text: str) -> list[str]:
+    """Measured figures outside the rendered block of a README, one line each ("line N: ...")."""
+    lines = text.splitlines()
+    marks = [ln.strip() for ln in lines]
+    inside = set()
+    if BEGIN in marks and END in marks[marks.index(BEGIN):]:
+        inside = set(range(marks.index(BEGIN), marks.index(END, marks.index(BEGIN)) + 1))
+    found = []
+    for i, line in enumerate(lines):
+        if i in inside:
+            continue
+        for phrase in SETTING_PHRASES:
+            line = line.replace(phrase, "")
+        found += [f"line {i + 1}: {m.group(0)!r} in {lines[i].strip()[:100]!r}" for m in FIGURE.finditer(line)]
+    return found
+
+
 def replace_block(text: str, block: str) -> str | None:
     """``text`` with the lines between the BEGIN and END marker lines replaced by ``block``; None
     when it has no such block."""
@@ -814,7 +852,10 @@ def main(argv=None) -> int:
         diff = [ln for path, old, new in files
                 for ln in difflib.unified_diff(old.splitlines(True), new.splitlines(True), path, f"{path} (rendered)")]
         sys.stdout.writelines(ln if ln.endswith("\n") else ln + "\n" for ln in diff)
-        return 1 if diff else 0
+        hand = hand_figures(readme_text) if a.readme else []
+        for line in hand:
+            print(f"{a.readme}: a figure outside the rendered block, {line}")
+        return 1 if diff or hand else 0
     for path, _, new in files:
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(new)

@@ -215,3 +215,26 @@ def test_committed_benchmarks_match_their_results():
         "BENCHMARKS.md or the README's headline no longer match "
         f"{found.group(1)}: re-render with `python bench/render.py {found.group(1)} --readme README.md`\n"
         f"{proc.stdout[-4000:]}{proc.stderr[-2000:]}")
+
+
+def test_readme_is_short_and_holds_no_figure_but_the_rendered_ones():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    assert len(text.splitlines()) < 450
+    assert render.hand_figures(text) == []
+    block = text[text.index(render.BEGIN):text.index(render.END)]
+    assert render.FIGURE.search(block), "the rendered block is where the README's figures are"
+
+
+def test_check_fails_on_a_hand_figure_outside_the_rendered_block(results, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    doc = tmp_path / "BENCHMARKS.md"
+    assert cli(results, "--out", doc, "--readme", readme).returncode == 0
+    assert cli(results, "--out", doc, "--readme", readme, "--check").returncode == 0
+    readme.write_text(readme.read_text() + "\nOur runs reach 0.912 accuracy at 2,335 images/s.\n")
+    proc = cli(results, "--out", doc, "--readme", readme, "--check")
+    assert proc.returncode == 1
+    assert "'0.912'" in proc.stdout and "'2,335 images/s'" in proc.stdout
+    assert render.hand_figures("x\n<!-- benchmarks:begin -->\n0.912 at 3 ms\n<!-- benchmarks:end -->\n") == []
+    assert [f.split(":")[0] for f in render.hand_figures("ran 12 ms\nset 10× the running median\n")] == ["line 1"]
