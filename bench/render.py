@@ -1,4 +1,4 @@
-"""BENCHMARKS.md and the README's headline block, rendered from one folder of benchmark results.
+"""BENCHMARKS.md and the README's figures, rendered from one folder of benchmark results.
 
     python bench/render.py RESULTS_DIR [--out BENCHMARKS.md] [--readme README.md] [--check]
     python bench/render.py --check-fresh [--out BENCHMARKS.md] [RESULTS_DIR]
@@ -10,13 +10,16 @@ function of those JSONs (fixed decimals, no clock, no absolute path of the repos
 into ``RESULTS_DIR/figures/``, are not compared (matplotlib versions draw differently). A missing
 file renders as "Not measured in this run.", a missing field as "—".
 
-With ``--readme``, ``--check`` also fails on a measured figure (a number with a unit of time,
-speed or size, a ratio, a share or an accuracy) anywhere in the README outside its rendered
-block: every figure a reader sees there comes from the results (``hand_figures``).
+Every measured figure of the README lives between two marker lines that this script rewrites:
+``<!-- benchmarks:begin -->`` ... ``<!-- benchmarks:end -->`` (the headline, required) and
+``<!-- benchmarks:begin NAME -->`` ... ``<!-- benchmarks:end NAME -->`` for the named blocks of
+``BLOCKS`` (each optional, at most once). ``--check`` re-renders every block the README holds, and
+fails on a measured figure (a number with a unit of time, speed or size, a ratio, a share or an
+accuracy) anywhere in the README outside them (``hand_figures``).
 
 Exit status: 0 written (or, with ``--check``, the same); 1 ``--check`` found a difference (a
-unified diff on stdout) or a hand-written figure; 2 no results, or a README without the markers
-(nothing is written).
+unified diff on stdout) or a hand-written figure; 2 no results, or a README without the headline
+block, with a block of an unknown name, twice, or without its end line (nothing is written).
 
 ``--check-fresh`` writes nothing: it exits 1, one line per result, when a result behind the
 document was run at a commit whose ``sparkcnn/`` differs from HEAD's, or from a dirty tree
@@ -37,6 +40,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN, END = "<!-- benchmarks:begin -->", "<!-- benchmarks:end -->"
+# a README marker line: begin or end, and the block's name ("" for the headline)
+MARKER = re.compile(r"^<!-- benchmarks:(begin|end)(?: ([a-z][a-z0-9-]*))? -->$")
 NOT_MEASURED = "Not measured in this run."
 DASH = "—"
 log = logging.getLogger(__name__)
@@ -565,6 +570,41 @@ def run_table(ra: dict | None) -> str:
     return "\n".join(out)
 
 
+def method_section(docs_dir: str) -> str:
+    """How the figures above are measured: fixed text (no figures), with links to the design notes."""
+    return "\n".join([
+        "## How it is measured", "",
+        "- **One folder, one run.** `bench/run_all.py` runs every benchmark as its own process, one after "
+        "another on one machine, into one folder; each prints one JSON object that names its commit, command, "
+        "machine and date (`provenance`), and the tree must be committed (`git_dirty: false`). This document and "
+        "the README's figures are a pure function of that folder: `python bench/render.py DIR --readme README.md "
+        "--check` re-renders both and fails on any difference, and the test suite runs it on the committed "
+        "folder.",
+        "- **Throughput** (`bench/throughput.py`). Images/s in the steady state, warm-up and drain left out, "
+        "against the compute limit: two single-thread processes each training its own block with no "
+        "communication. A shared machine's speed drifts within a minute, so each stream case is measured "
+        "between two limits taken in the same warm Spark workers right before and right after its run "
+        "(`limit_before_after`); the cases with targets run several times, each between its own two limits, "
+        "the median repetition is the result, every repetition stays in `repetitions`, and the ratio to the "
+        "run's limit stays beside it (`efficiency_vs_run_limit`).",
+        "- **CPU accounting.** Every core-millisecond of an exchange is counted from /proc: the driver's Python, "
+        "the JVM and Spark's Python workers, against `training_cpu_ms`, what the limit's processes spend on the "
+        "same images. `efficiency_vs_limit` is exactly `compute_share` (training CPU over all CPU used) times "
+        "`cores_busy`: when both cores are busy, whatever is not training caps the efficiency, and on a cluster, "
+        "where the driver has cores of its own, the driver's and Spark's share leaves the executors' cores.",
+        "- **Accuracy** (`bench/accuracy.py`). Each variant trains the same model on the same data and "
+        "blocks; test accuracy is read at every epoch end, so a time to a target accuracy is the first epoch end "
+        "at or above it. Rows over several seeds give the mean ± standard deviation over the seeds; the steady "
+        "compression ratios are read once the density warm-up is over.",
+        "- **Spark's per-job cost** (`bench/jobcost.py`). Jobs that train nothing, empty or returning dense "
+        "results, after a warm-up: what a job costs the JVM and the driver before any training.",
+        "",
+        f"How the transports work and why they are built so: [transports]({docs_dir}/transports.md); the data "
+        f"path, the parameter server and the modules: [architecture]({docs_dir}/architecture.md). The JSON of "
+        "earlier runs stays in its own folders under `bench/results/`.",
+    ])
+
+
 def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
@@ -574,10 +614,9 @@ def headline(acc: dict | None, thr: dict | None, doc_link: str) -> str:
     by = {_name(r): r for r in seed_rows(acc)}
     ms = by.get("stream-gs-asgd-ms", {})
     seeds = _plural(len(ms["seeds"]), "seed") if isinstance(ms.get("seeds"), list) else f"{DASH} seeds"
-    h1 = [m for _, m, _ in throughput_rows(thr)
+    h1 = [(label, m) for label, m, _ in throughput_rows(thr)
           if m.get("steps_per_exchange") == 1 and _num(m.get("efficiency_vs_limit"))]
-    best = max(h1, key=lambda m: m["efficiency_vs_limit"], default={})
-    best_case = next((STREAM_CASES.get(k, k) for k, m in _items(_get(thr, "stream")) if m is best), DASH)
+    best_case, best = max(h1, key=lambda lm: lm[1]["efficiency_vs_limit"], default=(DASH, {}))
     up = {n: _stat(by.get(n, {}), "bytes_up")[0] for n in ("stream-gs-asgd", "stream-asgd")}
     fewer = up["stream-asgd"] / up["stream-gs-asgd"] if all(_num(v) and v for v in up.values()) else None
     return "\n".join([
@@ -591,6 +630,72 @@ def headline(acc: dict | None, thr: dict | None, doc_link: str) -> str:
         f"{_f(up['stream-asgd'], 1, 1e-6)} MB ({_f(fewer, 1)}x fewer).",
         "",
         f"Every table, figure and the machine they were measured on: [{os.path.basename(doc_link)}]({doc_link}).",
+        "", ""])
+
+
+# the README's table at a glance: the seed papers' variants at one step per exchange, and dense
+# synchronous SGD over Spark jobs as the baseline
+GLANCE = ("sync-dense", "stream-asgd", "stream-gs-asgd", "stream-gs-asgd-ms", "stream-gs-asgd-samomentum")
+
+
+def _transport(run: dict) -> str:
+    ov = [o for o in _list(run.get("overrides")) if isinstance(o, str)]
+    return ("stream" if "engine.transport=stream" in ov else "jobs") + \
+        (", async" if "engine.mode=async" in ov else ", sync")
+
+
+def glance_block(acc: dict | None) -> str:
+    """The README's "results at a glance" table: a few rows of the seed table, fewer columns."""
+    by = {_name(r): r for r in seed_rows(acc)}
+    rows = [by[n] for n in GLANCE if n in by]
+    if not rows:
+        return f"\n{NOT_MEASURED}\n\n"
+    body = [[NAMES[_name(r)], f"{_transport(r)}, H = {_h(r)}", _pm(*_stat(r, "test_accuracy"), 4),
+             _f(_stat(r, "time_to_0_90_s")[0], 0) + _reached(r, "time_to_0_90_s"),
+             _f(_stat(r, "bytes_up")[0], 1, 1e-6), _f(_stat(r, "bytes_down")[0], 1, 1e-6)] for r in rows]
+    keras = _get(acc, "reference", "keras")
+    keras = keras if isinstance(keras, dict) else {}
+    body.append(["Keras `model.fit`, one process", DASH, _f(keras.get("test_accuracy"), 4),
+                 _f(keras.get("time_to_0_90_s"), 0), DASH, DASH])
+    return "\n".join([
+        "",
+        _table(["Variant", "Transport, mode, H", "Final test accuracy", "Seconds to 0.90", "MB up", "MB down"],
+               body),
+        "",
+        f"{_g(_get(acc, 'reference', 'keras', 'epochs'))} epochs of Fashion-MNIST ({_g(_get(acc, 'model'))}), "
+        f"{_g(_get(acc, 'blocks'))} blocks; MB: what all blocks sent to (up) and received from (down) the "
+        "driver over the run.",
+        "", ""])
+
+
+def transports_block(thr: dict | None, jc: dict | None) -> str:
+    """The README's transports table: images/s and the CPU outside training per exchange, per
+    transport, mode and H, and Spark's own CPU per job."""
+    def steps(label: str) -> float:
+        found = re.search(r"H [=≈] ([\d.]+)", label)
+        return float(found[1]) if found else 0.0
+
+    # H up to 10: where the choice of transport matters (BENCHMARKS.md has every H)
+    rows = [r for r in throughput_rows(thr) if steps(r[0]) <= 10]
+    if not rows:
+        return f"\n{NOT_MEASURED}\n\n"
+
+    def overhead(m):
+        parts = [_get(m, "cpu", "cpu_ms", p) for p in ("driver", "jvm")]
+        return sum(parts) if all(_num(x) for x in parts) else None
+
+    body = [[label, _f(m.get(k), 0), _f(m.get("efficiency_vs_limit"), 0, 100, " %"), _f(overhead(m), 1)]
+            for label, m, k in rows]
+    jvm = [x for x in (_get(k, "jvm_cpu_ms_per_job") for _, k in _items(_get(jc, "kinds"))) if _num(x)]
+    spark = (f"Spark's own JVM CPU per job, before any training: {_f(min(jvm), 1)} to {_f(max(jvm), 1)} ms "
+             "(`bench/jobcost.py`)." if jvm else "")
+    return "\n".join([
+        "",
+        _table(["Transport, mode, H", "Images/s", "Of the compute limit", "Driver + JVM CPU ms per exchange"], body),
+        "",
+        f"On {_g(_get(thr, 'master'))}, {_g(_get(thr, 'blocks'))} blocks; compute limit: "
+        f"{_f(_get(thr, 'compute_limit_images_per_s'), 0)} images/s, two processes training with no "
+        f"communication. {spark}".rstrip(),
         "", ""])
 
 
@@ -708,7 +813,8 @@ def results_label(results_dir: str) -> str:
 
 def render(results_dir: str, figures_dir: str | None = None, *, doc: str | None = None,
            readme: str | None = None) -> dict:
-    """{"benchmarks": BENCHMARKS.md's text, "headline": the README block between the markers}.
+    """{"benchmarks": BENCHMARKS.md's text, and per README block its text: "headline" (the block
+    between the unnamed markers) and each name of ``BLOCKS``}.
 
     Figures are linked at ``results_dir/figures/`` relative to ``doc`` (default: the repository's
     BENCHMARKS.md), and the headline links ``doc`` relative to ``readme`` (default: the repository's
@@ -732,16 +838,61 @@ def render(results_dir: str, figures_dir: str | None = None, *, doc: str | None 
     if _get(d["run_all"], "quick") is True:
         top += ["", "**This is a quick run (`--quick`): short forms of every benchmark, whose figures are not the "
                 "published ones.**"]
+    docs_dir = os.path.relpath(os.path.join(ROOT, "docs"), os.path.dirname(doc))
     sections = [seed_table(d["accuracy"], fig), momentum_section(d["momentum"], fig),
                 reference_table(d["accuracy"], d["throughput"]),
                 throughput_table(d["throughput"]), cifar_table(d["cifar"]),
                 scale_section(d["scale"], d["costmodel"], fig), links_section(d["links"], fig), psload_section(d["psload"]),
                 shardmodel_section(d["shardmodel"]),
                 balance_section(d["balance"], d["throughput"], fig),
-                jobcost_table(d["jobcost"]), run_table(d["run_all"])]
+                jobcost_table(d["jobcost"]), run_table(d["run_all"]), method_section(docs_dir)]
     readme_dir = os.path.dirname(os.path.abspath(readme or os.path.join(ROOT, "README.md")))
     return {"benchmarks": "\n\n".join(["\n".join(top), *sections]) + "\n",
-            "headline": headline(d["accuracy"], d["throughput"], os.path.relpath(doc, readme_dir))}
+            "headline": headline(d["accuracy"], d["throughput"], os.path.relpath(doc, readme_dir)),
+            "glance": glance_block(d["accuracy"]),
+            "transports": transports_block(d["throughput"], d["jobcost"])}
+
+
+# README block name -> render()'s key; "" is the headline between the unnamed markers
+BLOCKS = {"": "headline", "glance": "glance", "transports": "transports"}
+
+
+def readme_blocks(text: str) -> tuple[list[tuple[str, int, int]], str | None]:
+    """([(name, begin line, end line)], None) for the README's marker pairs, in order, or
+    ([], why) when they are unusable: an unknown name, a block twice, a begin without its end or
+    an end without its begin, or no headline block."""
+    found, open_ = [], None
+    for i, line in enumerate(text.splitlines()):
+        m = MARKER.match(line.strip())
+        if not m:
+            continue
+        kind, name = m[1], m[2] or ""
+        label = f"'<!-- benchmarks:{kind}{' ' + name if name else ''} -->'"
+        if name not in BLOCKS:
+            return [], f"{label}: unknown block (known: {', '.join(repr(n) for n in BLOCKS if n)} and the headline)"
+        if kind == "begin":
+            if open_ is not None:
+                return [], f"{label} inside the block begun at line {open_[1] + 1}"
+            if any(n == name for n, _, _ in found):
+                return [], f"{label}: the block appears twice"
+            open_ = (name, i)
+        elif open_ is None or open_[0] != name:
+            return [], f"{label} without its begin line"
+        else:
+            found.append((name, open_[1], i))
+            open_ = None
+    if open_ is not None:
+        return [], f"the block begun at line {open_[1] + 1} has no end line"
+    if not any(n == "" for n, _, _ in found):
+        return [], f"no '{BEGIN}' ... '{END}' block to replace"
+    return found, None
+
+
+def replace_blocks(text: str, rendered: dict) -> str:
+    """``text`` with the lines between every marker pair replaced by its rendered block (the
+    marker lines kept); ``readme_blocks(text)`` must have found them usable."""
+    blocks, why = readme_blocks(text)
+    assert why is None, why
 
 
 # A measured figure written by hand: a number with a unit of time, speed or size, a ratio or a
@@ -761,12 +912,10 @@ SETTING_PHRASES = (
 
 
 def hand_figures(text: str) -> list[str]:
-    """Measured figures outside the rendered block of a README, one line each ("line N: ...")."""
+    """Measured figures outside the rendered blocks of a README, one line each ("line N: ...")."""
     lines = text.splitlines()
-    marks = [ln.strip() for ln in lines]
-    inside = set()
-    if BEGIN in marks and END in marks[marks.index(BEGIN):]:
-        inside = set(range(marks.index(BEGIN), marks.index(END, marks.index(BEGIN)) + 1))
+    blocks, _ = readme_blocks(text)
+    inside = {i for _, b, e in blocks for i in range(b, e + 1)}
     found = []
     for i, line in enumerate(lines):
         if i in inside:
@@ -777,16 +926,12 @@ def hand_figures(text: str) -> list[str]:
     return found
 
 
-def replace_block(text: str, block: str) -> str | None:
-    """``text`` with the lines between the BEGIN and END marker lines replaced by ``block``; None
-    when it has no such block."""
     lines = text.splitlines(keepends=True)
-    marks = [ln.strip() for ln in lines]
-    if BEGIN not in marks or END not in marks[marks.index(BEGIN):]:
-        return None
-    b = marks.index(BEGIN)
-    e = marks.index(END, b)
-    return "".join(lines[:b + 1]) + block + "".join(lines[e:])
+    out, at = [], 0
+    for name, b, e in blocks:
+        out += lines[at:b + 1] + [rendered[BLOCKS[name]]]
+        at = e
+    return "".join(out + lines[at:])
 
 
 def _read(path: str) -> str:
@@ -826,7 +971,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results_dir", nargs="?", help="a folder of <benchmark>.json (bench/run_all.py's --out)")
     ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"), help="the document to write or check")
-    ap.add_argument("--readme", help="a README whose benchmarks:begin/end block gets the headline")
+    ap.add_argument("--readme", help="a README whose benchmarks:begin/end blocks get the headline and figures")
     ap.add_argument("--check", action="store_true", help="write nothing; diff against the files, exit 1 if they differ")
     ap.add_argument("--check-fresh", action="store_true",
                     help="write nothing; exit 1 if a result of the folder --out names (or RESULTS_DIR) was run "
@@ -840,14 +985,15 @@ def main(argv=None) -> int:
         print(f"bench/render.py: {a.results_dir}: no such folder of benchmark JSON", file=sys.stderr)
         return 2
     readme_text = _read(a.readme) if a.readme else None
-    if a.readme and replace_block(readme_text, "") is None:
-        print(f"bench/render.py: {a.readme}: no '{BEGIN}' ... '{END}' block to replace", file=sys.stderr)
+    why = readme_blocks(readme_text)[1] if a.readme else None
+    if why:
+        print(f"bench/render.py: {a.readme}: {why}", file=sys.stderr)
         return 2
     figures = None if a.check else os.path.join(a.results_dir, "figures")
     text = render(a.results_dir, figures, doc=a.out, readme=a.readme)
     files = [(a.out, _read(a.out) if a.check else None, text["benchmarks"])]
     if a.readme:
-        files.append((a.readme, readme_text, replace_block(readme_text, text["headline"])))
+        files.append((a.readme, readme_text, replace_blocks(readme_text, text)))
     if a.check:
         diff = [ln for path, old, new in files
                 for ln in difflib.unified_diff(old.splitlines(True), new.splitlines(True), path, f"{path} (rendered)")]

@@ -13,7 +13,7 @@ lists each benchmark's command, exit status and wall time.
   published run names one commit; ``--allow-dirty`` for trials). Before anything
   is written, the older results (``bench/results/*.json`` and older dated
   folders) move to ``bench/results/archive/``. At the end, ``BENCHMARKS.md`` and
-  the README's headline block are rendered from ``<out>`` (``bench/render.py``),
+  the README's rendered blocks are written from ``<out>`` (``bench/render.py``),
   the figures into ``<out>/figures/``.
 - ``--quick`` (under 10 minutes here): the short form of each benchmark but the
   three that start a standalone cluster (balance, costmodel, links: run them with

@@ -238,3 +238,30 @@ def test_check_fails_on_a_hand_figure_outside_the_rendered_block(results, tmp_pa
     assert "'0.912'" in proc.stdout and "'2,335 images/s'" in proc.stdout
     assert render.hand_figures("x\n<!-- benchmarks:begin -->\n0.912 at 3 ms\n<!-- benchmarks:end -->\n") == []
     assert [f.split(":")[0] for f in render.hand_figures("ran 12 ms\nset 10× the running median\n")] == ["line 1"]
+
+
+def test_check_covers_the_named_blocks_and_refuses_unknown_or_broken_ones(results, tmp_path):
+    doc, readme = tmp_path / "BENCHMARKS.md", tmp_path / "README.md"
+    readme.write_text(README + "\n<!-- benchmarks:begin glance -->\n<!-- benchmarks:end glance -->\n"
+                      "\n<!-- benchmarks:begin transports -->\nold\n<!-- benchmarks:end transports -->\n")
+    assert cli(results, "--out", doc, "--readme", readme).returncode == 0
+    text = readme.read_text()
+    acc = committed("accuracy-stream.json")
+    ms = next(r for r in acc["stream"] if r["name"] == "stream-gs-asgd-ms")
+    glance = text.split("<!-- benchmarks:begin glance -->")[1].split("<!-- benchmarks:end glance -->")[0]
+    assert f"| GS-ASGD + MS | stream, async, H = 1 | {ms['test_accuracy_mean']:.4f} ± " in glance
+    assert "old" not in text.split("<!-- benchmarks:begin transports -->")[1]
+    assert cli(results, "--out", doc, "--readme", readme, "--check").returncode == 0
+    edited = text.replace(f"{ms['test_accuracy_mean']:.4f} ±", "0.9999 ±")
+    readme.write_text(edited)
+    bad = cli(results, "--out", doc, "--readme", readme, "--check")
+    assert bad.returncode == 1 and "-| GS-ASGD + MS | stream, async, H = 1 | 0.9999" in bad.stdout
+    assert readme.read_text() == edited  # --check wrote nothing back
+    for broken, why in ((text.replace("begin glance", "begin glimpse").replace("end glance", "end glimpse"),
+                         "unknown block"),
+                        (text.replace("<!-- benchmarks:end transports -->\n", ""), "has no end line"),
+                        (text + "\n<!-- benchmarks:begin glance -->\n<!-- benchmarks:end glance -->\n", "twice")):
+        readme.write_text(broken)
+        proc = cli(results, "--out", doc, "--readme", readme)
+        assert proc.returncode == 2 and why in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert readme.read_text() == broken
