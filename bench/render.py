@@ -901,13 +901,7 @@ def replace_blocks(text: str, rendered: dict) -> str:
 FIGURE = re.compile(r"(?<![\w/.])(?:\d[\d,]*(?:\.\d+)?\s?(?:ms|µs|s|sec|seconds|minutes|min|h|images?/s|img/s|"
                     r"MB|kB|KB|GB|MiB|GiB|TB|[×x]|%)(?![\w])|0\.[5-9]\d+\b)")
 SETTING_PHRASES = (
-    "8 × parameters + 1 MiB",       # engine.max_message_bytes' default
-    "4 × blocks",                   # the stream's staleness bound
-    "one per 50× the last one's cost, so checkpoints take under 2 % of the run",  # checkpoint pacing, by design
-    "10× the running median",       # guard.max_norm_factor
-    "above 3× the median",          # guard.loss_spike_factor
-    "±20 % of the target count",    # the threshold estimate's tolerance
-    "25 % → 6.25 %",                # the density warm-up's schedule
+    "8 × parameters + 1 MiB",       # engine.max_message_bytes' default, a formula
 )
 
 
