@@ -893,15 +893,25 @@ def replace_blocks(text: str, rendered: dict) -> str:
     marker lines kept); ``readme_blocks(text)`` must have found them usable."""
     blocks, why = readme_blocks(text)
     assert why is None, why
+    lines = text.splitlines(keepends=True)
+    out, at = [], 0
+    for name, b, e in blocks:
+        out += lines[at:b + 1] + [rendered[BLOCKS[name]]]
+        at = e
+    return "".join(out + lines[at:])
 
 
 # A measured figure written by hand: a number with a unit of time, speed or size, a ratio or a
-# share, or an accuracy-like decimal. Outside the rendered block the README may hold none; a
-# number that is a setting is said in words around it, and those phrases are listed here.
-FIGURE = re.compile(r"(?<![\w/.])(?:\d[\d,]*(?:\.\d+)?\s?(?:ms|µs|s|sec|seconds|minutes|min|h|images?/s|img/s|"
-                    r"MB|kB|KB|GB|MiB|GiB|TB|[×x]|%)(?![\w])|0\.[5-9]\d+\b)")
+# share, a decimal of three digits or more, or a two-digit decimal next to "accuracy". Outside the
+# rendered blocks the README may hold none.
+FIGURE = re.compile(
+    r"(?<![\w.])~?\d[\d,]*(?:\.\d+)?\s?(?:ms|s|sec|seconds?|min|minutes?|hours?|images/s|img/s"
+    r"|[kKMGT]i?B|%|x|×)(?![\w/])"
+    r"|(?<![\w.])0\.[1-9]\d{2,}(?![\d.])"
+    r"|(?<![\w.])0\.\d\d(?![\d.])\s+(?:\w+\s+){0,2}accuracy|accuracy\s+(?:of\s+)?0\.\d\d(?![\d.])")
+# Settings, not measurements, that the patterns would take for one; each with its reason.
 SETTING_PHRASES = (
-    "8 × parameters + 1 MiB",       # engine.max_message_bytes' default, a formula
+    "8 × parameters + 1 MiB",  # engine.max_message_bytes' default when 0: a formula in sparkcnn/config.py
 )
 
 
@@ -918,14 +928,6 @@ def hand_figures(text: str) -> list[str]:
             line = line.replace(phrase, "")
         found += [f"line {i + 1}: {m.group(0)!r} in {lines[i].strip()[:100]!r}" for m in FIGURE.finditer(line)]
     return found
-
-
-    lines = text.splitlines(keepends=True)
-    out, at = [], 0
-    for name, b, e in blocks:
-        out += lines[at:b + 1] + [rendered[BLOCKS[name]]]
-        at = e
-    return "".join(out + lines[at:])
 
 
 def _read(path: str) -> str:

@@ -1,5 +1,6 @@
-"""bench/render.py on copies of the committed benchmark results: the tables, the README block,
---check, and the check that the repository's BENCHMARKS.md still matches its results."""
+"""bench/render.py on copies of the committed benchmark results: the tables, the README blocks,
+--check, and the checks that the repository's BENCHMARKS.md and README still match their
+results: the README's every measured figure inside a rendered block, and the README short."""
 
 import importlib
 import json
@@ -20,8 +21,11 @@ COPIES = {"accuracy-stream.json": "accuracy.json", "throughput.json": "throughpu
           "jobcost.json": "jobcost.json", "scale.json": "scale.json", "balance.json": "balance.json"}
 README = ("# sparkcnn\n\nIntro.\n\n<!-- benchmarks:begin -->\nold headline\n<!-- benchmarks:end -->\n"
           "\n## Usage\n\nTail.\n")
+README_LINES = 450  # the README is for users: method and history live in BENCHMARKS.md and docs/
 
-
+# A measured figure: a number with a unit of time, speed, size, share or ratio, or an accuracy
+# (three or more decimals, or two beside the word). Config defaults are written without units
+# ("after this many seconds") or in the allow-list below.
 def committed_path(name: str) -> str:
     """Where the file is: bench/results/, or bench/results/archive/ once a full run_all moved it."""
     here = os.path.join(COMMITTED, name)
@@ -217,13 +221,80 @@ def test_committed_benchmarks_match_their_results():
         f"{proc.stdout[-4000:]}{proc.stderr[-2000:]}")
 
 
-def test_readme_is_short_and_holds_no_figure_but_the_rendered_ones():
+# -- the repository's README: short, and every measured figure rendered ---------------------------
+
+def committed_results_dir() -> str:
+    """The results folder the committed BENCHMARKS.md names (``<!-- results: DIR -->``)."""
+    with open(os.path.join(ROOT, "BENCHMARKS.md"), encoding="utf-8") as fh:
+        found = re.search(r"^<!-- results: (.+) -->$", fh.read(), re.M)
+    assert found, "BENCHMARKS.md has no `<!-- results: DIR -->` line naming the results it was rendered from"
+    return os.path.join(ROOT, found.group(1))
+
+
+def read_readme() -> str:
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
-        text = fh.read()
-    assert len(text.splitlines()) < 450
-    assert render.hand_figures(text) == []
-    block = text[text.index(render.BEGIN):text.index(render.END)]
-    assert render.FIGURE.search(block), "the rendered block is where the README's figures are"
+        return fh.read()
+
+
+def figures_outside_blocks(text: str) -> list[str]:
+    """``"line N: figure ..."`` for every measured figure of ``text`` outside its rendered blocks
+    (what ``render.py --check`` refuses)."""
+    blocks, why = render.readme_blocks(text)
+    assert why is None, why
+    return render.hand_figures(text)
+
+
+def test_readme_is_short():
+    lines = read_readme().count("\n")
+    assert lines < README_LINES, f"README.md has {lines} lines; move method and history to docs/ or BENCHMARKS.md"
+
+
+def test_readme_has_no_measured_figure_outside_its_rendered_blocks():
+    found = figures_outside_blocks(read_readme())
+    assert not found, ("README.md holds measured figures outside the blocks bench/render.py writes; render them or "
+                       "remove them:\n" + "\n".join(found))
+
+
+def test_docs_pages_carry_no_measured_figure():
+    """docs/ holds method and design prose; its figures live in BENCHMARKS.md, rendered."""
+    found = []
+    for name in sorted(os.listdir(os.path.join(ROOT, "docs"))):
+        if name.endswith(".md"):
+            with open(os.path.join(ROOT, "docs", name), encoding="utf-8") as fh:
+                found += [f"docs/{name}:{i + 1}: {m.group(0)!r}" for i, line in enumerate(fh)
+                          for m in render.FIGURE.finditer(line)]
+    assert not found, "docs/ pages hold measured figures; point to BENCHMARKS.md instead:\n" + "\n".join(found)
+
+
+def test_a_figure_typed_outside_a_block_is_found_and_inside_one_is_not():
+    text = read_readme()
+    assert figures_outside_blocks(text) == []
+    glance_end = "<!-- benchmarks:end glance -->\n"
+    typed = ["GS-ASGD reaches 0.912 accuracy.", "Reaches 0.78 test accuracy.", "A job costs ~105 ms.",
+             "It runs at 2,335.9 images/s.", "Up to 84.3 % of the limit.", "It sends 94.5x fewer bytes.",
+             "The archive is 0.5 GB.", "The suite takes 6 minutes.", "481× smaller."]
+    for line in typed:
+        outside = text.replace(glance_end, glance_end + line + "\n")
+        assert len(figures_outside_blocks(outside)) == 1, line
+        inside = text.replace(glance_end, line + "\n" + glance_end)
+        assert figures_outside_blocks(inside) == [], line
+    settings = ["`train.lr` 0.05, momentum 0.9, density 0.001, warm-up 0.25", "2 blocks on `local[2]`, H = 10",
+                "Python ≥ 3.10, Java 17", "SHA-256", "after this many seconds"]
+    for line in settings:
+        assert figures_outside_blocks(text.replace(glance_end, glance_end + line + "\n")) == [], line
+
+
+def test_readme_blocks_are_what_render_gives_for_the_committed_results():
+    text = read_readme()
+    blocks, why = render.readme_blocks(text)
+    assert why is None, why
+    assert sorted(name for name, _, _ in blocks) == sorted(render.BLOCKS)  # the glance, transports, headline
+    rendered = render.render(committed_results_dir(), readme=os.path.join(ROOT, "README.md"))
+    lines = text.splitlines(keepends=True)
+    for name, b, e in blocks:
+        assert "".join(lines[b + 1:e]) == rendered[render.BLOCKS[name]], f"README block {name or 'headline'!r}"
+    assert rendered["glance"].count("\n|") >= 5 and "| GS-ASGD + MS |" in rendered["glance"]
+    assert "| Stream, async, H = 1, sparse |" in rendered["transports"]
 
 
 def test_check_fails_on_a_hand_figure_outside_the_rendered_block(results, tmp_path):
@@ -237,7 +308,7 @@ def test_check_fails_on_a_hand_figure_outside_the_rendered_block(results, tmp_pa
     assert proc.returncode == 1
     assert "'0.912'" in proc.stdout and "'2,335 images/s'" in proc.stdout
     assert render.hand_figures("x\n<!-- benchmarks:begin -->\n0.912 at 3 ms\n<!-- benchmarks:end -->\n") == []
-    assert [f.split(":")[0] for f in render.hand_figures("ran 12 ms\nset 10× the running median\n")] == ["line 1"]
+    assert [f.split(":")[0] for f in render.hand_figures("ran 12 ms\ncap 8 × parameters + 1 MiB\n")] == ["line 1"]
 
 
 def test_check_covers_the_named_blocks_and_refuses_unknown_or_broken_ones(results, tmp_path):
