@@ -54,6 +54,7 @@ class DivergenceGuard:
         self.rejected = 0
         self.spikes = 0
         self.in_a_row = 0  # judged losses that spiked since the last one that did not
+        self.judged = math.nan  # the loss check_loss judged last: an exchange's, or the pool's mean
 
     def check_norm(self, norm: float, steps: int = 1) -> str | None:
         """None if a delta of L2 norm ``norm`` over ``steps`` local steps may be applied, else why not.
@@ -81,6 +82,7 @@ class DivergenceGuard:
         if not math.isfinite(loss):
             self.spikes += 1
             self.in_a_row += 1
+            self.judged = float(loss)
             return True
         if samples is not None and self.loss_samples > 0:
             self._pool[0] += float(loss) * int(samples)
@@ -88,6 +90,7 @@ class DivergenceGuard:
             if self._pool[1] < self.loss_samples:
                 return False
             loss, self._pool = self._pool[0] / self._pool[1], [0.0, 0]
+        self.judged = float(loss)
         spike = (len(self._losses) >= self.warmup
                  and loss > self.loss_spike_factor * statistics.median(self._losses))
         if spike:

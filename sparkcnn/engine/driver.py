@@ -187,14 +187,14 @@ class RoundDriver:
         ``samples``: the exchange's; the guard pools exchanges to ``guard.loss_samples``."""
         if not self.guard.check_loss(loss, samples):
             return
-        action = self.cfg.guard.action
-        log.warning("%s: loss %.4g is a spike; action %s", tag, loss, action)
+        action, judged = self.cfg.guard.action, self.guard.judged  # the pooled mean, not this exchange's
+        log.warning("%s: loss %.4g is a spike; action %s", tag, judged, action)
         self.counters["loss_spikes"] += 1
-        if action == "stop" or not math.isfinite(loss):
-            raise Diverged(f"{tag}: training loss {loss:.4g} diverged (guard.action={action})")
+        if action == "stop" or not math.isfinite(judged):
+            raise Diverged(f"{tag}: training loss {judged:.4g} diverged (guard.action={action})")
         limit = self.cfg.guard.max_spikes_in_a_row
         if limit and self.guard.in_a_row >= limit:
-            raise Diverged(f"{tag}: training loss {loss:.4g} spiked in {self.guard.in_a_row} judgments in a row "
+            raise Diverged(f"{tag}: training loss {judged:.4g} spiked in {self.guard.in_a_row} judgments in a row "
                            f"despite guard.action={action}: the run collapsed (guard.max_spikes_in_a_row={limit})")
         if action == "halve_lr":
             self.lr_factor *= 0.5
