@@ -79,7 +79,10 @@ def write_report(run_dir: str) -> dict:
                   f"(dense would be {fmt_bytes(summary.get('dense_bytes_up', 0))}), "
                   f"bytes down: {fmt_bytes(summary.get('bytes_down', 0))}",
                   f"- mean round overhead: {summary.get('mean_round_overhead_ms', 0):.0f} ms "
-                  f"next to {summary.get('mean_round_compute_ms', 0):.0f} ms of compute", ""]
+                  f"next to {summary.get('mean_round_compute_ms', 0):.0f} ms of compute",
+                  f"- divergence guard: {summary.get('rejected_deltas', 0)} deltas rejected, "
+                  f"{summary.get('loss_spikes', 0)} loss spikes (lr x{summary.get('guard_lr_factor', 1.0):g}, "
+                  f"density x{summary.get('guard_density_factor', 1.0):g} after its actions)", ""]
     lines += ["| epoch | test accuracy | test loss | train loss | bytes up | wall s |",
               "|---:|---:|---:|---:|---:|---:|"]
     for e in epochs:

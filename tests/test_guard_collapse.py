@@ -56,7 +56,11 @@ def test_without_the_guard_the_run_collapses_to_chance(runs):
           f"{worst:.3g} at worst, spikes counted {summary['loss_spikes']}")
     assert summary["test_accuracy"] <= 0.2  # 10 classes: chance is 0.1
     assert worst > 10 * early
-    assert summary["loss_spikes"] is not None and summary["rejected_deltas"] is not None  # reported
+    # reported: the guard's counts and what its actions left (halve_lr on each spike it saw)
+    assert summary["rejected_deltas"] == 0 and summary["guard_density_factor"] == 1.0
+    assert summary["guard_lr_factor"] == 0.5 ** summary["loss_spikes"]
+    with open(os.path.join(summary["run_dir"], "report.md"), encoding="utf-8") as fh:
+        assert f"{summary['loss_spikes']} loss spikes (lr x{0.5 ** summary['loss_spikes']:g}" in fh.read()
 
 
 def test_with_the_guard_the_collapse_stops_the_run(runs):

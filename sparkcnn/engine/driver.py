@@ -291,7 +291,9 @@ class RoundDriver:
             "mean_round_compute_ms": 1000 * float(np.mean([r["compute_s"] for r in h])) if h else 0.0,
             "executors": sorted(self.executors),
             "executor_tasks": dict(sorted(self.executors.items())),
-            **self.counters,
+            **self.counters,  # the guard's among them: rejected_deltas, loss_spikes
+            # what the guard's actions on those spikes left: the lr and density multipliers
+            "guard_lr_factor": self.lr_factor, "guard_density_factor": self.density_factor,
         }
 
 
