@@ -3,10 +3,11 @@
 One of nine 1-epoch runs of the stream's GS-ASGD (async, one step per push, uplink density 0.001)
 without the density warm-up once ended at 0.384 test accuracy, against 0.70-0.81 for the others,
 and nothing caught it. This runs that case over ``--seeds`` seeds (``run.seed`` 42, 43, ...), one
-after another on local[2], and records for each: test accuracy, the guard's counters and the
-loss curve (the mean training loss of every ``--window`` applied pushes), so a collapse shows
-where it starts. "Without warm-up" is the uplink density at 0.001 from the first push
-(``compression.warmup_epochs=0``); the lr warm-up stays the project's.
+after another on local[2], and records for each: test accuracy, the guard's counts (rejected
+deltas, loss spikes, and the lr factor its actions left) and the loss curve (the mean training
+loss of every ``--window`` applied pushes), so a collapse shows where it starts. "Without
+warm-up" is the uplink density at 0.001 from the first push (``compression.warmup_epochs=0``);
+the lr warm-up stays the project's.
 
 Prints one JSON object: ``{"runs": [...], "summary": {...}, "provenance": ...}``.
 
@@ -51,7 +52,8 @@ def run_seed(data: str, seed: int, epochs: int, window: int, out_dir: str) -> di
     losses = [r["loss"] for r in rounds]
     return {"seed": seed, "test_accuracy": s["test_accuracy"], "wall_s": round(time.perf_counter() - t0, 1),
             "pushes": len(rounds), "rejected_deltas": s.get("rejected_deltas"),
-            "loss_spikes": s.get("loss_spikes"), "final_window_loss": curve(losses, window)[-1] if losses else None,
+            "loss_spikes": s.get("loss_spikes"), "guard_lr_factor": s.get("guard_lr_factor"),
+            "final_window_loss": curve(losses, window)[-1] if losses else None,
             "max_window_loss": max(curve(losses, window)) if losses else None,
             "loss_curve": curve(losses, window), **config_of(cfg)}
 
