@@ -153,7 +153,11 @@ def _submit(cluster, python: str, dist: str, data: str, root, extra_conf: dict |
                 "spark.driver.bindAddress": cluster.host,
                 "spark.ui.enabled": "false", "spark.executor.extraJavaOptions": FAST_START_JAVA_OPTS,
                 "spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{events}",
-                "spark.eventLog.compress": "false", **(extra_conf or {})}
+                "spark.eventLog.compress": "false",
+                # blocks are placed by the run's first job: start it once both executors are in, or
+                # a slow registration leaves every block on the first (as a user's defaults would)
+                "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+                "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s", **(extra_conf or {})}
     (conf_dir / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in defaults.items()))
     argv = spark_submit_route_a(cluster.master_url, os.path.join(dist, "sparkcnn.zip"),
                                 "--set", f"data.path={data}", "--set", f"run.out_dir={runs}",
