@@ -100,16 +100,20 @@ class _FlatState:
         """The entries of ``indices`` in tensors that go through selection (not sent whole)."""
         return indices[~self._dense[indices]] if self.dense_ranges else indices
 
-    def _send(self, buf: np.ndarray, density: float) -> SparseDelta:
-        """``S = select(buf); q = quantise(buf[S]); buf[S] -= q``; returns ``SparseDelta(S, q)``.
+    def _select(self, buf: np.ndarray, density: float) -> SparseDelta:
+        """``S = select(buf)``; returns ``SparseDelta(S, quantise(buf[S]))``, ``buf`` untouched.
 
-        ``q`` is exactly representable in ``value_dtype``, so encoding it
-        with that dtype loses nothing.
+        The values are exactly representable in ``value_dtype``, so encoding
+        them with that dtype loses nothing.
         """
         idx = self.sparsifier.indices(buf, self.layout, density)
-        q = quantise(buf[idx], self.value_dtype)
-        buf[idx] -= q  # exact, see quantise()
-        return SparseDelta(self.size, idx, q)
+        return SparseDelta(self.size, idx, quantise(buf[idx], self.value_dtype))
+
+    def _send(self, buf: np.ndarray, density: float) -> SparseDelta:
+        """:meth:`_select`, then ``buf[S] -= q``: what was sent leaves the buffer (a residual)."""
+        sent = self._select(buf, density)
+        buf[sent.indices] -= sent.values  # exact, see quantise()
+        return sent
 
     def step(self, update: np.ndarray, density: float, *, lr: float, weights: np.ndarray | None) -> SparseDelta:
         """Take this step's ``update`` (a delta or a gradient, see the class) and return what to send."""
@@ -252,11 +256,10 @@ class SparsificationAwareMomentum(_FlatState):
             u += np.float32(lr) * (g + self.wd * self._check_input("weights", weights))
         else:
             u += np.float32(lr) * g
-        idx = self.sparsifier.indices(u, self.layout, density)
-        kept = u[idx]
-        sent = SparseDelta(self.size, idx, quantise(kept, self.value_dtype))
+        sent = self._select(u, density)  # a velocity, not a residual: the sent entries stay
+        kept = u[sent.indices]
         u /= self.m
-        u[idx] = kept
+        u[sent.indices] = kept
         return sent
 
 
