@@ -74,11 +74,14 @@ def test_shards_train_on_spark(spark, tiny_cfg, mode):
     from sparkcnn.engine.backend import SparkBackend
     from sparkcnn.train import train
 
-    summary = train(_cfg(tiny_cfg, engine__mode=mode, ps__shards=2), backend=SparkBackend(spark, f"t-shards-{mode}"))
+    # Async at one step per exchange needs DGC's local gradient clipping on this tiny set: without
+    # it, 40 runs of 2 epochs ended anywhere from 0.1 to 1.0, with one server as with two, and
+    # at 4 epochs 9 of 40 collapsed to chance; with clip_norm=2, 40 of 40 ended at 0.915 or more.
+    clip = dict(compression__clip_norm=2.0) if mode == "async" else {}
+    summary = train(_cfg(tiny_cfg, engine__mode=mode, ps__shards=2, **clip),
+                    backend=SparkBackend(spark, f"t-shards-{mode}"))
     rounds = [r for r in read_jsonl(os.path.join(summary["run_dir"], "metrics.jsonl")) if r["kind"] == "round"]
-    # async on Spark is not deterministic: 2 epochs on this tiny set end anywhere from 0.3 to 1.0,
-    # with one server as with two (3 runs each); sync rounds are
-    assert summary["test_accuracy"] > (0.6 if mode == "sync" else 0.2) and summary["rejected_deltas"] == 0
+    assert summary["test_accuracy"] > 0.6 and summary["rejected_deltas"] == 0
     assert sum(r["samples"] for r in rounds) == 2 * 2 * (ROWS_PER_BLOCK // 32) * 32
     assert _shard_pids() == []
 
