@@ -1,7 +1,9 @@
 """A real collapse, caught: the stream at one step per exchange with a peak lr far too high.
 
 The lr warms up linearly from lr/10 over 3 epochs to 1.0, twenty times the project's: training
-is sound at first, then the loss explodes as the lr climbs. Without the guard (its factors out of
+is sound at first, then the loss explodes as the lr climbs. DGC's local gradient clipping, on by
+default, bounds each step and keeps even this lr from collapsing, so it is off here
+(``compression.clip_norm=0``). Without the guard (its factors out of
 reach, no limit on spikes in a row) the run goes on and ends at chance level. With the guard as
 shipped (halve the lr on a spike), halving does not undo the collapse; after
 ``guard.max_spikes_in_a_row`` spiking judgments in a row the run stops with ``Diverged`` (exit 3).
@@ -16,7 +18,7 @@ from sparkcnn.errors import Diverged
 COLLAPSE = ["engine.transport=stream", "engine.mode=async", "train.steps_per_round=1", "train.epochs=4",
             "train.batch_size=32", "train.lr=1.0", "train.lr_warmup_epochs=3", "train.lr_schedule=constant",
             "compression.method=threshold", "compression.density=0.01", "compression.dense_below=1000",
-            "compression.density_down=0.05", "guard.loss_samples=128"]
+            "compression.density_down=0.05", "compression.clip_norm=0", "guard.loss_samples=128"]
 GUARD_OFF = ["guard.loss_spike_factor=1e12", "guard.max_norm_factor=1e12", "guard.max_spikes_in_a_row=0"]
 
 
