@@ -8,7 +8,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
@@ -222,6 +222,8 @@ CANDIDATE_OPS = st.lists(st.one_of(
 @pytest.mark.parametrize("native", [True, False])
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.sampled_from(["threshold", "topk", "none"]), CANDIDATE_OPS)
+@example(5688088, "threshold", [("sparse", 0.002, 0.01), ("sparse", 0.002, 0.0001), ("sparse", 0.3, 0.01),
+                                ("sparse", 0.002, 0.0001), ("sparse", 0.02, 0.0001), ("dense",)])
 def test_float16_downlinks_from_the_candidate_set_are_the_scans_bitwise(native, seed, method, ops):
     """A float16 server finds what to send among the indices applied since (and sent in) the
     last downlink, instead of scanning all P entries; over any mix of sparse and dense applies,
@@ -276,16 +278,22 @@ def _candidates_against_the_scan(seed, method, ops):
     for _ in range(3):
         fast.apply(one), ref.apply(one)
         fast.downlink(1.0), ref.downlink(1.0)
-    del taken[:]
+    settled = {True: [], False: []}  # large push?: whether a candidate path settled each downlink
     for i in range(30):
-        idx = np.sort(rng.choice(n, 120 if i % 5 == 4 else 8, replace=False))
+        large = i % 5 == 4
+        idx = np.sort(rng.choice(n, 120 if large else 8, replace=False))
         delta = SparseDelta(n, idx, (rng.standard_normal(idx.size) * 1e-3).astype(np.float32))
         fast.apply(delta), ref.apply(delta)
+        del taken[:]
         a, b = fast.downlink(), ref.downlink()
+        settled[large].append(any(taken))
         assert np.array_equal(a.delta.indices, b.delta.indices)
         assert np.array_equal(bits(a.delta.values), bits(b.delta.values))
     assert np.array_equal(bits(fast.U), bits(ref.U))
-    assert 12 <= sum(taken) < 30 if method != "none" else sum(taken) == 30  # none sends all: no selector
+    if method == "none":  # it sends all: no selector
+        assert all(settled[False]) and all(settled[True]), settled
+    else:  # over 700 random cases: 11 to 17 of the 24 small ones settled, none of the 6 large
+        assert sum(settled[False]) >= 8 and not any(settled[True]), settled
 
 
 def test_candidate_set_gives_way_to_the_scan_when_it_grows_past_a_quarter_of_p():
