@@ -34,6 +34,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from sparkcnn.buffers import aligned_copy
 from sparkcnn.compression import native, native_server
 from sparkcnn.compression.delta import SparseDelta
 from sparkcnn.errors import SparkCNNError
@@ -153,7 +154,7 @@ class Replica:
 
     def load_snapshot(self, version: int, weights: np.ndarray) -> None:
         """``U := copy(weights)`` at ``version`` (full checksum recomputed)."""
-        U = np.array(weights, dtype=np.float32, copy=True).ravel()
+        U = aligned_copy(np.ravel(weights))  # aligned: a task's gradient call reads it in place
         self._U, self.version, self._checksum = U, int(version), checksum(U)
 
     def apply(self, downlinks: Iterable[Downlink], *, full_check: bool = True) -> int:

@@ -104,8 +104,13 @@ def test_per_step_gradient_is_clipped_to_the_block_cap_and_batchnorm_statistics_
     np.testing.assert_allclose(sent[full / 4][~nt], sent[0.0][~nt] / 4, rtol=1e-4, atol=1e-7)
     np.testing.assert_array_equal(sent[full / 4][nt], sent[0.0][nt])  # statistics: not clipped
     v = np.array([3.0, 4.0, 12.0], np.float32)
-    assert clip_gradient(v, np.array([True, True, False]), 1.0) == 5.0
+    out, norm = clip_gradient(v, np.array([True, True, False]), 1.0)
+    assert norm == 5.0 and out is v  # writeable: scaled in place
     np.testing.assert_allclose(v, [0.6, 0.8, 12.0])
+    v.flags.writeable = False  # as the per-step gradient comes: a copy when scaled, itself when not
+    out, norm = clip_gradient(v, None, 1.0)
+    assert out is not v and norm == pytest.approx(np.sqrt(0.36 + 0.64 + 144)) and np.linalg.norm(out) == pytest.approx(1)
+    assert clip_gradient(v, None, 100.0)[0] is v
 
 
 @pytest.mark.parametrize("per_step, method", [(True, "topk"), (False, "topk"), (False, "none")])
@@ -167,3 +172,16 @@ def test_gradient_at_weights_is_loading_them_then_the_gradient(trainer):
     np.testing.assert_array_equal(after_a, tr.get_flat())  # the weights, and the statistics' update
     assert (loss_a, c_a, n_a) == (loss_b, c_b, n_b) and np.abs(g_a).max() > 0
     assert not g_a[tr.non_trainable_mask].any()
+    # weights TF reads in place (aligned): the same results, and no memory shared past the call:
+    # neither the BatchNorm statistics' update lands in them, nor do later writes reach the model
+    from sparkcnn.buffers import aligned_copy, shareable
+
+    at = aligned_copy(w)
+    assert shareable(at) and not shareable(w[1:])
+    tr.set_flat(np.zeros_like(w))
+    g_c, *rest = tr.gradient(x, y, np.arange(8), at=at)
+    np.testing.assert_array_equal(g_a, g_c)
+    assert tuple(rest) == (loss_a, c_a, n_a) and not g_c.flags.writeable
+    np.testing.assert_array_equal(at, w)
+    at[:] = 7.0
+    np.testing.assert_array_equal(after_a, tr.get_flat())

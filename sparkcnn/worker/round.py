@@ -114,11 +114,13 @@ def compute(spec: TaskSpec, trainer, policy, state: dict, w: np.ndarray, images,
     if spec.per_step:
         # gradient only; non-trainable entries (BN statistics) carry their forward-pass
         # change / lr, so that the server's ``W -= lr * S`` averages them
-        g, loss_sum, correct, seen = trainer.gradient(images, labels, batches[0], at=w)
+        g, loss_sum, correct, seen = trainer.gradient(images, labels, batches[0], at=w)  # read-only
         nt = trainer.non_trainable_mask
         has_nt = nt.any()
+        if has_nt:
+            g = g.copy()
         if spec.clip_norm > 0:
-            clip_gradient(g, ~nt if has_nt else None, spec.clip_norm)
+            g = clip_gradient(g, ~nt if has_nt else None, spec.clip_norm)[0]
         if has_nt:
             g[nt] = (w[nt] - trainer.get_flat()[nt]) / lr
         if not live:
@@ -158,17 +160,21 @@ def held_state(spec: TaskSpec, trainer, policy) -> dict:
     return {**out, **(_policy_state(policy) if policy is not None else {})}
 
 
-def clip_gradient(g: np.ndarray, trainable: np.ndarray | None, max_norm: float) -> float:
-    """DGC's local gradient clipping, in place: scale ``g`` (its ``trainable`` entries) so that
-    their L2 norm is at most ``max_norm``; returns the norm before clipping."""
+def clip_gradient(g: np.ndarray, trainable: np.ndarray | None, max_norm: float) -> tuple[np.ndarray, float]:
+    """DGC's local gradient clipping: ``g`` with its ``trainable`` entries scaled so that their L2
+    norm is at most ``max_norm``, and their norm before. ``g`` itself when it is within the cap
+    (it may be read-only), else scaled in place when writeable, or a scaled copy."""
     part = g if trainable is None else g[trainable]
     norm = float(np.sqrt(np.dot(part, part)))
-    if norm > max_norm:
-        if trainable is None:
-            g *= max_norm / norm
-        else:
-            g[trainable] = part * (max_norm / norm)
-    return norm
+    if norm <= max_norm:
+        return g, norm
+    if not g.flags.writeable:
+        g = g.copy()
+    if trainable is None:
+        g *= max_norm / norm
+    else:
+        g[trainable] = part * (max_norm / norm)
+    return g, norm
 
 
 def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, ctx: TaskContextInfo) -> RoundResult:

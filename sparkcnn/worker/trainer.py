@@ -16,6 +16,7 @@ import os
 
 import numpy as np
 
+from sparkcnn.buffers import aligned_empty, as_tensor
 from sparkcnn.protocol import TaskContextInfo, TaskSpec
 from sparkcnn.worker import devices
 
@@ -129,6 +130,7 @@ class Trainer:
         self._gradient = tf.function(flat_gradient, reduce_retracing=True)
         self._gradient_at = gradient_at
         self._gradient_at_for: dict[tuple, object] = {}  # (x dtype, x shape, y dtype) -> concrete function
+        self._batch_buf: np.ndarray | None = None  # the per-step form's batch, aligned (_batch)
         self._set_weights, self._set_momentum = set_weights, set_momentum
         self._get_weights, self._get_momentum = get_weights, get_momentum
 
@@ -165,16 +167,28 @@ class Trainer:
         return loss_sum, correct, seen
 
     def gradient(self, images: np.ndarray, labels: np.ndarray, idx: np.ndarray, at: np.ndarray | None = None):
-        """Flat gradient (zeros at non-trainable entries), loss and correct count for one batch;
-        at the weights ``at`` (loaded first, in the same TF call) or at the current ones."""
+        """Flat gradient (zeros at non-trainable entries; read-only), loss and correct count for one
+        batch; at the weights ``at`` (loaded first, in the same TF call) or at the current ones.
+        An aligned ``at`` (:func:`~sparkcnn.buffers.aligned_empty`) is read without a copy."""
         if at is None:
             loss, correct, flat = self._gradient(images[idx], labels[idx])
         else:
             tf = self.tf
             fn = self._concrete_gradient_at(images, labels)
-            loss, correct, flat = fn(tf.constant(np.asarray(at, np.float32)), tf.constant(images[idx]),
+            loss, correct, flat = fn(as_tensor(tf, np.asarray(at, np.float32)), as_tensor(tf, self._batch(images, idx)),
                                      tf.constant(labels[idx]))
-        return flat.numpy(), float(loss) * len(idx), int(correct), len(idx)
+        # read-only, no copy: the array keeps the tensor alive (``.numpy()`` would copy P entries)
+        return np.asarray(flat), float(loss) * len(idx), int(correct), len(idx)
+
+    def _batch(self, images: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """``images[idx]`` gathered into an aligned buffer reused by the next call, which
+        TensorFlow reads in place (:mod:`sparkcnn.buffers`)."""
+        shape = (len(idx), *images.shape[1:])
+        buf = self._batch_buf
+        if buf is None or buf.shape != shape or buf.dtype != images.dtype:
+            buf = self._batch_buf = aligned_empty(shape, images.dtype)
+        np.take(images, idx, axis=0, out=buf, mode="clip")  # idx is in range; "raise" would buffer
+        return buf
 
     def _concrete_gradient_at(self, images: np.ndarray, labels: np.ndarray):
         """The traced ``gradient_at`` for these arrays' dtypes and shapes, called directly. Each

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sparkcnn.buffers import aligned_empty
 from sparkcnn.compression import codec, native
 from sparkcnn.protocol import Reply
 
@@ -155,8 +156,8 @@ class Lookahead:
             self.moving = changed
             self._stale(changed)
             return
-        if self.velocity is None:
-            self.velocity, self.out = np.empty_like(self.prev), np.empty_like(self.prev)
+        if self.velocity is None:  # ``out`` aligned: the gradient's TF call reads it in place
+            self.velocity, self.out = np.empty_like(self.prev), aligned_empty(self.prev.shape, self.prev.dtype)
         if native.enabled():  # one pass instead of three, bitwise the same
             native.velocity_step(w, self.prev, self.velocity, s)
         else:
