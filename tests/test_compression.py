@@ -317,6 +317,40 @@ def test_mask_momentum_zeroes_sent_coordinates():
     assert mom[1] == 0
 
 
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("policy", ["correction", "sparsification_aware"])
+def test_a_snapshot_survives_the_steps_after_it_and_puts_the_policy_back(native, policy):
+    """The per-step policies step out of place, so a snapshot is references, not copies: it
+    stays bitwise intact over the KEEP steps after it (and one more), and loading it back
+    then repeating those steps sends bitwise what they sent (a dropped push's retraining)."""
+    layout = (40, 30_000, 5000)
+    rng = np.random.default_rng(3)
+    grads = [rng.standard_normal(sum(layout)).astype(np.float32) for _ in range(6)]
+    w = rng.standard_normal(sum(layout)).astype(np.float32)
+    kwargs = dict(momentum=0.9, weight_decay=1e-4) if policy != "correction" else dict(momentum=0.9)
+    cls = DGCMomentum if policy == "correction" else SparsificationAwareMomentum
+    with compiled(native):
+        p = cls(layout, Sparsifier("threshold", dense_below=1000), **kwargs)
+        assert p.out_of_place and p.KEEP >= 2
+        for g in grads[:2]:
+            p.step(g, 0.01, lr=0.05, weights=w)
+        snap = p.snapshot()
+        bits = {k: v.copy() for k, v in snap.items()}
+        assert all(not v.flags.writeable for v in snap.values())
+        first = [p.step(g, 0.01, lr=0.05, weights=w) for g in grads[2:2 + p.KEEP + 1]]
+        for k in snap:
+            assert np.array_equal(snap[k].view(np.uint32), bits[k].view(np.uint32)), k
+            assert not np.shares_memory(snap[k], getattr(p, k))
+        p.load_state_dict(snap)
+        again = [p.step(g, 0.01, lr=0.05, weights=w) for g in grads[2:2 + p.KEEP + 1]]
+    for a, b in zip(first, again):
+        assert np.array_equal(a.indices, b.indices) and np.array_equal(a.values.view(np.uint32),
+                                                                      b.values.view(np.uint32))
+    e = ErrorFeedback(layout, Sparsifier())  # steps in place: its snapshot is a copy
+    e.step(grads[0], 0.01, lr=0.05, weights=None)
+    assert not e.out_of_place and not np.shares_memory(e.snapshot()["residual"], e.residual)
+
+
 def test_state_dict_round_trip_and_validation():
     layout = (1000,)
     a = DGCMomentum(layout, Sparsifier("topk"), momentum=0.5)

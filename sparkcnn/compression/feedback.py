@@ -96,6 +96,41 @@ class _FlatState:
         for a, b in self.dense_ranges:
             self._dense[a:b] = True
 
+    # Policies that step out of place write each step's buffers into arrays other than the
+    # last step's, so :meth:`snapshot` hands out references instead of copies (the stream's
+    # tasks take one every step, to put back if the push is dropped: two copies of P each).
+    out_of_place = False
+    KEEP = 2  # steps a snapshot of an out-of-place policy stays intact after it was taken
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """The buffers as they are now, for :meth:`load_state_dict`: read-only references that
+        stay intact for the next ``KEEP`` steps when the policy steps out of place, else copies."""
+        if not self.out_of_place:
+            return self.state_dict()
+        out = {}
+        for name in self._buffers:
+            out[name] = view = getattr(self, name).view()
+            view.flags.writeable = False
+        return out
+
+    def _fresh(self) -> list[np.ndarray]:
+        """Arrays for the next step's buffers (out-of-place policies): none of them is the
+        current buffers or those of the last ``KEEP`` steps."""
+        spare = getattr(self, "_spare", None)
+        if spare:
+            return spare.pop()
+        return [np.empty(self.size, np.float32) for _ in self._buffers]
+
+    def _advance(self, new: list[np.ndarray]) -> None:
+        """Make ``new`` the buffers; the old ones retire, reused ``KEEP`` steps later."""
+        if not hasattr(self, "_retired"):
+            self._retired, self._spare = [], []
+        self._retired.append([getattr(self, name) for name in self._buffers])
+        for name, a in zip(self._buffers, new):
+            setattr(self, name, a)
+        if len(self._retired) > self.KEEP:
+            self._spare.append(self._retired.pop(0))
+
     def selected(self, indices: np.ndarray) -> np.ndarray:
         """The entries of ``indices`` in tensors that go through selection (not sent whole)."""
         return indices[~self._dense[indices]] if self.dense_ranges else indices
@@ -194,14 +229,18 @@ class DGCMomentum(_FlatState):
         self.m = np.float32(momentum)
         self.masking = bool(masking)
 
+    out_of_place = True
+
     def step(self, update: np.ndarray, density: float, *, lr: float, weights: np.ndarray | None) -> SparseDelta:
         g = self._check_input("update", update)
+        u, v = self._fresh()
         if native.enabled():  # one pass instead of three, bitwise the same
-            native_step.momentum_step(self.momentum, self.velocity, g, self.m)
+            native_step.momentum_step_to(self.momentum, self.velocity, g, self.m, u, v)
         else:
-            self.momentum *= self.m
-            self.momentum += g
-            self.velocity += self.momentum
+            np.multiply(self.momentum, self.m, out=u)
+            u += g
+            np.add(self.velocity, u, out=v)
+        self._advance([u, v])
         sent = self._send(self.velocity, density)
         if self.masking:
             self.momentum[self.selected(sent.indices)] = 0.0
@@ -248,10 +287,13 @@ class SparsificationAwareMomentum(_FlatState):
         self.m = np.float32(momentum)
         self.wd = np.float32(weight_decay)
 
+    out_of_place = True
+
     def step(self, update: np.ndarray, density: float, *, lr: float, weights: np.ndarray | None) -> SparseDelta:
         g = self._check_input("update", update)
-        u = self.momentum
-        u *= self.m
+        (u,) = self._fresh()
+        np.multiply(self.momentum, self.m, out=u)
+        self._advance([u])
         if self.wd:
             u += np.float32(lr) * (g + self.wd * self._check_input("weights", weights))
         else:

@@ -214,6 +214,14 @@ class _BlockStream:
     def state(self) -> dict:
         return held_state(self.spec, self.trainer, self.policy)
 
+    def snapshot(self) -> dict:
+        """The block state before an exchange, kept until its reply: in the per-step form the
+        policy's references, intact for the two exchanges that reply takes (it steps out of
+        place: ``KEEP``), else copies."""
+        if self.spec.per_step:
+            return self.policy.snapshot()
+        return self.state()
+
     def run(self) -> None:
         """With ``plan.overlap`` exchange t + 1 computes while push t travels; else each exchange
         waits for the previous reply first (its base then holds the block's own last push)."""
@@ -231,7 +239,7 @@ class _BlockStream:
         """The next exchange's delta, from the view (extrapolated by the lookahead)."""
         spec, view = self.spec, self.view
         n = min(self.plan.h, self.left)
-        before = self.state()  # copies: put back if this push is dropped
+        before = self.snapshot()  # put back if this push is dropped
         batches = block_batches(spec, self.block, len(self.labels), self.step, n)
         w = self.look.weights(view.weights) if self.look else view.weights
         t0 = time.perf_counter()
