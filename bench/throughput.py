@@ -62,6 +62,10 @@ two more TF start-ups; ``compute_limit_method`` says which was used).
   repetition of median ratio is the result and ``repetitions`` holds all of them (the
   machine's speed also moves by ~10 % within a minute: one repetition can land on a dip).
   ``efficiency_vs_run_limit`` is the same images/s against the run's limit.
+  ``task_overhead_cpu_ms_per_step`` is measured inside the tasks: their CPU outside
+  TensorFlow per local step (the task thread outside its TF calls, and its push thread),
+  with its median over the repetitions; ``cpu``'s ``non_training_cpu_ms`` is instead all CPU
+  less the limit's, so it also holds how much slower TF steps beside the driver.
   A case the transport does not run carries ``error``.
   Every stream case records its ``test_accuracy`` and ``jobs_reference_accuracy``: the
   jobs transport's on the same slice and mode, dense or with the stream's sparse settings
@@ -79,6 +83,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -317,8 +322,10 @@ def measure_stream(data: str, H: int, mode: str, extra: list[str], limit_steps: 
     for r in runs:
         r["ratio_to_adjacent_limit"] = r["images_per_s"] / (sum(r["limit_before_after"]) / 2)
     out = dict(sorted(runs, key=lambda r: r["ratio_to_adjacent_limit"])[len(runs) // 2])
-    out["repetitions"] = [{k: r[k] for k in ("images_per_s", "limit_before_after", "ratio_to_adjacent_limit")}
+    out["repetitions"] = [{k: r[k] for k in ("images_per_s", "limit_before_after", "ratio_to_adjacent_limit",
+                                             "task_overhead_cpu_ms_per_step")}
                           for r in runs]
+    out["task_overhead_cpu_ms_per_step_median"] = statistics.median(r["task_overhead_cpu_ms_per_step"] for r in runs)
     return out
 
 
@@ -343,6 +350,9 @@ def _stream_once(data: str, H: int, mode: str, extra: list[str], limit_steps: in
         "window_s": rate["window_s"],
         "exposed_comm_ms_per_step": 1000 * sum(r["exposed_comm_s"] for r in steady) / max(1, steps),
         "compute_ms_per_step": 1000 * sum(r["compute_s"] for r in steady) / max(1, steps),
+        # measured in the tasks: their CPU outside TensorFlow (their own thread outside the TF calls
+        # and their push thread), per local step, across blocks
+        "task_overhead_cpu_ms_per_step": 1000 * sum(r["task_overhead_cpu_s"] for r in steady) / max(1, steps),
         "apply_ms_per_exchange": 1000 * sum(r["apply_s"] for r in steady) / max(1, len(steady)),
         "mean_staleness": sum(r["staleness"] for r in steady) / max(1, len(steady)),
         "bytes_up_per_exchange": sum(r["bytes_up"] for r in steady) / max(1, len(steady)),

@@ -229,6 +229,8 @@ class Push:
     payload: bytes           # codec bytes of the sent delta S (b"" with shards: its pieces go to them)
     state: tuple[StateArray, ...] = ()  # the block's state after this exchange, when a reply asked
     sumsq: tuple[float, ...] = ()       # with shards: ||S_k||^2 of each shard's piece (the guard's norm)
+    overhead_cpu_s: float = 0.0         # the task's CPU outside TensorFlow since its previous push: its
+                                        # thread outside the TF calls and its push thread
 
 
 @dataclass(frozen=True)

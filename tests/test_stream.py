@@ -206,6 +206,12 @@ def test_stream_run_in_process(tiny_cfg, tmp_path, monkeypatch):
     assert sum(r["samples"] for r in rounds) == 2 * 2 * (600 // 32) * 32  # epochs x blocks x full batches
     assert all(r["transport"] == "stream" and r["exposed_comm_s"] >= 0 for r in rounds)
     assert summary["exposed_comm_ms_per_step"] >= 0
+    # each push reports its task's CPU outside TensorFlow: its thread less its TF calls' share
+    from sparkcnn.worker.trainer import _TRAINERS
+
+    overhead = [r["task_overhead_cpu_s"] for r in rounds]
+    assert min(overhead) >= 0 and sum(overhead) > 0
+    assert any(t.tf_thread_s > 0 for t in _TRAINERS.values())
     assert summary["bytes_down"] < summary["dense_bytes_down"] / 5  # sparse downlink
     assert all(r["nnz_down"] > 0 for r in rounds)  # a downlink after every applied push
     assert not _listening(svc.port)

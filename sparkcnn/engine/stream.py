@@ -336,6 +336,7 @@ class StreamEngine(DriverShorthands, StageCheckpoints):
         rec.update(epoch=min(int(self.core.epoch_float - 1e-9) if self.core.samples_done else 0,
                              self.cfg.train.epochs - 1),
                    compute_s=p.compute_s, exposed_comm_s=p.wait_s, round_overhead_s=p.wait_s,
+                   task_overhead_cpu_s=p.overhead_cpu_s,
                    apply_s=time.perf_counter() - t0,
                    images_per_s=rec["samples"] / max(1e-9, p.compute_s + p.wait_s), transport="stream")
         d.record(rec)

@@ -82,6 +82,7 @@ class _Link:
         self.shards: list = []  # (writer, reader) of each shard's stream (ps.shards > 1)
         self.ordinal = -1       # pushes sent (their pieces' key on the shards, with the stream)
         self.stream = 0
+        self.cpu_s = 0.0        # the push thread's CPU, summed (time.thread_time: waits excluded)
 
     def _open(self, host: str, port: int, hello: dict):
         import pyarrow.flight as flight
@@ -128,11 +129,15 @@ class _Link:
         ordinal = self.ordinal
 
         def roundtrip():
-            if self.shards:  # the pieces reach the shards before the push reaches the coordinator
-                self._write_pieces(pieces, push.have, ordinal)
-            self.writer.write_metadata(self._pa.py_buffer(buf))
-            reply = self._read()
-            return reply, ([self._read(r, ShardReply) for _, r in self.shards] if self.shards else None)
+            t = time.thread_time()
+            try:
+                if self.shards:  # the pieces reach the shards before the push reaches the coordinator
+                    self._write_pieces(pieces, push.have, ordinal)
+                self.writer.write_metadata(self._pa.py_buffer(buf))
+                reply = self._read()
+                return reply, ([self._read(r, ShardReply) for _, r in self.shards] if self.shards else None)
+            finally:
+                self.cpu_s += time.thread_time() - t
 
         return self._pool.submit(roundtrip)
 
@@ -210,9 +215,21 @@ class _BlockStream:
         self.exposed, self.exchanges, self.samples, self.last_seq = 0.0, 0, 0, -1
         self.wait_s, self.down_bytes, self.resyncs_sent, self.refusals = 0.0, 0, 0, 0
         self.held: set[int] = set()
+        self._cpu_marks = self._cpu_now()  # where the CPU outside TF stood at the last push
 
     def state(self) -> dict:
         return held_state(self.spec, self.trainer, self.policy)
+
+    def _cpu_now(self) -> tuple[float, float, float]:
+        return time.thread_time(), self.trainer.tf_thread_s, self.link.cpu_s
+
+    def _overhead_cpu(self) -> float:
+        """The CPU outside TensorFlow since the last call: this thread outside the TF calls (the
+        view, lookahead, momentum policy, codec, messages), and the push thread (Flight). TF's
+        own threads are not in it; the push thread's share is of the pushes landed by now."""
+        now, last = self._cpu_now(), self._cpu_marks
+        self._cpu_marks = now
+        return (now[0] - last[0]) - (now[1] - last[1]) + (now[2] - last[2])
 
     def snapshot(self) -> dict:
         """The block state before an exchange, kept until its reply: in the per-step form the
@@ -287,7 +304,8 @@ class _BlockStream:
                     correct=correct, nnz=int(sent.nnz), compute_s=compute_s, wait_s=self.wait_s,
                     down_bytes=self.down_bytes, state_reset=self.reset, resync=self.view.resyncs > self.resyncs_sent,
                     pid=os.getpid(), executor=self.executor, payload=b"" if pieces else payload,
-                    state=_state_arrays(self.state()) if self.send_state or final else (), sumsq=sumsq)
+                    state=_state_arrays(self.state()) if self.send_state or final else (), sumsq=sumsq,
+                    overhead_cpu_s=self._overhead_cpu())
         self.resyncs_sent = self.view.resyncs
         if _hold_hit(spec, self.block, self.seq, self.attempt, self.held):  # chaos: this push arrives stale
             time.sleep(spec.chaos_hold_s)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 
 import numpy as np
 
@@ -131,6 +132,7 @@ class Trainer:
         self._gradient_at = gradient_at
         self._gradient_at_for: dict[tuple, object] = {}  # (x dtype, x shape, y dtype) -> concrete function
         self._batch_buf: np.ndarray | None = None  # the per-step form's batch, aligned (_batch)
+        self.tf_thread_s = 0.0  # the calling thread's CPU inside the TF step calls, summed (time.thread_time)
         self._set_weights, self._set_momentum = set_weights, set_momentum
         self._get_weights, self._get_momentum = get_weights, get_momentum
 
@@ -160,7 +162,9 @@ class Trainer:
         self.opt.learning_rate.assign(lr)
         loss_sum, correct, seen = 0.0, 0, 0
         for idx in batches:
+            t = time.thread_time()
             loss, c = self.train_step(images[idx], labels[idx])
+            self.tf_thread_s += time.thread_time() - t
             loss_sum += float(loss) * len(idx)
             correct += int(c)
             seen += len(idx)
@@ -175,8 +179,11 @@ class Trainer:
         else:
             tf = self.tf
             fn = self._concrete_gradient_at(images, labels)
-            loss, correct, flat = fn(as_tensor(tf, np.asarray(at, np.float32)), as_tensor(tf, self._batch(images, idx)),
-                                     tf.constant(labels[idx]))
+            args = (as_tensor(tf, np.asarray(at, np.float32)), as_tensor(tf, self._batch(images, idx)),
+                    tf.constant(labels[idx]))
+            t = time.thread_time()
+            loss, correct, flat = fn(*args)
+            self.tf_thread_s += time.thread_time() - t
         # read-only, no copy: the array keeps the tensor alive (``.numpy()`` would copy P entries)
         return np.asarray(flat), float(loss) * len(idx), int(correct), len(idx)
 
