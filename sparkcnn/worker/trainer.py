@@ -131,7 +131,7 @@ class Trainer:
         self._gradient = tf.function(flat_gradient, reduce_retracing=True)
         self._gradient_at = gradient_at
         self._gradient_at_for: dict[tuple, object] = {}  # (x dtype, x shape, y dtype) -> concrete function
-        self._batch_buf: np.ndarray | None = None  # the per-step form's batch, aligned (_batch)
+        self._batch_bufs: list = [None, None]  # the per-step form's images and labels, aligned (_batch)
         self.tf_thread_s = 0.0  # the calling thread's CPU inside the TF step calls, summed (time.thread_time)
         self._set_weights, self._set_momentum = set_weights, set_momentum
         self._get_weights, self._get_momentum = get_weights, get_momentum
@@ -179,22 +179,23 @@ class Trainer:
         else:
             tf = self.tf
             fn = self._concrete_gradient_at(images, labels)
-            args = (as_tensor(tf, np.asarray(at, np.float32)), as_tensor(tf, self._batch(images, idx)),
-                    tf.constant(labels[idx]))
+            # the labels too: tf.constant of 64 ints went through TF's weak-tensor wrapper, ~0.2 ms
+            args = (as_tensor(tf, np.asarray(at, np.float32)), as_tensor(tf, self._batch(0, images, idx)),
+                    as_tensor(tf, self._batch(1, labels, idx)))
             t = time.thread_time()
             loss, correct, flat = fn(*args)
             self.tf_thread_s += time.thread_time() - t
         # read-only, no copy: the array keeps the tensor alive (``.numpy()`` would copy P entries)
         return np.asarray(flat), float(loss) * len(idx), int(correct), len(idx)
 
-    def _batch(self, images: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        """``images[idx]`` gathered into an aligned buffer reused by the next call, which
-        TensorFlow reads in place (:mod:`sparkcnn.buffers`)."""
-        shape = (len(idx), *images.shape[1:])
-        buf = self._batch_buf
-        if buf is None or buf.shape != shape or buf.dtype != images.dtype:
-            buf = self._batch_buf = aligned_empty(shape, images.dtype)
-        np.take(images, idx, axis=0, out=buf, mode="clip")  # idx is in range; "raise" would buffer
+    def _batch(self, slot: int, rows: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """``rows[idx]`` gathered into aligned buffer ``slot`` (0: images, 1: labels), reused by
+        the next call, which TensorFlow reads in place (:mod:`sparkcnn.buffers`)."""
+        shape = (len(idx), *rows.shape[1:])
+        buf = self._batch_bufs[slot]
+        if buf is None or buf.shape != shape or buf.dtype != rows.dtype:
+            buf = self._batch_bufs[slot] = aligned_empty(shape, rows.dtype)
+        np.take(rows, idx, axis=0, out=buf, mode="clip")  # idx is in range; "raise" would buffer
         return buf
 
     def _concrete_gradient_at(self, images: np.ndarray, labels: np.ndarray):
