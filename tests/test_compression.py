@@ -317,6 +317,24 @@ def test_mask_momentum_zeroes_sent_coordinates():
     assert mom[1] == 0
 
 
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 700), seed=st.integers(0, 2**32 - 1), q=st.floats(0.0, 1.0))
+def test_compiled_threshold_count_is_numpys(n, seed, q):
+    """The compiled ``|x| >= thr`` pass (blocks of 64 tested whole first) against numpy, at any
+    length (tails included), threshold (one hitting values exactly) and with NaN and infinities."""
+    from sparkcnn.compression import native, native_step
+
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 3)).astype(np.float32)
+    if n > 3:
+        x[rng.integers(0, n, 3)] = [np.nan, np.inf, -np.inf]
+    finite = np.abs(x[np.isfinite(x)])
+    thr = np.float32(np.quantile(finite, q, method="nearest")) if finite.size else np.float32(1.0)
+    if not native.enabled():
+        pytest.skip("no compiled kernels here")
+    np.testing.assert_array_equal(native_step.abs_at_least(x, thr), np.flatnonzero(np.abs(x) >= thr))
+
+
 @pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("policy", ["correction", "sparsification_aware"])
 def test_a_snapshot_survives_the_steps_after_it_and_puts_the_policy_back(native, policy):
