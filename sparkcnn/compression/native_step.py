@@ -3,8 +3,7 @@
 Each is one pass over the model where numpy makes two or three, with its
 temporaries, bitwise the same (float32, each operation rounded, no FMA):
 
-    momentum_step      u = m·u + g; v += u          (DGC's momentum correction; feedback.py)
-    momentum_step_to   the same into other arrays, its inputs left as they were
+    momentum_step_to   u' = m·u + g; v' = v + u'     (DGC's momentum correction, out of place; feedback.py)
     abs_at_least       {i : |x[i]| >= thr}          (threshold selection; sparsify.py)
     velocity_step      vel = (w - prev)·s; prev = w (the lookahead's velocity; worker/stream.py)
     velocity_step_at   the same at changed indices only, zero where the view moved
@@ -19,19 +18,9 @@ from .native import kernel, kernels
 
 
 @kernel(nogil=True, boundscheck=False)
-def k_momentum_step(u, v, g, m):
-    """``u = m·u + g; v += u`` in one pass (DGC's momentum correction), rounding the
-    product, then each sum, in float32 as numpy's three passes do."""
-    for i in range(u.size):
-        ui = u[i] * m
-        ui = ui + g[i]
-        u[i] = ui
-        v[i] = v[i] + ui
-
-
-@kernel(nogil=True, boundscheck=False)
 def k_momentum_step_to(u, v, g, m, u_out, v_out):
-    """``u_out = m·u + g; v_out = v + u_out`` in one pass, rounded as :func:`k_momentum_step`."""
+    """``u_out = m·u + g; v_out = v + u_out`` in one pass, rounding the product, then each sum,
+    in float32 as numpy's three passes do."""
     for i in range(u.size):
         ui = u[i] * m
         ui = ui + g[i]
@@ -103,15 +92,10 @@ def k_axpy(a, x, y, out):
         out[i] = a * x[i] + y[i]
 
 
-def momentum_step(u: np.ndarray, v: np.ndarray, g: np.ndarray, m: np.float32) -> None:
-    """``u = m·u + g; v += u`` in place (float32 arrays of one size), bitwise as numpy."""
-    kernels().momentum_step(u, v, g, np.float32(m))
-
-
 def momentum_step_to(u: np.ndarray, v: np.ndarray, g: np.ndarray, m: np.float32, u_out: np.ndarray,
                      v_out: np.ndarray) -> None:
     """``u_out = m·u + g; v_out = v + u_out`` (float32 arrays of one size; the outputs distinct
-    from the inputs), bitwise :func:`momentum_step` without touching ``u`` and ``v``."""
+    from the inputs), bitwise numpy's ``u_out = u·m; u_out += g; v_out = v + u_out``."""
     kernels().momentum_step_to(u, v, g, np.float32(m), u_out, v_out)
 
 
