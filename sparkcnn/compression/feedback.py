@@ -87,6 +87,8 @@ class _FlatState:
         self.value_dtype = value_dtype
         for name in self._buffers:
             setattr(self, name, np.zeros(self.size, dtype=np.float32))
+        self._retired: list[list[np.ndarray]] = []  # out-of-place policies: the last KEEP steps' buffers
+        self._spare: list[list[np.ndarray]] = []    # and older ones, free for the next step
         # tensors the sparsifier sends whole every step (fewer than dense_below elements):
         # no selection happens there, so neither does momentum masking
         offsets = layout_offsets(self.layout)
@@ -116,15 +118,12 @@ class _FlatState:
     def _fresh(self) -> list[np.ndarray]:
         """Arrays for the next step's buffers (out-of-place policies): none of them is the
         current buffers or those of the last ``KEEP`` steps."""
-        spare = getattr(self, "_spare", None)
-        if spare:
-            return spare.pop()
+        if self._spare:
+            return self._spare.pop()
         return [np.empty(self.size, np.float32) for _ in self._buffers]
 
     def _advance(self, new: list[np.ndarray]) -> None:
         """Make ``new`` the buffers; the old ones retire, reused ``KEEP`` steps later."""
-        if not hasattr(self, "_retired"):
-            self._retired, self._spare = [], []
         self._retired.append([getattr(self, name) for name in self._buffers])
         for name, a in zip(self._buffers, new):
             setattr(self, name, a)
