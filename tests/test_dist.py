@@ -155,8 +155,13 @@ def _submit(cluster, python: str, dist: str, data: str, root, extra_conf: dict |
                 "spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{events}",
                 "spark.eventLog.compress": "false",
                 # blocks are placed by the run's first job: start it once both executors are in, or
-                # a slow registration leaves every block on the first (as a user's defaults would)
+                # a slow registration leaves every block on the first (as a user's defaults would);
+                # on standalone the ratio counts against spark.cores.max, and without it waits for none
                 "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+                "spark.cores.max": str(cluster.workers * cluster.cores_per_worker),
+                # and its tasks go to free executors at once: without it a block's storing task
+                # waits 3 s for the host of the placement's input, which often finishes both
+                "spark.locality.wait.node": "0",
                 "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s", **(extra_conf or {})}
     (conf_dir / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in defaults.items()))
     argv = spark_submit_route_a(cluster.master_url, os.path.join(dist, "sparkcnn.zip"),
