@@ -199,6 +199,33 @@ def test_threshold_selection_is_the_same_compiled_and_on_numpy(seed, kind, densi
     assert np.array_equal(fast, slow)
 
 
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), kind=st.sampled_from(["normal", "cauchy", "lognormal", "sparse"]),
+       density=st.sampled_from([1.0, 0.3, 0.05, 0.01, 0.001]), sampled=st.booleans(),
+       dense_below=st.sampled_from([0, 100, 16384]), specials=st.booleans())
+def test_sparsifier_indices_are_the_same_compiled_and_on_numpy(seed, kind, density, sampled, dense_below, specials):
+    """The one compiled call over every tensor (first threshold pass, trimmed where it overshoots,
+    numpy's corrections where it undershoots) against the per-tensor numpy path, on a layout of
+    small, sampled and exactly selected tensors, with NaN, infinities and ties at zero."""
+    layout = (7, 300, 2500, 40_000, 64, 30_000)
+    rng = np.random.default_rng(seed)
+    x = _tensor("normal" if kind == "sparse" else kind, sum(layout), rng).astype(np.float32)
+    if kind == "sparse":
+        x[rng.random(x.size) < 0.9] = 0.0  # mostly zeros: thresholds of 0, ties
+    if specials:
+        x[rng.integers(0, x.size, 6)] = [np.nan, np.inf, -np.inf, np.nan, 0.0, -0.0]
+
+    def select():
+        sp = Sparsifier("threshold", dense_below, rng=np.random.default_rng(seed) if sampled else None)
+        return [sp.indices(x, layout, d) for d in (density, density, density / 2)]  # plans reused
+
+    fast = select()
+    with compiled(False):
+        slow = select()
+    for a, b in zip(fast, slow):
+        assert a.dtype == b.dtype == np.int64 and np.array_equal(a, b)
+
+
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), dtype=st.sampled_from(["float32", "float16"]), masking=st.booleans())
 def test_dgc_step_is_bitwise_the_same_compiled_and_on_numpy(seed, dtype, masking):

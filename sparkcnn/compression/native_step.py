@@ -5,6 +5,7 @@ temporaries, bitwise the same (float32, each operation rounded, no FMA):
 
     momentum_step_to   u' = m·u + g; v' = v + u'     (DGC's momentum correction, out of place; feedback.py)
     abs_at_least       {i : |x[i]| >= thr}          (threshold selection; sparsify.py)
+    threshold_select   a whole vector's selection, tensor by tensor, where no correction is needed
     velocity_step      vel = (w - prev)·s; prev = w (the lookahead's velocity; worker/stream.py)
     velocity_step_at   the same at changed indices only, zero where the view moved
     axpy, axpy_at      out = a·x + y                (the lookahead's extrapolated weights)
@@ -57,6 +58,76 @@ def k_abs_at_least(x, thr, out):
 
 
 @kernel(nogil=True, boundscheck=False)
+def k_abs_at_least_range(x, a, b, thr, out, c):
+    """k_abs_at_least over ``x[a:b]``, global indices written from ``out[c]``; returns the new c.
+    (It indexes the slice from 0: indices the compiler cannot prove non-negative get a
+    wrap-around test each, which stops the vectorised OR, 7x slower.)"""
+    xs = x[a:b]
+    blocks = xs.size // 64
+    for blk in range(blocks):
+        base = blk * 64
+        hit = False
+        for j in range(64):
+            hit |= abs(xs[base + j]) >= thr
+        if hit:
+            for j in range(64):
+                if abs(xs[base + j]) >= thr:
+                    out[c] = a + base + j
+                    c += 1
+    for i in range(blocks * 64, xs.size):
+        if abs(xs[i]) >= thr:
+            out[c] = a + i
+            c += 1
+    return c
+
+
+@kernel(nogil=True, boundscheck=False)
+def k_threshold_select(x, a, b, whole, stride, start, rank, lo, hi, out, found, over):
+    """Sparsifier.indices' common cases in one call, tensor by tensor (``[a[t], b[t])`` of ``x``):
+    a tensor sent whole gives all its indices; another gives every i with ``|x[i]| >= thr``,
+    thr the ``rank[t]``-th largest of the sample ``|x[a + start :: stride]|`` (threshold_indices'
+    first pass), when their count is at least ``lo[t]``; ``over[t]`` says it is above ``hi[t]``
+    (the caller then keeps the k largest of them, as threshold_indices does). Indices go to
+    ``out`` in tensor order; ``found[t]`` is tensor t's count, or -1 where the caller selects
+    it itself (too few, NaN in the sample, exact top-k), which leaves nothing of it in ``out``.
+    Returns the entries written."""
+    c = 0
+    for t in range(a.size):
+        lo_t, hi_t = a[t], b[t]
+        if whole[t]:
+            for i in range(lo_t, hi_t):
+                out[c] = i
+                c += 1
+            found[t] = hi_t - lo_t
+            over[t] = False
+            continue
+        over[t] = False
+        if hi[t] < lo[t]:  # not for this pass (exact top-k)
+            found[t] = -1
+            continue
+        first = lo_t + start[t]
+        m = (hi_t - first + stride[t] - 1) // stride[t]
+        sample = np.empty(m, np.float32)
+        nan = False
+        for j in range(m):
+            sample[j] = abs(x[first + j * stride[t]])
+            nan |= sample[j] != sample[j]
+        if nan:
+            found[t] = -1
+            continue
+        thr = np.partition(sample, m - rank[t])[m - rank[t]]
+        c0 = c
+        c = k_abs_at_least_range(x, lo_t, hi_t, thr, out, c)
+        if lo[t] <= c - c0:
+            found[t] = c - c0
+            over[t] = c - c0 > hi[t]
+        else:
+            found[t] = -1
+            c = c0
+    return c
+
+
+@kernel(nogil=True, boundscheck=False)
 def k_velocity_step(w, prev, vel, s):
     """``vel = (w - prev) · s; prev = w`` in one pass (float32, each operation rounded)."""
     for i in range(w.size):
@@ -103,6 +174,14 @@ def abs_at_least(x: np.ndarray, thr: np.float32) -> np.ndarray:
     """``np.flatnonzero(np.abs(x) >= thr)`` in one pass, without the temporaries."""
     out = np.empty(x.size, np.int64)
     return out[:kernels().abs_at_least(x, np.float32(thr), out)]
+
+
+def threshold_select(x: np.ndarray, plan, starts: np.ndarray, ranks: np.ndarray, out: np.ndarray,
+                     found: np.ndarray, over: np.ndarray) -> int:
+    """:func:`k_threshold_select` over float32 ``x`` with a selection plan's arrays
+    (``sparsify._Plan``) and the sample starts and ranks of this call; returns the entries in ``out``."""
+    return kernels().threshold_select(x, plan.a, plan.b, plan.whole, plan.stride, starts, ranks, plan.lo,
+                                      plan.hi, out, found, over)
 
 
 def velocity_step(w: np.ndarray, prev: np.ndarray, vel: np.ndarray, s: float) -> None:
