@@ -30,6 +30,7 @@ from sparkcnn.compression import (
     topk_indices,
     weighted_sum,
 )
+from sparkcnn.compression.feedback import quantise_at
 from sparkcnn.errors import BadInput
 from tests.native_env import compiled
 
@@ -224,6 +225,21 @@ def test_sparsifier_indices_are_the_same_compiled_and_on_numpy(seed, kind, densi
         slow = select()
     for a, b in zip(fast, slow):
         assert a.dtype == b.dtype == np.int64 and np.array_equal(a, b)
+
+
+@FAST
+@given(seed=st.integers(0, 2**32 - 1), scale=st.integers(-30, 8), specials=st.booleans())
+def test_quantise_at_is_quantise_bitwise(seed, scale, specials):
+    """The compiled float16 rounding of the sent values against quantise's numpy casts, over
+    subnormal, normal, float16-clipped values, and NaN and infinities (which it hands back)."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(5000) * 2.0 ** scale).astype(np.float32)
+    if specials:
+        x[rng.integers(0, x.size, 3)] = [np.nan, np.inf, 70000.0]
+    idx = np.sort(rng.choice(x.size, 800, replace=False)).astype(np.int64)
+    for dtype in ("float16", "float32"):
+        got = quantise_at(x, idx, dtype)
+        assert np.array_equal(got.view(np.uint32), quantise(x[idx], dtype).view(np.uint32))
 
 
 @settings(max_examples=20, deadline=None)

@@ -32,6 +32,16 @@ from .sparsify import METHODS, Sparsifier
 MOMENTUM_MODES = ("correction", "sparsification_aware")  # per-step forms (compression.momentum)
 
 
+def quantise_at(x: np.ndarray, idx: np.ndarray, value_dtype: str) -> np.ndarray:
+    """``quantise(x[idx], value_dtype)``; in one compiled pass where it can (float16, a float32
+    ``x``, every value within float16's range)."""
+    if value_dtype == "float16" and x.dtype == np.float32 and x.flags.c_contiguous and native.enabled():
+        q = native_step.quantise_f16_at(x, idx)
+        if q is not None:
+            return q
+    return quantise(x[idx], value_dtype)
+
+
 def quantise(a: np.ndarray, value_dtype: str) -> np.ndarray:
     """Round ``a`` (float32) to the wire dtype, returned as float32, such that
     ``a - quantise(a)`` is exact in float32.
@@ -141,7 +151,7 @@ class _FlatState:
         them with that dtype loses nothing.
         """
         idx = self.sparsifier.indices(buf, self.layout, density)
-        return SparseDelta(self.size, idx, quantise(buf[idx], self.value_dtype))
+        return SparseDelta(self.size, idx, quantise_at(buf, idx, self.value_dtype))
 
     def _send(self, buf: np.ndarray, density: float) -> SparseDelta:
         """:meth:`_select`, then ``buf[S] -= q``: what was sent leaves the buffer (a residual)."""

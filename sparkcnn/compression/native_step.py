@@ -6,6 +6,7 @@ temporaries, bitwise the same (float32, each operation rounded, no FMA):
     momentum_step_to   u' = m·u + g; v' = v + u'     (DGC's momentum correction, out of place; feedback.py)
     abs_at_least       {i : |x[i]| >= thr}          (threshold selection; sparsify.py)
     threshold_select   a whole vector's selection, tensor by tensor, where no correction is needed
+    quantise_f16_at    x[idx] rounded to float16 and back        (the sent values; feedback.py)
     velocity_step      vel = (w - prev)·s; prev = w (the lookahead's velocity; worker/stream.py)
     velocity_step_at   the same at changed indices only, zero where the view moved
     axpy, axpy_at      out = a·x + y                (the lookahead's extrapolated weights)
@@ -16,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .native import kernel, kernels
+from .native_codec import f16_bits, f32_bits
 
 
 @kernel(nogil=True, boundscheck=False)
@@ -128,6 +130,19 @@ def k_threshold_select(x, a, b, whole, stride, start, rank, lo, hi, out, found, 
 
 
 @kernel(nogil=True, boundscheck=False)
+def k_quantise_f16_at(bits, idx, out):
+    """``out[j]`` = float32 bits of ``x[idx[j]]`` rounded to float16 (``bits``: x's float32 bits),
+    as feedback.quantise; returns False, leaving ``out`` partly written, at the first value it
+    does not take (not finite, or beyond float16's range), which quantise then handles."""
+    for j in range(idx.size):
+        b = np.int64(bits[idx[j]])
+        if (b & 0x7FFFFFFF) > 0x477FE000:  # 65504, float16's largest; NaN and infinities too
+            return False
+        out[j] = f32_bits(f16_bits(b))
+    return True
+
+
+@kernel(nogil=True, boundscheck=False)
 def k_velocity_step(w, prev, vel, s):
     """``vel = (w - prev) · s; prev = w`` in one pass (float32, each operation rounded)."""
     for i in range(w.size):
@@ -182,6 +197,13 @@ def threshold_select(x: np.ndarray, plan, starts: np.ndarray, ranks: np.ndarray,
     (``sparsify._Plan``) and the sample starts and ranks of this call; returns the entries in ``out``."""
     return kernels().threshold_select(x, plan.a, plan.b, plan.whole, plan.stride, starts, ranks, plan.lo,
                                       plan.hi, out, found, over)
+
+
+def quantise_f16_at(x: np.ndarray, idx: np.ndarray) -> np.ndarray | None:
+    """``x[idx]`` (float32) rounded to float16 and back, bitwise feedback.quantise's; None when
+    a value is not finite or beyond float16's range (quantise clips those)."""
+    out = np.empty(idx.size, np.float32)
+    return out if kernels().quantise_f16_at(x.view(np.uint32), idx, out.view(np.uint32)) else None
 
 
 def velocity_step(w: np.ndarray, prev: np.ndarray, vel: np.ndarray, s: float) -> None:
