@@ -242,6 +242,34 @@ def test_quantise_at_is_quantise_bitwise(seed, scale, specials):
         assert np.array_equal(got.view(np.uint32), quantise(x[idx], dtype).view(np.uint32))
 
 
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("mode, per_step", [("correction", True), ("sparsification_aware", True),
+                                            ("correction", False)])
+def test_a_scaled_step_is_the_step_of_the_scaled_update_bitwise(native, mode, per_step):
+    """``step(g, scale=s)`` (a clipped gradient, scaled as the policy reads it) against
+    ``step(g * float32(s))``, over steps: the same sends and the same buffers, bit for bit."""
+    layout, rng = (40, 30_000, 5000), np.random.default_rng(11)
+    grads = [(rng.standard_normal(sum(layout)) * 3).astype(np.float32) for _ in range(4)]
+    scales = [0.37, None, 1e-3, 0.9]
+
+    def run(pass_scale):
+        policy = make_policy("threshold", mode, per_step, layout, "float16", 1000, 0.9)
+        sent = []
+        for g, s in zip(grads, scales):
+            if pass_scale:
+                sent.append(policy.step(g, 0.01, lr=0.1, weights=None, scale=s))
+            else:
+                sent.append(policy.step(g if s is None else g * np.float32(s), 0.01, lr=0.1, weights=None))
+        return sent, policy.state_dict()
+
+    with compiled(native):
+        a, state_a = run(True)
+        b, state_b = run(False)
+    for x, y in zip(a, b):
+        assert np.array_equal(x.indices, y.indices) and np.array_equal(x.values.view(np.uint32), y.values.view(np.uint32))
+    assert all(np.array_equal(state_a[k].view(np.uint32), state_b[k].view(np.uint32)) for k in state_a)
+
+
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), dtype=st.sampled_from(["float32", "float16"]), masking=st.booleans())
 def test_dgc_step_is_bitwise_the_same_compiled_and_on_numpy(seed, dtype, masking):

@@ -113,6 +113,50 @@ def test_per_step_gradient_is_clipped_to_the_block_cap_and_batchnorm_statistics_
     assert clip_gradient(v, None, 100.0)[0] is v
 
 
+def tiny_plain(input_shape, num_classes):
+    """Conv + dense, no BatchNorm: every weight trainable."""
+    import keras
+    from keras import layers
+
+    return keras.Sequential([keras.Input(shape=input_shape), layers.Conv2D(4, 3), layers.Flatten(),
+                             layers.Dense(num_classes)])
+
+
+def test_a_clipped_gradient_without_batchnorm_is_scaled_by_the_policy_as_clipping_would():
+    """Without BatchNorm the read-only per-step gradient is not copied to be clipped: the policy
+    takes the clip's factor and scales as it reads. Its sends and state are bit for bit those of
+    stepping the clipped copy."""
+    import dataclasses
+
+    from sparkcnn.compression.feedback import make_policy
+    from sparkcnn.protocol import TaskSpec
+    from sparkcnn.worker.round import clip_gradient, compute
+    from sparkcnn.worker.trainer import Trainer
+
+    spec = TaskSpec(run_id="t", num_blocks=1, test_blocks=1, model_name="tests.test_trainer:tiny_plain",
+                    input_shape=(8, 8, 1), num_classes=3, seed=0, batch_size=4, momentum=0.9, weight_decay=0.0,
+                    layout=(), method="threshold", per_step=True, dense_below=16)
+    tr = Trainer(spec)
+    assert not tr.has_non_trainable
+    layout = tuple(b - a for a, b in zip(tr.offsets[:-1], tr.offsets[1:]))
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((8, 8, 8, 1)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32)
+    w = (rng.standard_normal(tr.offsets[-1]) * 3).astype(np.float32)
+    g, *_ = tr.gradient(x, y, np.arange(4), at=w)
+    norm = float(np.linalg.norm(g))
+    s = dataclasses.replace(spec, layout=layout, clip_norm=norm / 3)
+    ours = make_policy("threshold", "correction", True, layout, "float16", 16, 0.9)
+    ref = make_policy("threshold", "correction", True, layout, "float16", 16, 0.9)
+    for _ in range(3):
+        sent, *_ = compute(s, tr, ours, None, w, x, y, [np.arange(4)], 0.1, 0.05, live=True)
+        clipped, n = clip_gradient(tr.gradient(x, y, np.arange(4), at=w)[0], None, s.clip_norm)
+        assert n == pytest.approx(norm, rel=1e-6) and np.linalg.norm(clipped) == pytest.approx(norm / 3, rel=1e-5)
+        expect = ref.step(clipped, 0.05, lr=0.1, weights=w)
+        assert np.array_equal(sent.indices, expect.indices)
+        assert np.array_equal(sent.values.view(np.uint32), expect.values.view(np.uint32))
+    assert np.array_equal(ours.velocity.view(np.uint32), ref.velocity.view(np.uint32))
+
+
 @pytest.mark.parametrize("per_step, method", [(True, "topk"), (False, "topk"), (False, "none")])
 def test_live_compute_matches_the_state_passing_form(trainer, per_step, method):
     """The stream keeps a block's state in the policy and the trainer through a stage (live);

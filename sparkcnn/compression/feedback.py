@@ -159,9 +159,16 @@ class _FlatState:
         buf[sent.indices] -= sent.values  # exact, see quantise()
         return sent
 
-    def step(self, update: np.ndarray, density: float, *, lr: float, weights: np.ndarray | None) -> SparseDelta:
-        """Take this step's ``update`` (a delta or a gradient, see the class) and return what to send."""
+    def step(self, update: np.ndarray, density: float, *, lr: float, weights: np.ndarray | None,
+             scale: float | None = None) -> SparseDelta:
+        """Take this step's ``update`` (a delta or a gradient, see the class), times ``scale``
+        when given (a clipped gradient, scaled here rather than copied), and return what to send."""
         raise NotImplementedError
+
+    def _scaled(self, name: str, vec: np.ndarray, scale: float | None) -> np.ndarray:
+        """``vec`` checked, times float32 ``scale`` when given (a new array)."""
+        vec = self._check_input(name, vec)
+        return vec if scale is None else vec * np.float32(scale)
 
     def _check_input(self, name: str, vec: np.ndarray) -> np.ndarray:
         vec = np.asarray(vec, dtype=np.float32).ravel()
@@ -202,8 +209,9 @@ class ErrorFeedback(_FlatState):
 
     _buffers = ("residual",)
 
-    def step(self, update: np.ndarray, density: float, *, lr: float, weights: np.ndarray | None) -> SparseDelta:
-        self.residual += self._check_input("update", update)
+    def step(self, update: np.ndarray, density: float, *, lr: float, weights: np.ndarray | None,
+             scale: float | None = None) -> SparseDelta:
+        self.residual += self._scaled("update", update, scale)
         return self._send(self.residual, density)
 
 
@@ -240,14 +248,15 @@ class DGCMomentum(_FlatState):
 
     out_of_place = True
 
-    def step(self, update: np.ndarray, density: float, *, lr: float, weights: np.ndarray | None) -> SparseDelta:
+    def step(self, update: np.ndarray, density: float, *, lr: float, weights: np.ndarray | None,
+             scale: float | None = None) -> SparseDelta:
         g = self._check_input("update", update)
         u, v = self._fresh()
-        if native.enabled():  # one pass instead of three, bitwise the same
-            native_step.momentum_step_to(self.momentum, self.velocity, g, self.m, u, v)
+        if native.enabled():  # one pass instead of three (four when scaled), bitwise the same
+            native_step.momentum_step_to(self.momentum, self.velocity, g, self.m, u, v, scale)
         else:
             np.multiply(self.momentum, self.m, out=u)
-            u += g
+            u += g if scale is None else g * np.float32(scale)
             np.add(self.velocity, u, out=v)
         self._advance([u, v])
         sent = self._send(self.velocity, density)
@@ -298,8 +307,9 @@ class SparsificationAwareMomentum(_FlatState):
 
     out_of_place = True
 
-    def step(self, update: np.ndarray, density: float, *, lr: float, weights: np.ndarray | None) -> SparseDelta:
-        g = self._check_input("update", update)
+    def step(self, update: np.ndarray, density: float, *, lr: float, weights: np.ndarray | None,
+             scale: float | None = None) -> SparseDelta:
+        g = self._scaled("update", update, scale)
         (u,) = self._fresh()
         np.multiply(self.momentum, self.m, out=u)
         self._advance([u])

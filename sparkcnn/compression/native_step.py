@@ -3,7 +3,8 @@
 Each is one pass over the model where numpy makes two or three, with its
 temporaries, bitwise the same (float32, each operation rounded, no FMA):
 
-    momentum_step_to   u' = m·u + g; v' = v + u'     (DGC's momentum correction, out of place; feedback.py)
+    momentum_step_to   u' = m·u + g; v' = v + u'     (DGC's momentum correction, out of place; feedback.py;
+                                                      of g·s when the gradient is clipped)
     abs_at_least       {i : |x[i]| >= thr}          (threshold selection; sparsify.py)
     threshold_select   a whole vector's selection, tensor by tensor, where no correction is needed
     quantise_f16_at    x[idx] rounded to float16 and back        (the sent values; feedback.py)
@@ -27,6 +28,18 @@ def k_momentum_step_to(u, v, g, m, u_out, v_out):
     for i in range(u.size):
         ui = u[i] * m
         ui = ui + g[i]
+        u_out[i] = ui
+        v_out[i] = v[i] + ui
+
+
+@kernel(nogil=True, boundscheck=False)
+def k_momentum_step_scaled_to(u, v, g, s, m, u_out, v_out):
+    """k_momentum_step_to of the gradient ``g·s`` (a clipped one), the product rounded first, as
+    numpy's ``g * s`` is."""
+    for i in range(u.size):
+        gi = g[i] * s
+        ui = u[i] * m
+        ui = ui + gi
         u_out[i] = ui
         v_out[i] = v[i] + ui
 
@@ -179,10 +192,14 @@ def k_axpy(a, x, y, out):
 
 
 def momentum_step_to(u: np.ndarray, v: np.ndarray, g: np.ndarray, m: np.float32, u_out: np.ndarray,
-                     v_out: np.ndarray) -> None:
+                     v_out: np.ndarray, scale: np.float32 | None = None) -> None:
     """``u_out = m·u + g; v_out = v + u_out`` (float32 arrays of one size; the outputs distinct
-    from the inputs), bitwise numpy's ``u_out = u·m; u_out += g; v_out = v + u_out``."""
-    kernels().momentum_step_to(u, v, g, np.float32(m), u_out, v_out)
+    from the inputs), bitwise numpy's ``u_out = u·m; u_out += g; v_out = v + u_out``; with
+    ``scale``, of the gradient ``g·scale`` (numpy: ``u_out += g * scale``)."""
+    if scale is None:
+        kernels().momentum_step_to(u, v, g, np.float32(m), u_out, v_out)
+    else:
+        kernels().momentum_step_scaled_to(u, v, g, np.float32(scale), np.float32(m), u_out, v_out)
 
 
 def abs_at_least(x: np.ndarray, thr: np.float32) -> np.ndarray:

@@ -116,16 +116,20 @@ def compute(spec: TaskSpec, trainer, policy, state: dict, w: np.ndarray, images,
         # change / lr, so that the server's ``W -= lr * S`` averages them
         g, loss_sum, correct, seen = trainer.gradient(images, labels, batches[0], at=w)  # read-only
         nt = trainer.non_trainable_mask
-        has_nt = nt.any()
+        has_nt = trainer.has_non_trainable
         if has_nt:
             g = g.copy()
+        scale = None
         if spec.clip_norm > 0:
-            g = clip_gradient(g, ~nt if has_nt else None, spec.clip_norm)[0]
+            if has_nt:
+                g = clip_gradient(g, ~nt, spec.clip_norm)[0]
+            else:  # the policy scales as it reads (g is read-only: clipping here would copy it)
+                scale = clip_scale(g, spec.clip_norm)
         if has_nt:
             g[nt] = (w[nt] - trainer.get_flat()[nt]) / lr
         if not live:
             _load_policy(policy, state)
-        sent = policy.step(g, density, lr=lr, weights=w)
+        sent = policy.step(g, density, lr=lr, weights=w, scale=scale)
         return sent, (None if live else _policy_state(policy)), loss_sum, correct, seen
     trainer.set_flat(w)
     if not live:
@@ -158,6 +162,13 @@ def held_state(spec: TaskSpec, trainer, policy) -> dict:
     :func:`compute` returns otherwise)."""
     out = {} if spec.per_step else {"momentum": trainer.get_momentum()}
     return {**out, **(_policy_state(policy) if policy is not None else {})}
+
+
+def clip_scale(g: np.ndarray, max_norm: float) -> float | None:
+    """The factor :func:`clip_gradient` would scale all of ``g`` by, or None where ``g`` is
+    within the cap: a policy's ``scale`` (``policy.step(g, ..., scale=)``), bitwise the same."""
+    norm = float(np.sqrt(np.dot(g, g)))
+    return None if norm <= max_norm else max_norm / norm
 
 
 def clip_gradient(g: np.ndarray, trainable: np.ndarray | None, max_norm: float) -> tuple[np.ndarray, float]:

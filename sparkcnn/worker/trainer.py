@@ -229,6 +229,11 @@ class Trainer:
             mask[self.offsets[i]:self.offsets[i + 1]] = False
         return mask
 
+    @functools.cached_property
+    def has_non_trainable(self) -> bool:
+        """Whether the model has non-trainable weights (BatchNorm statistics)."""
+        return bool(self.non_trainable_mask.any())
+
     def evaluate(self, images: np.ndarray, labels: np.ndarray, batch: int = 1000):
         loss_sum, correct = 0.0, 0
         for a in range(0, len(labels), batch):
