@@ -207,7 +207,6 @@ class Sparsifier:
         self.dense_below = int(dense_below)  # elements
         self.rng = rng  # numpy Generator for the sample offset, or None
         self._plans: dict[tuple, _Plan] = {}  # (layout, density) -> the compiled path's plan
-        self._out: np.ndarray | None = None   # its index buffer, reused
 
     def sends_whole(self, n: int, density: float) -> bool:
         """Whether a tensor of ``n`` entries goes whole at ``density``: no selection (method
@@ -255,12 +254,11 @@ class Sparsifier:
                                for st, sampled in zip(plan.stride, plan.sampled)], np.int64)
             sizes = (plan.b - plan.a - starts + plan.stride - 1) // np.maximum(plan.stride, 1)
             ranks = np.maximum(1, np.ceil(density * sizes)).astype(np.int64)
-        if self._out is None or self._out.size < flat.size:
-            self._out = np.empty(flat.size, np.int64)
+        out = np.empty(flat.size, np.int64)  # per call: the server's threads may share a sparsifier
         found, over = np.empty(plan.a.size, np.int64), np.empty(plan.a.size, np.bool_)
-        c = native_step.threshold_select(flat, plan, starts, ranks, self._out, found, over)
+        c = native_step.threshold_select(flat, plan, starts, ranks, out, found, over)
         if not over.any() and (found >= 0).all():
-            return self._out[:c].copy()
+            return out[:c].copy()
         parts, at = [], 0
         for t in range(plan.a.size):
             n = int(found[t])
@@ -268,9 +266,9 @@ class Sparsifier:
                 a, b = int(plan.a[t]), int(plan.b[t])
                 parts.append(threshold_indices(flat[a:b], density, start=int(starts[t])) + a)
             elif over[t]:  # as threshold_indices: the k largest of the candidates
-                parts.append(_trim(flat, self._out[at:at + n], int(plan.k[t])).astype(np.int64, copy=False))
+                parts.append(_trim(flat, out[at:at + n], int(plan.k[t])).astype(np.int64, copy=False))
             else:
-                parts.append(self._out[at:at + n].copy())
+                parts.append(out[at:at + n].copy())
             at += max(n, 0)
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
