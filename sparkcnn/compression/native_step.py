@@ -6,7 +6,7 @@ temporaries, bitwise the same (float32, each operation rounded, no FMA):
     momentum_step_to   u' = m·u + g; v' = v + u'     (DGC's momentum correction, out of place; feedback.py;
                                                       of g·s when the gradient is clipped)
     abs_at_least       {i : |x[i]| >= thr}          (threshold selection; sparsify.py)
-    threshold_select   a whole vector's selection, tensor by tensor, where no correction is needed
+    threshold_select   a whole vector's threshold selection, tensor by tensor (all but exact top-k)
     quantise_f16_at    x[idx] rounded to float16 and back        (the sent values; feedback.py)
     velocity_step      vel = (w - prev)·s; prev = w (the lookahead's velocity; worker/stream.py)
     velocity_step_at   the same at changed indices only, zero where the view moved
@@ -14,6 +14,8 @@ temporaries, bitwise the same (float32, each operation rounded, no FMA):
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -97,14 +99,38 @@ def k_abs_at_least_range(x, a, b, thr, out, c):
 
 
 @kernel(nogil=True, boundscheck=False)
-def k_threshold_select(x, a, b, whole, stride, start, rank, lo, hi, out, found, over):
-    """Sparsifier.indices' common cases in one call, tensor by tensor (``[a[t], b[t])`` of ``x``):
-    a tensor sent whole gives all its indices; another gives every i with ``|x[i]| >= thr``,
-    thr the ``rank[t]``-th largest of the sample ``|x[a + start :: stride]|`` (threshold_indices'
-    first pass), when their count is at least ``lo[t]``; ``over[t]`` says it is above ``hi[t]``
-    (the caller then keeps the k largest of them, as threshold_indices does). Indices go to
-    ``out`` in tensor order; ``found[t]`` is tensor t's count, or -1 where the caller selects
-    it itself (too few, NaN in the sample, exact top-k), which leaves nothing of it in ``out``.
+def k_trim(x, out, c0, c, k):
+    """Keep the ``k`` of the candidates ``out[c0:c]`` of largest ``|x|``, ties to the lower
+    index (sparsify._trim's rule), compacted in order at ``out[c0:c0 + k]``."""
+    n = c - c0
+    vals = np.empty(n, np.float32)
+    for j in range(n):
+        vals[j] = abs(x[out[c0 + j]])
+    kth = np.partition(vals.copy(), n - k)[n - k]
+    need = k
+    for j in range(n):
+        if vals[j] > kth:
+            need -= 1
+    w = c0
+    for j in range(n):
+        v = vals[j]
+        if v > kth or (v == kth and need > 0):
+            if v == kth:
+                need -= 1
+            out[w] = out[c0 + j]
+            w += 1
+
+
+@kernel(nogil=True, boundscheck=False)
+def k_threshold_select(x, a, b, whole, stride, start, rank, k, lo, hi, corrections, out, found):
+    """Sparsifier.indices in one call, tensor by tensor (``[a[t], b[t])`` of ``x``), as
+    sparsify.threshold_indices selects: a tensor sent whole gives all its indices; another
+    those with ``|x[i]| >= thr``, thr the ``rank``-th largest of the sample
+    ``|x[a + start :: stride]|``: accepted within ``[lo, hi]``, trimmed to the ``k`` largest
+    above it, and below it corrected with a lower rank, up to ``corrections`` passes. Indices
+    go to ``out`` in tensor order; ``found[t]`` is tensor t's count, or -1 where the caller
+    selects it itself (exact top-k: a tensor whose sample would be the whole, one with NaN
+    in its sample, one the corrections do not settle), which leaves nothing of it in ``out``.
     Returns the entries written."""
     c = 0
     for t in range(a.size):
@@ -114,11 +140,9 @@ def k_threshold_select(x, a, b, whole, stride, start, rank, lo, hi, out, found, 
                 out[c] = i
                 c += 1
             found[t] = hi_t - lo_t
-            over[t] = False
             continue
-        over[t] = False
-        if hi[t] < lo[t]:  # not for this pass (exact top-k)
-            found[t] = -1
+        found[t] = -1
+        if hi[t] < lo[t]:  # exact top-k
             continue
         first = lo_t + start[t]
         m = (hi_t - first + stride[t] - 1) // stride[t]
@@ -128,16 +152,26 @@ def k_threshold_select(x, a, b, whole, stride, start, rank, lo, hi, out, found, 
             sample[j] = abs(x[first + j * stride[t]])
             nan |= sample[j] != sample[j]
         if nan:
-            found[t] = -1
             continue
-        thr = np.partition(sample, m - rank[t])[m - rank[t]]
         c0 = c
-        c = k_abs_at_least_range(x, lo_t, hi_t, thr, out, c)
-        if lo[t] <= c - c0:
-            found[t] = c - c0
-            over[t] = c - c0 > hi[t]
-        else:
-            found[t] = -1
+        r = rank[t]
+        for _ in range(corrections):
+            thr = np.partition(sample.copy(), m - r)[m - r]
+            c = k_abs_at_least_range(x, lo_t, hi_t, thr, out, c0)
+            n = c - c0
+            if n > hi[t]:  # too many: the k largest are among them
+                k_trim(x, out, c0, c, k[t])
+                c = c0 + k[t]
+                found[t] = k[t]
+                break
+            if n >= lo[t]:
+                found[t] = n
+                break
+            new_r = min(m, max(r + 1, math.ceil(r * 1.25 * k[t] / max(n, 1))))
+            if new_r == r:  # already at the smallest sampled value
+                break
+            r = new_r
+        if found[t] < 0:
             c = c0
     return c
 
@@ -208,12 +242,12 @@ def abs_at_least(x: np.ndarray, thr: np.float32) -> np.ndarray:
     return out[:kernels().abs_at_least(x, np.float32(thr), out)]
 
 
-def threshold_select(x: np.ndarray, plan, starts: np.ndarray, ranks: np.ndarray, out: np.ndarray,
-                     found: np.ndarray, over: np.ndarray) -> int:
+def threshold_select(x: np.ndarray, plan, starts: np.ndarray, ranks: np.ndarray, corrections: int,
+                     out: np.ndarray, found: np.ndarray) -> int:
     """:func:`k_threshold_select` over float32 ``x`` with a selection plan's arrays
     (``sparsify._Plan``) and the sample starts and ranks of this call; returns the entries in ``out``."""
-    return kernels().threshold_select(x, plan.a, plan.b, plan.whole, plan.stride, starts, ranks, plan.lo,
-                                      plan.hi, out, found, over)
+    return kernels().threshold_select(x, plan.a, plan.b, plan.whole, plan.stride, starts, ranks, plan.k, plan.lo,
+                                      plan.hi, corrections, out, found)
 
 
 def quantise_f16_at(x: np.ndarray, idx: np.ndarray) -> np.ndarray | None:

@@ -79,11 +79,15 @@ def _largest_sorted(a: np.ndarray, r: int) -> np.ndarray:
 
 
 def _trim(x: np.ndarray, keep: np.ndarray, k: int) -> np.ndarray:
-    """Exactly the k largest of ``|x[keep]|``; ``keep`` sorted, stays sorted."""
+    """Exactly the k largest of ``|x[keep]|``, ties to the lower index; ``keep`` sorted, stays
+    sorted. (A fixed rule for ties, which argpartition lacks, so that the compiled selection
+    keeps the same entries.)"""
     vals = np.abs(x[keep])
-    top = np.argpartition(vals, vals.size - k)[vals.size - k:]
-    top.sort()
-    return keep[top]
+    kth = np.partition(vals, vals.size - k)[vals.size - k]
+    take = vals > kth
+    tied = np.flatnonzero(vals == kth)
+    take[tied[:k - int(np.count_nonzero(take))]] = True
+    return keep[take]
 
 
 def _sampling(n: int, density: float) -> tuple[int, int] | None:
@@ -241,12 +245,13 @@ class Sparsifier:
         return self._indices(flat, offsets, density)
 
     def _compiled_indices(self, flat: np.ndarray, plan: _Plan, density: float) -> np.ndarray:
-        """:meth:`_indices` with every tensor's first threshold pass in one compiled call
-        (``native_step.threshold_select``); a tensor that pass does not settle (a correction, the
-        exact path, NaN in its sample) is selected by :func:`threshold_indices` from the same
-        sample start. Bitwise :meth:`_indices`. At one step per exchange the per-tensor numpy
-        calls of :meth:`_indices` cost more than its passes over the vector (in a task, 0.25 of
-        its 0.32 ms per step, fmnist_cnn)."""
+        """:meth:`_indices` with every tensor's threshold selection, its trim and corrections
+        included, in one compiled call (``native_step.threshold_select``); a tensor that ends on
+        exact top-k (its sample as large as itself, NaN in the sample, no settling correction)
+        is selected by :func:`threshold_indices` from the same sample start. Bitwise
+        :meth:`_indices`. At one step per exchange the per-tensor numpy calls of :meth:`_indices`
+        cost more than its passes over the vector (in a task, 0.25 of its 0.32 ms per step,
+        fmnist_cnn)."""
         if self.rng is None:
             starts, ranks = plan.start0, plan.rank
         else:  # the draws threshold_indices makes, tensor by tensor
@@ -255,21 +260,19 @@ class Sparsifier:
             sizes = (plan.b - plan.a - starts + plan.stride - 1) // np.maximum(plan.stride, 1)
             ranks = np.maximum(1, np.ceil(density * sizes)).astype(np.int64)
         out = np.empty(flat.size, np.int64)  # per call: the server's threads may share a sparsifier
-        found, over = np.empty(plan.a.size, np.int64), np.empty(plan.a.size, np.bool_)
-        c = native_step.threshold_select(flat, plan, starts, ranks, out, found, over)
-        if not over.any() and (found >= 0).all():
+        found = np.empty(plan.a.size, np.int64)
+        c = native_step.threshold_select(flat, plan, starts, ranks, MAX_CORRECTIONS, out, found)
+        if (found >= 0).all():
             return out[:c].copy()
         parts, at = [], 0
         for t in range(plan.a.size):
             n = int(found[t])
-            if n < 0:
+            if n < 0:  # exact top-k, as threshold_indices ends
                 a, b = int(plan.a[t]), int(plan.b[t])
                 parts.append(threshold_indices(flat[a:b], density, start=int(starts[t])) + a)
-            elif over[t]:  # as threshold_indices: the k largest of the candidates
-                parts.append(_trim(flat, out[at:at + n], int(plan.k[t])).astype(np.int64, copy=False))
             else:
                 parts.append(out[at:at + n].copy())
-            at += max(n, 0)
+                at += n
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
     def _indices(self, flat: np.ndarray, offsets: np.ndarray, density: float) -> np.ndarray:
