@@ -24,20 +24,10 @@ from .native_codec import f16_bits, f32_bits
 
 
 @kernel(nogil=True, boundscheck=False)
-def k_momentum_step_to(u, v, g, m, u_out, v_out):
-    """``u_out = m·u + g; v_out = v + u_out`` in one pass, rounding the product, then each sum,
-    in float32 as numpy's three passes do."""
-    for i in range(u.size):
-        ui = u[i] * m
-        ui = ui + g[i]
-        u_out[i] = ui
-        v_out[i] = v[i] + ui
-
-
-@kernel(nogil=True, boundscheck=False)
-def k_momentum_step_scaled_to(u, v, g, s, m, u_out, v_out):
-    """k_momentum_step_to of the gradient ``g·s`` (a clipped one), the product rounded first, as
-    numpy's ``g * s`` is."""
+def k_momentum_step_to(u, v, g, s, m, u_out, v_out):
+    """``u_out = m·u + g·s; v_out = v + u_out`` in one pass, rounding each product, then each
+    sum, in float32 as numpy's passes do (``s`` = 1 leaves ``g`` as it is: a product by one is
+    exact)."""
     for i in range(u.size):
         gi = g[i] * s
         ui = u[i] * m
@@ -48,37 +38,20 @@ def k_momentum_step_scaled_to(u, v, g, s, m, u_out, v_out):
 
 @kernel(nogil=True, boundscheck=False)
 def k_abs_at_least(x, thr, out):
-    """Every i with ``|x[i]| >= thr``, ascending, into ``out``; returns how many.
-
-    Hits are rare (density <= a few %), so each block of 64 entries is first tested as a whole,
-    by a branch-free OR that the compiler vectorises, and only a block with a hit is walked:
-    5.8x faster than walking every entry at density 0.001 (205 k entries: 15 against 84 us),
-    no slower at 0.1."""
-    c = 0
-    n = x.size
-    blocks = n // 64
-    for b in range(blocks):
-        base = b * 64
-        hit = False
-        for j in range(64):
-            hit |= abs(x[base + j]) >= thr
-        if hit:
-            for j in range(64):
-                if abs(x[base + j]) >= thr:
-                    out[c] = base + j
-                    c += 1
-    for i in range(blocks * 64, n):
-        if abs(x[i]) >= thr:
-            out[c] = i
-            c += 1
-    return c
+    """Every i with ``|x[i]| >= thr``, ascending, into ``out``; returns how many."""
+    return k_abs_at_least_range(x, 0, x.size, thr, out, 0)
 
 
 @kernel(nogil=True, boundscheck=False)
 def k_abs_at_least_range(x, a, b, thr, out, c):
-    """k_abs_at_least over ``x[a:b]``, global indices written from ``out[c]``; returns the new c.
-    (It indexes the slice from 0: indices the compiler cannot prove non-negative get a
-    wrap-around test each, which stops the vectorised OR, 7x slower.)"""
+    """Every i in ``[a, b)`` with ``|x[i]| >= thr``, ascending, written from ``out[c]``; returns
+    the new c.
+
+    Hits are rare (density <= a few %), so each block of 64 entries is first tested as a whole,
+    by a branch-free OR that the compiler vectorises, and only a block with a hit is walked:
+    5.8x faster than walking every entry at density 0.001 (205 k entries: 15 against 84 us),
+    no slower at 0.1. It indexes the slice from 0: indices the compiler cannot prove
+    non-negative get a wrap-around test each, which stops the vectorised OR (7x slower)."""
     xs = x[a:b]
     blocks = xs.size // 64
     for blk in range(blocks):
@@ -230,10 +203,7 @@ def momentum_step_to(u: np.ndarray, v: np.ndarray, g: np.ndarray, m: np.float32,
     """``u_out = m·u + g; v_out = v + u_out`` (float32 arrays of one size; the outputs distinct
     from the inputs), bitwise numpy's ``u_out = u·m; u_out += g; v_out = v + u_out``; with
     ``scale``, of the gradient ``g·scale`` (numpy: ``u_out += g * scale``)."""
-    if scale is None:
-        kernels().momentum_step_to(u, v, g, np.float32(m), u_out, v_out)
-    else:
-        kernels().momentum_step_scaled_to(u, v, g, np.float32(scale), np.float32(m), u_out, v_out)
+    kernels().momentum_step_to(u, v, g, np.float32(1.0 if scale is None else scale), np.float32(m), u_out, v_out)
 
 
 def abs_at_least(x: np.ndarray, thr: np.float32) -> np.ndarray:

@@ -111,16 +111,14 @@ def threshold_indices(x: np.ndarray, density: float, *, rng=None, start: int | N
     """
     x = np.ravel(x)
     n = x.size
-    k = target_count(n, density)
-    if k >= n:
+    if target_count(n, density) >= n:
         return np.arange(n, dtype=np.int64)
-    lo, hi = (1 - TOLERANCE) * k, (1 + TOLERANCE) * k
-
-    m = max(math.ceil(SAMPLE_FRACTION * n), math.ceil(SAMPLE_HITS / density))
-    if m >= n:
+    sampling = _sampling(n, density)
+    if sampling is None:
         # The "sample" would be the whole tensor: exact is as cheap.
         return topk_indices(x, density)
-    stride = n // m  # n / stride >= m, so the sample has >= m entries
+    k, stride = sampling
+    lo, hi = (1 - TOLERANCE) * k, (1 + TOLERANCE) * k
     if start is None:
         start = int(rng.integers(stride)) if rng is not None else 0
     sample = np.abs(x[start::stride])  # >= m entries
@@ -191,7 +189,6 @@ class _Plan:
         self.start0 = np.zeros(t, np.int64)
         self.size = int(offsets[-1])
         self.sampled = [bool(self.hi[i] >= self.lo[i] and not self.whole[i]) for i in range(t)]  # draws a start
-
 
 
 class Sparsifier:
