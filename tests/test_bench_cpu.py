@@ -61,6 +61,18 @@ def test_the_driver_own_cpu_is_counted_as_driver_time():
     assert after["driver"] - before["driver"] >= 0.2
 
 
+def test_the_meter_own_reads_are_not_counted_as_driver_time():
+    meter = CpuMeter(rescan_s=0.0)  # every sample scans all of /proc: ~ms of this process's CPU each
+    before, own0, t0 = meter.sample(), meter.own_s, time.process_time()
+    for _ in range(100):
+        meter.sample()
+    after = meter.sample()
+    own, spent = meter.own_s - own0, time.process_time() - t0
+    assert own >= 0.05, own  # the scans did cost this process CPU...
+    assert own >= 0.8 * spent, (own, spent)  # ...nearly all of what it spent meanwhile...
+    assert after["driver"] - before["driver"] <= 0.2 * own, (after["driver"] - before["driver"], own)  # ...not driver's
+
+
 def test_cpu_per_record_uses_the_samples_taken_when_the_records_arrived():
     sink = TimedSink(CpuMeter())
     first = {"kind": "round", "samples": 64}
