@@ -229,3 +229,22 @@ def test_gradient_at_weights_is_loading_them_then_the_gradient(trainer):
     np.testing.assert_array_equal(at, w)
     at[:] = 7.0
     np.testing.assert_array_equal(after_a, tr.get_flat())
+
+
+def test_gradient_at_a_reused_buffer_reads_what_it_holds_at_each_call(trainer):
+    """The lookahead hands the gradient the same aligned buffer every step, rewritten in place;
+    the tensor kept for it must read the new weights, and the loss and correct count that ride
+    with the gradient must be this call's: each call equals one at a fresh copy."""
+    from sparkcnn.buffers import aligned_copy
+
+    tr, rng = trainer, np.random.default_rng(12)
+    x, y = rng.standard_normal((8, 8, 8, 1)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32)
+    ws = [rng.standard_normal(tr.offsets[-1]).astype(np.float32) * s for s in (0.1, 0.5, 0.05)]
+    buf = aligned_copy(ws[0])
+    fresh = [tr.gradient(x, y, np.arange(8), at=aligned_copy(w)) for w in ws]
+    for w, (g_f, loss_f, c_f, n_f) in zip(ws, fresh):
+        buf[:] = w
+        g, loss, c, n = tr.gradient(x, y, np.arange(8), at=buf)
+        np.testing.assert_array_equal(g, g_f)
+        assert (loss, c, n) == (loss_f, c_f, n_f) and g.size == tr.offsets[-1]
+    assert len({round(f[1], 6) for f in fresh}) == 3  # the three weights gave three losses

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from sparkcnn.buffers import aligned_empty, as_tensor
+from sparkcnn.buffers import aligned_empty, as_tensor, shareable
 from sparkcnn.protocol import TaskContextInfo, TaskSpec
 from sparkcnn.worker import devices
 
@@ -114,11 +114,14 @@ class Trainer:
                               else tf.zeros([n], tf.float32) for i, n in enumerate(self.sizes)], 0)
 
         def flat_gradient(x, y):
+            # one output: the flat gradient, then the loss and the correct count (exact in float32
+            # below 2**24), so that the caller converts one tensor and no scalars (~20 us a step)
             loss, correct, grads = forward_backward(x, y)
             by_pos = dict(zip(self.trainable_pos, grads))
-            flat = tf.concat([tf.reshape(by_pos[i], [-1]) if i in by_pos else tf.zeros([n], tf.float32)
-                              for i, n in enumerate(self.sizes)], 0)
-            return loss, correct, flat
+            return tf.concat([tf.reshape(by_pos[i], [-1]) if i in by_pos else tf.zeros([n], tf.float32)
+                              for i, n in enumerate(self.sizes)]
+                             + [tf.reshape(tf.cast(loss, tf.float32), [1]),
+                                tf.reshape(tf.cast(correct, tf.float32), [1])], 0)
 
         # The per-step form's step: load the weights and return the flat gradient in one TF
         # call (one .numpy()), not a set_flat call and one copy per tensor: ~1 ms of the
@@ -132,6 +135,8 @@ class Trainer:
         self._gradient_at = gradient_at
         self._gradient_at_for: dict[tuple, object] = {}  # (x dtype, x shape, y dtype) -> its call
         self._batch_bufs: list = [None, None]  # the per-step form's images and labels, aligned (_batch)
+        self._tensors: list = [None, None, None]  # (array, tensor) of the gradient call's inputs (_tensor)
+        self._last_call: tuple = (None, None, None)  # (images, labels, call) of the last gradient call
         self.tf_thread_s = 0.0  # the calling thread's CPU inside the TF step calls, summed (time.thread_time)
         self._set_weights, self._set_momentum = set_weights, set_momentum
         self._get_weights, self._get_momentum = get_weights, get_momentum
@@ -175,18 +180,34 @@ class Trainer:
         batch; at the weights ``at`` (loaded first, in the same TF call) or at the current ones.
         An aligned ``at`` (:func:`~sparkcnn.buffers.aligned_empty`) is read without a copy."""
         if at is None:
-            loss, correct, flat = self._gradient(images[idx], labels[idx])
+            out = self._gradient(images[idx], labels[idx])
         else:
-            tf = self.tf
             fn = self._concrete_gradient_at(images, labels)
             # the labels too: tf.constant of 64 ints went through TF's weak-tensor wrapper, ~0.2 ms
-            args = (as_tensor(tf, np.asarray(at, np.float32)), as_tensor(tf, self._batch(0, images, idx)),
-                    as_tensor(tf, self._batch(1, labels, idx)))
+            args = (self._tensor(0, np.asarray(at, np.float32)), self._tensor(1, self._batch(0, images, idx)),
+                    self._tensor(2, self._batch(1, labels, idx)))
             t = time.thread_time()
-            loss, correct, flat = fn(args)
+            out = fn(args)
             self.tf_thread_s += time.thread_time() - t
+            if isinstance(out, (list, tuple)):  # the flat call's list of outputs
+                (out,) = out
         # read-only, no copy: the array keeps the tensor alive (``.numpy()`` would copy P entries)
-        return np.asarray(flat), float(loss) * len(idx), int(correct), len(idx)
+        flat = np.asarray(out)
+        p = flat.size - 2
+        return flat[:p], float(flat[p]) * len(idx), int(flat[p + 1]), len(idx)
+
+    def _tensor(self, slot: int, a: np.ndarray):
+        """A tensor of ``a`` (:func:`~sparkcnn.buffers.as_tensor`), kept for the next call while
+        ``a`` is the same array: the lookahead's output and the batch buffers are reused every
+        step, and a tensor sharing their memory reads what they hold at each TF call (made anew,
+        it cost ~80 us of every step at one step per exchange, its cache cold after TF's call).
+        A copy (an array TF cannot share) is made anew each call."""
+        kept = self._tensors[slot]
+        if kept is not None and kept[0] is a:
+            return kept[1]
+        t = as_tensor(self.tf, a)
+        self._tensors[slot] = (a, t) if shareable(a) else None  # the array held: its memory stays its own
+        return t
 
     def _batch(self, slot: int, rows: np.ndarray, idx: np.ndarray) -> np.ndarray:
         """``rows[idx]`` gathered into aligned buffer ``slot`` (0: images, 1: labels), reused by
@@ -206,6 +227,9 @@ class Trainer:
         48.5-49.5 ms this way). The concrete function's own call binds its arguments against
         its signature too (0.48 ms of the calling thread's CPU per call, 0.30 without); where
         this TensorFlow has the flat call beneath it, the tensors go there directly."""
+        last_images, last_labels, call = self._last_call
+        if images is last_images and labels is last_labels:  # the block's arrays, every step
+            return call
         key = (images.dtype.str, images.shape[1:], labels.dtype.str)
         call = self._gradient_at_for.get(key)
         if call is None:
@@ -220,6 +244,7 @@ class Trainer:
             else:  # a TensorFlow without it: the public call
                 call = lambda args: fn(*args)  # noqa: E731
             self._gradient_at_for[key] = call
+        self._last_call = (images, labels, call)
         return call
 
     @functools.cached_property
