@@ -78,7 +78,14 @@ def _cell(data: str, name: str, epochs: int, out_dir: str, rate: str) -> dict:
             "exposed_comm_ms_per_step", "mean_round_overhead_ms", "state_resets", "replica_resyncs", "seed")
     return {"link": rate, "overrides": VARIANTS[name], "epochs": epochs, **{k: r.get(k) for k in keep},
             "steps": steps, "bytes_up_per_step": r["bytes_up"] / steps, "bytes_down_per_step": r["bytes_down"] / steps,
-            "config_sha256": r.get("config_sha256")}
+            **shape_of(r.get("config") or {}), "config_sha256": r.get("config_sha256")}
+
+
+def shape_of(config: dict) -> dict:
+    """A run's blocks, batch size, local steps per exchange and mode (bench/linkmodel.py's inputs)."""
+    return {"blocks": config.get("data", {}).get("num_blocks"), "batch_size": config.get("train", {}).get("batch_size"),
+            "steps_per_round": config.get("train", {}).get("steps_per_round"),
+            "transport": config.get("engine", {}).get("transport"), "mode": config.get("engine", {}).get("mode")}
 
 
 def _repeated(reps: list[dict]) -> dict:

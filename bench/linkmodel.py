@@ -1,0 +1,191 @@
+"""The cost model on held-out links: fitted at unshaped and 1 Gbit/s, predicting 100 and 20 Mbit/s.
+
+Runs ``bench/links.py`` on its 2-host test bed at four link rates (``FIT_RATES`` then
+``HELD_OUT``; short runs: ``--train-rows`` rows, ``--epochs``), or reads such a run (``--links``),
+fits the model below on the unshaped and 1 Gbit/s cells and predicts the images/s of every
+100 and 20 Mbit/s cell from the unshaped cell of its variant and the fitted constant. No
+figure of a held-out cell (its time, its bytes) is an input.
+
+Per exchange of one block (H local steps of batch b, N blocks; each host behind its own link of
+B bytes/s in each direction, the driver's side unshaped)::
+
+    T0      = N·H·b / images/s of the variant's unshaped cell   seconds per exchange, no link cost
+    x       = bytes up + bytes down per exchange of one block    from the same unshaped cell
+    T_cpu   = T0 + β·x          every shaped byte costs the hosts CPU (tbf, TCP pacing, the veth and
+                                the bridge) on the cores that also train: β, seconds per byte, fitted
+    T_wire  = x / B             the push goes up, its reply comes down, one after the other
+    stream  T = max(T_cpu, T_wire)   the exchange travels while the next one computes (staleness 1)
+    jobs    T = T_cpu + T_wire       a sync round waits for its results and the next broadcast
+    images/s = N·H·b / T
+
+β >= 0 is the one fitted constant: least squares on log images/s over the 1 Gbit/s cells (the
+unshaped cells give T0 and x, and fit nothing). The link's rate is not scaled by a fitted
+efficiency: B is the rate tbf enforces. ``bound`` names the term that sets T.
+
+Target: every held-out cell's prediction within 25 % of its measured images/s
+(``|predicted / measured - 1| <= 0.25``). Output: one JSON object (``cells``: each cell's
+role, measured and predicted images/s, error and bound; ``fit``; ``links``: the run it read;
+``passed``). Exit 0 when the target holds, 1 otherwise, 2 on bad arguments or input.
+
+    python bench/linkmodel.py [--train-rows 12000] [--epochs 1] [--gate 0.6] [--links FILE] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench._common import emit  # noqa: E402
+
+FIT_RATES = ("unshaped", "1gbit")
+HELD_OUT = ("100mbit", "20mbit")
+TARGET = 0.25
+
+
+class BadLinks(ValueError):
+    """A links run the model cannot read."""
+
+
+def rate_bytes_per_s(rate: str) -> float:
+    """A rate as ``bench/links.py`` names it (``100mbit``, ``1gbit``) in bytes/s."""
+    from sparkcnn.engine.testbed import parse_rate
+
+    return parse_rate(rate) / 8
+
+
+def cell_inputs(cell: dict, where: str) -> dict:
+    """What the model takes from one cell: images per exchange round (N·H·b) and the bytes of one
+    block's exchange. A stream record is one block's push; a jobs sync record a round of N blocks."""
+    need = ("images_per_s", "bytes_up_per_step", "bytes_down_per_step", "blocks", "batch_size", "steps_per_round",
+            "transport")
+    missing = [k for k in need if not isinstance(cell.get(k), (int, float, str)) or cell.get(k) is None]
+    if missing:
+        raise BadLinks(f"{where}: field {missing[0]!r} missing (a links run from before the cells carried it?)")
+    n, h, b = int(cell["blocks"]), int(cell["steps_per_round"]), int(cell["batch_size"])
+    per_step = float(cell["bytes_up_per_step"]) + float(cell["bytes_down_per_step"])
+    stream = cell["transport"] == "stream"
+    # per local step of the records: a stream record is one block's exchange of H steps; a sync
+    # round record counts H steps for all N blocks, each block moving its own share over its link
+    x = per_step * h if stream else per_step * h / n
+    return {"images": n * h * b, "bytes": x, "stream": stream}
+
+
+def predict(base: dict, beta: float, rate: str) -> tuple[float, str]:
+    """(images/s, bound) of a variant at ``rate`` from its unshaped cell's inputs ``base``."""
+    t0 = base["images"] / base["images_per_s"]
+    if rate == "unshaped":
+        return base["images_per_s"], "cpu"
+    t_cpu = t0 + beta * base["bytes"]
+    t_wire = base["bytes"] / rate_bytes_per_s(rate)
+    if base["stream"]:
+        t, bound = (t_cpu, "cpu") if t_cpu >= t_wire else (t_wire, "wire")
+    else:
+        t, bound = t_cpu + t_wire, "cpu + wire"
+    return base["images"] / t, bound
+
+
+def fit_beta(bases: dict, fit_cells: list[tuple[str, str, float]]) -> float:
+    """β >= 0 minimising the squared log error of the fit cells' images/s (one dimension: a scan of
+    a log grid, then golden-section refinement around its best point)."""
+    def loss(beta: float) -> float:
+        return sum((math.log(predict(bases[v], beta, r)[0]) - math.log(m)) ** 2 for r, v, m in fit_cells)
+
+    grid = [0.0] + [10 ** (e / 8) for e in range(-14 * 8, -4 * 8)]  # 1e-14 .. 1e-4 s per byte
+    i = min(range(len(grid)), key=lambda j: loss(grid[j]))
+    lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
+    g = (math.sqrt(5) - 1) / 2
+    for _ in range(80):
+        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+        lo, hi = (lo, b) if loss(a) <= loss(b) else (a, hi)
+    best = (lo + hi) / 2
+    return best if loss(best) <= loss(grid[i]) else grid[i]
+
+
+def validate(links: dict) -> dict:
+    """Fit on ``FIT_RATES``, predict ``HELD_OUT``: the cells, the fit and whether the target holds."""
+    rates = links.get("rates")
+    if not isinstance(rates, dict):
+        raise BadLinks("no 'rates' object: not a bench/links.py result")
+    absent = [r for r in (*FIT_RATES, *HELD_OUT) if not isinstance(rates.get(r), dict) or not rates[r]]
+    if absent:
+        raise BadLinks(f"rate {absent[0]!r} not measured (need {', '.join((*FIT_RATES, *HELD_OUT))})")
+    bases = {}
+    for v, cell in rates["unshaped"].items():
+        bases[v] = {**cell_inputs(cell, f"unshaped/{v}"), "images_per_s": float(cell["images_per_s"])}
+    fit_cells, held = [], []
+    for r in (*FIT_RATES, *HELD_OUT):
+        for v, cell in rates[r].items():
+            if v not in bases:
+                raise BadLinks(f"{r}/{v}: no unshaped cell of that variant")
+            m = cell.get("images_per_s")
+            if not isinstance(m, (int, float)) or m <= 0:
+                raise BadLinks(f"{r}/{v}: images_per_s {m!r}")
+            (fit_cells if r in FIT_RATES else held).append((r, v, float(m)))
+    beta = fit_beta(bases, [c for c in fit_cells if c[0] != "unshaped"])
+    cells = []
+    for role, group in (("fit", fit_cells), ("held out", held)):
+        for r, v, m in group:
+            p, bound = predict(bases[v], beta, r)
+            cells.append({"rate": r, "variant": v, "role": role, "measured_images_per_s": m,
+                          "predicted_images_per_s": p, "error": p / m - 1, "bound": bound,
+                          "bytes_per_exchange": bases[v]["bytes"],
+                          "test_accuracy": rates[r][v].get("test_accuracy")})
+    worst = max(abs(c["error"]) for c in cells if c["role"] == "held out")
+    trained = all(c["passed"] for k, c in (links.get("checks") or {}).items() if k.endswith("_trained"))
+    return {"cells": cells, "fit": {"beta_ns_per_byte": beta * 1e9, "fitted_on": list(FIT_RATES),
+                                    "held_out": list(HELD_OUT)},
+            "max_abs_held_out_error": worst, "target": TARGET, "all_cells_trained": trained,
+            "passed": worst <= TARGET and trained}
+
+
+def measure(args) -> dict:
+    """One bench/links.py run at every rate the model needs (its JSON)."""
+    from bench import links
+
+    with tempfile.TemporaryDirectory(prefix="sparkcnn-linkmodel-") as tmp:
+        out = os.path.join(tmp, "links.json")
+        argv = ["--rates", ",".join((*FIT_RATES, *HELD_OUT)), "--epochs", str(args.epochs), "--gate", str(args.gate),
+                "--train-rows", str(args.train_rows), "--out", out]
+        code = links.main(argv)
+        if code == 2 or not os.path.exists(out):
+            raise BadLinks(f"bench/links.py {' '.join(argv[:-2])} exited {code}")
+        with open(out, encoding="utf-8") as fh:
+            return json.load(fh)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--links", help="read this bench/links.py result instead of running one")
+    p.add_argument("--train-rows", type=int, default=12000)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--gate", type=float, default=0.6, help="accuracy a cell must reach for its speed to count")
+    p.add_argument("--out", help="also write the JSON here")
+    args = p.parse_args(argv)
+    try:
+        if args.links:
+            try:
+                with open(args.links, encoding="utf-8") as fh:
+                    links = json.load(fh)
+            except (OSError, ValueError) as e:
+                raise BadLinks(f"{args.links}: {e}") from None
+        else:
+            if args.train_rows < 1000 or args.epochs < 1:
+                raise BadLinks(f"--train-rows must be >= 1000 and --epochs >= 1, got {args.train_rows}, {args.epochs}")
+            links = measure(args)
+        out = validate(links)
+    except BadLinks as e:
+        print(f"linkmodel: {e}", file=sys.stderr)
+        return 2
+    emit({**out, "links": {k: v for k, v in links.items() if k != "provenance"},
+          "links_provenance": links.get("provenance")}, args.out)
+    return 0 if out["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

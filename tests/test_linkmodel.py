@@ -1,0 +1,87 @@
+"""The cost model on held-out links (bench/linkmodel.py): its fit, its verdict and its refusals."""
+
+import json
+
+import pytest
+
+from bench import linkmodel
+
+BETA = 4e-9  # seconds per shaped byte
+
+
+def _cell(images_per_s, per_step, transport, h, blocks=2, batch=64, accuracy=0.8):
+    return {"images_per_s": images_per_s, "bytes_up_per_step": per_step / 2, "bytes_down_per_step": per_step / 2,
+            "blocks": blocks, "batch_size": batch, "steps_per_round": h, "transport": transport,
+            "test_accuracy": accuracy}
+
+
+def _links(beta=BETA, bend=None):
+    """A links run whose every shaped cell is what the model says for ``beta`` (``bend``: a factor
+    on one held-out cell's measured images/s)."""
+    unshaped = {"stream-asgd": _cell(5000.0, 1.8e6, "stream", 1),
+                "stream-gs-asgd-ms": _cell(5800.0, 6e4, "stream", 1),
+                "jobs-sync-dense": _cell(4100.0, 1.8e5, "jobs", 10)}
+    rates = {"unshaped": unshaped}
+    for rate in ("1gbit", "100mbit", "20mbit"):
+        rates[rate] = {}
+        for v, c in unshaped.items():
+            base = {**linkmodel.cell_inputs(c, v), "images_per_s": c["images_per_s"]}
+            rates[rate][v] = {**c, "images_per_s": linkmodel.predict(base, beta, rate)[0]}
+    if bend:
+        (rate, v), f = bend
+        rates[rate][v]["images_per_s"] *= f
+    checks = {f"{r}/{v}_trained": {"passed": True} for r, cells in rates.items() for v in cells}
+    return {"rates": rates, "checks": checks, "provenance": {"git_commit": "x"}}
+
+
+def test_a_run_the_model_describes_is_fitted_back_and_its_held_out_cells_predicted():
+    out = linkmodel.validate(_links())
+    assert out["fit"]["beta_ns_per_byte"] == pytest.approx(BETA * 1e9, rel=1e-3)
+    held = [c for c in out["cells"] if c["role"] == "held out"]
+    assert {(c["rate"], c["variant"]) for c in held} == {(r, v) for r in ("100mbit", "20mbit")
+                                                          for v in ("stream-asgd", "stream-gs-asgd-ms", "jobs-sync-dense")}
+    assert out["max_abs_held_out_error"] < 1e-3 and out["passed"] is True
+    # dense pushes at 100 Mbit/s wait for the wire; the sparse ones compute
+    bound = {(c["rate"], c["variant"]): c["bound"] for c in out["cells"]}
+    assert bound[("100mbit", "stream-asgd")] == "wire" and bound[("100mbit", "stream-gs-asgd-ms")] == "cpu"
+    assert bound[("20mbit", "jobs-sync-dense")] == "cpu + wire"
+
+
+def test_a_held_out_cell_off_by_more_than_a_quarter_fails_the_target():
+    out = linkmodel.validate(_links(bend=(("20mbit", "stream-gs-asgd-ms"), 1.4)))
+    assert out["passed"] is False
+    assert out["max_abs_held_out_error"] == pytest.approx(1 - 1 / 1.4, rel=1e-3)
+    # the bent cell was held out: the fit did not move
+    assert out["fit"]["beta_ns_per_byte"] == pytest.approx(BETA * 1e9, rel=1e-3)
+
+
+def test_a_cell_that_did_not_train_fails_the_target():
+    doc = _links()
+    doc["checks"]["100mbit/stream-asgd_trained"]["passed"] = False
+    out = linkmodel.validate(doc)
+    assert out["max_abs_held_out_error"] < 1e-3 and out["passed"] is False
+
+
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys):
+    doc = _links()
+    del doc["rates"]["20mbit"]
+    src, out = tmp_path / "links.json", tmp_path / "out.json"
+    src.write_text(json.dumps(doc))
+    assert linkmodel.main(["--links", str(src), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "linkmodel: rate '20mbit' not measured (need unshaped, 1gbit, 100mbit, 20mbit)"
+    assert not out.exists()
+    doc = _links()
+    del doc["rates"]["unshaped"]["stream-asgd"]["blocks"]
+    src.write_text(json.dumps(doc))
+    assert linkmodel.main(["--links", str(src)]) == 2
+    assert "unshaped/stream-asgd: field 'blocks' missing" in capsys.readouterr().err
+
+
+def test_a_run_read_from_a_file_is_judged_and_written_with_its_provenance(tmp_path, capsys):
+    src, out = tmp_path / "links.json", tmp_path / "out.json"
+    src.write_text(json.dumps(_links()))
+    assert linkmodel.main(["--links", str(src), "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["passed"] is True and written["links_provenance"] == {"git_commit": "x"}
+    assert "git_commit" in written["provenance"] and len(written["cells"]) == 12
