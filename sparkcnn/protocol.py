@@ -251,6 +251,17 @@ class Reply:
 
 
 @dataclass(frozen=True)
+class StageState:
+    """A stream task's block state at the end of its stage, after its last push was answered:
+    the state the next stage starts from (and the epoch's checkpoint holds). It travels apart
+    from that push so that the push's delta is not made stale by the state's megabytes on a
+    slow link; the server keeps it only when ``seq`` is the block's last applied exchange."""
+
+    seq: int
+    state: tuple[StateArray, ...]
+
+
+@dataclass(frozen=True)
 class Done:
     """A stream task closes its stream."""
 

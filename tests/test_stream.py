@@ -431,3 +431,60 @@ def test_a_block_done_with_its_pass_gets_no_steps_in_the_stage(tiny_cfg):
     assert c.samples_done == c.n_train and c.block_epoch == {0: 1, 1: 1}
     assert engine.plans[0].steps == 0 and engine.plans[1].steps == engine.pass_end[1]
     assert summary["epochs"] == 1
+
+
+def test_a_stage_state_follows_the_last_push_and_only_the_last_applied_one_is_kept(tiny_cfg, monkeypatch):
+    """No push carries the block state unless a checkpoint asks; each block's state at a stage's
+    end comes as a StageState after its last push was answered, and is what the epoch's
+    checkpoint holds. A state of another exchange changes nothing; a malformed one is refused."""
+    from sparkcnn.engine import stream as stream_mod
+    from sparkcnn.protocol import StageState, StateArray
+    from sparkcnn.streamwire import WireError
+    from sparkcnn.train import train
+
+    cfg = _cfg(tiny_cfg, engine__master="inprocess")
+    state_on_pushes, calls, checkpoints = [], [], []
+    real_push, real_state = stream_mod.StreamEngine.push, stream_mod.StreamEngine.stage_state
+    real_save = stream_mod.StreamEngine.save_checkpoint
+
+    def push(self, session, p):
+        state_on_pushes.append(len(p.state))
+        return real_push(self, session, p)
+
+    def stage_state(self, session, m, refused=""):
+        if m is None:
+            return real_state(self, session, m, refused)
+        block = session.block
+        kept = self.final_states.get(block)
+        other = real_state(self, session, StageState(m.seq - 1, m.state))  # not its last applied exchange
+        unchanged = self.final_states.get(block) is kept and not other.refused
+        try:
+            real_state(self, session, StageState(m.seq, (StateArray("momentum", "float32", b"\0" * 8),)))
+            malformed = "kept"
+        except WireError as e:
+            malformed = str(e)
+        reply = real_state(self, session, m)
+        calls.append({"block": block, "seq": m.seq, "last_seq": self.core.last_seq[block],
+                      "names": sorted(a.name for a in m.state), "unchanged": unchanged, "malformed": malformed,
+                      "kept": self.final_states.get(block)})
+        return reply
+
+    def save_checkpoint(self, next_epoch, states, read=True):
+        checkpoints.append((next_epoch, dict(states)))
+        return real_save(self, next_epoch, states, read)
+
+    monkeypatch.setattr(stream_mod.StreamEngine, "push", push)
+    monkeypatch.setattr(stream_mod.StreamEngine, "stage_state", stage_state)
+    monkeypatch.setattr(stream_mod.StreamEngine, "save_checkpoint", save_checkpoint)
+    summary = train(cfg)
+    assert summary["epochs"] == 2 and state_on_pushes and not any(state_on_pushes)
+    assert sorted((c["block"], c["seq"] == c["last_seq"]) for c in calls) == [(0, True), (0, True), (1, True),
+                                                                             (1, True)]
+    assert all(c["unchanged"] and "expected" in c["malformed"] for c in calls)
+    assert all(c["names"] == ["policy.momentum", "policy.velocity"] for c in calls)
+    assert [e for e, _ in checkpoints] == [1, 2]
+    for epoch, states in checkpoints:  # what each block sent at the end of that stage
+        sent = {c["block"]: c["kept"] for c in calls[2 * (epoch - 1):2 * epoch]}
+        assert sorted(states) == [0, 1]
+        for block, state in states.items():
+            assert state is sent[block] and np.abs(state["policy.velocity"]).sum() > 0

@@ -5,8 +5,8 @@ the same token: :mod:`sparkcnn.engine.shardservice`).
 One Arrow Flight ``DoExchange`` stream per stream task (block); every message
 is a :mod:`sparkcnn.streamwire` buffer sent as Flight app metadata::
 
-    task  -> server   descriptor {"block"}; then Push, Push, ..., Done
-    server -> task    a Reply with the block's StreamPlan and weights; then one Reply per push
+    task  -> server   descriptor {"block"}; then Push, Push, ..., StageState, Done
+    server -> task    a Reply with the block's StreamPlan and weights; then one Reply per message
 
 Rules of the listener:
 - it binds one address the executors reach (``spark.driver.host``), never all

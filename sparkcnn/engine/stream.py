@@ -20,8 +20,10 @@ Checkpoints inside a stage (``checkpoint.every_rounds`` applied exchanges, at mo
 50 times the last one's cost) are consistent cuts: the replies ask every block still
 training for its state; a block's next push carries it, and its reply is held until all
 have arrived, so the server state written holds exactly the pushes up to each block's
-state push (:mod:`sparkcnn.engine.streamcut`). Each block's last push of a stage carries its
-state too (the epoch-end cut). Spark still places, retries (a barrier stage restarts as a whole; pushes already applied
+state push (:mod:`sparkcnn.engine.streamcut`). Each block's state at the stage's end (the
+epoch-end cut) follows its last push once that push is answered, as a ``StageState`` of its
+own: carried on the push, its megabytes kept that push on a 100 Mbit/s link long enough to be
+dropped as stale, and the retrained push again. Spark still places, retries (a barrier stage restarts as a whole; pushes already applied
 come back as duplicates and are dropped by their key) and shows every stage. The service
 (:mod:`sparkcnn.engine.psservice`) is closed when the run ends or fails.
 
@@ -49,7 +51,7 @@ from sparkcnn.engine.exchange import ExchangeCore
 from sparkcnn.engine.psservice import PSService
 from sparkcnn.engine.streamcut import StageCheckpoints
 from sparkcnn.errors import BadInput
-from sparkcnn.protocol import Answer, Push, Reply, RoundResult, StreamPlan, StreamTicket, steps_per_epoch
+from sparkcnn.protocol import Answer, Push, Reply, RoundResult, StageState, StreamPlan, StreamTicket, steps_per_epoch
 from sparkcnn.staleness import resolve_rule
 from sparkcnn.streamwire import WireError
 
@@ -69,8 +71,16 @@ class _Session:
         self.ordinal = -1       # messages received on this stream, less one (a push's key on the shards)
         self.counted = False    # the last message was counted by push() (then refused: not again)
         self.shard_version = -1  # ps.shards > 1: the version the shards answered its last message at
+        self.state_msg = False   # the message being taken is a StageState
 
-    def push(self, p: Push) -> Reply:
+    accept = (Push, StageState)
+
+    def push(self, p: Push | StageState) -> Reply:
+        if isinstance(p, StageState):  # not an exchange: no key on the shards, nothing to count
+            self.state_msg = True
+            reply = self.engine.stage_state(self, p)
+            self.state_msg = False
+            return reply
         self.ordinal += 1
         self.counted = True
         reply = self.engine.push(self, p)
@@ -78,7 +88,11 @@ class _Session:
         return reply
 
     def refused(self, why: str) -> Reply:
-        """A message the service refused changed nothing: its sender trains those steps again."""
+        """A message the service refused changed nothing: its sender trains those steps again
+        (an end-of-stage state: it is not kept, and the reply says why)."""
+        if self.state_msg:
+            self.state_msg = False
+            return self.engine.stage_state(self, None, refused=why)
         if not self.counted:
             self.ordinal += 1
         self.counted = False
@@ -211,6 +225,11 @@ class StreamEngine(DriverShorthands, StageCheckpoints):
                 self.backend.stop()
                 raise
 
+    def _check_state(self, state) -> None:
+        for a in state:
+            if a.dtype not in STATE_DTYPES or len(a.data) != 4 * self.W.size:
+                raise WireError(f"Push.state {a.name!r}: expected {self.W.size} float32 values")
+
     def _check(self, session: "_Session", p: Push) -> None:
         """Refuse a push the plan cannot hold, naming the field, before anything changes."""
         block = session.block
@@ -233,9 +252,7 @@ class StreamEngine(DriverShorthands, StageCheckpoints):
             raise WireError(f"Push.base_version {p.base_version}: the server is at {self.driver.version}")
         if (p.lr, p.density) not in session.offered:
             raise WireError(f"Push.lr/density {p.lr}/{p.density}: not offered on this stream")
-        for a in p.state:
-            if a.dtype not in STATE_DTYPES or len(a.data) != 4 * self.W.size:
-                raise WireError(f"Push.state {a.name!r}: expected {self.W.size} float32 values")
+        self._check_state(p.state)
         k = self.cfg.ps.shards
         if k > 1 and (p.payload or len(p.sumsq) != k):
             raise WireError(f"Push.sumsq: expected {k} pieces' norms and no payload (ps.shards={k})")

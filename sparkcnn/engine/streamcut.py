@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from sparkcnn.engine import tasks
-from sparkcnn.protocol import Push
+from sparkcnn.protocol import Push, Reply, StageState
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +27,28 @@ class StageCheckpoints:
         """Keep the state an applied push carried: the cut's, or its stage's last."""
         if not p.state:
             return
-        state = {a.name: np.frombuffer(a.data, np.float32) for a in p.state}
+        state = _arrays(p.state)
         if self.cut is not None:
             self.cut[block] = state
         if self.core.block_epoch[block] > self.next_epoch:  # its pass of this stage is done
             self.final_states[block] = state
+
+    def stage_state(self, session, m: StageState | None, refused: str = "") -> Reply:
+        """Keep a block's end-of-stage state when ``m.seq`` is its last applied exchange and its
+        pass of this stage is done; a state of any other exchange (a push dropped after it was
+        sent, a stale rerun) changes nothing. Answered with the block's lr, density and tau, and
+        ``refused`` (then ``m`` is None) for a state the service or the check refused."""
+        with self.lock:
+            if self.failure is not None:
+                raise self.failure
+            block = session.block
+            if m is not None:
+                self._check_state(m.state)  # WireError: refused by the service, back here with None
+                if m.seq == self.core.last_seq[block] and self.core.block_epoch[block] > self.next_epoch:
+                    self.final_states[block] = _arrays(m.state)
+            lr, density = self.driver.schedule(min(self.core.epoch_float, self.cfg.train.epochs))
+            return Reply(lr=lr, density=density, tau=self.tau.get(block, 0), retrain=False, send_state=False,
+                         refused=refused, dense=b"", dense_version=-1)
 
     def _checkpoint_due(self) -> bool:
         every = self.cfg.checkpoint.every_rounds
@@ -84,3 +101,8 @@ class StageCheckpoints:
         self.core.load_state_dict(st)
         self.initial_states = {int(k): v for k, v in ckpt.blocks.items()}
         return self.next_epoch
+
+
+def _arrays(arrays) -> dict:
+    """A message's state arrays (checked float32 of P entries) by name."""
+    return {a.name: np.frombuffer(a.data, np.float32) for a in arrays}

@@ -8,13 +8,14 @@ the driver's parameter server every H steps (H may be 1).
                to what it was before that push, drop the exchange just computed, train the dropped
                steps again from the fresh view
            Push (seq, first step, base version, lr, density, S) on the background thread
-    end:   wait for the last reply; keep the block state for the next stage
+    end:   wait for the last reply; send the block state (StageState) and keep it for the next stage
 
 The push of exchange t and the reply that follows travel on a background thread
 while exchange t+1 computes, so each exchange starts from a replica one reply
 old (bounded staleness 1, measured by the server as usual). The time the task
 waits for a reply is the exposed communication, reported per exchange. A push
-carries the block state when a reply asks (a checkpoint) and at the stage's end.
+carries the block state when a reply asks (a checkpoint); at the stage's end the
+state follows the last push, once it is answered, as a message of its own.
 With ``ps.shards`` > 1 a push's delta travels as one piece per shard, sent to the shards
 before the push (which then carries only their norms) reaches the driver, and the reply's
 weights part is the shards' parts, merged (:mod:`sparkcnn.shards`).
@@ -42,6 +43,7 @@ from sparkcnn.protocol import (
     Push,
     Reply,
     ShardReply,
+    StageState,
     StateArray,
     StreamTicket,
     StreamTotals,
@@ -141,6 +143,21 @@ class _Link:
 
         return self._pool.submit(roundtrip)
 
+    def send_state(self, msg: StageState) -> Reply:
+        """A block's end-of-stage state to the coordinator (the shards hold no block state), and
+        its reply; after the stage's last push was answered."""
+        buf = encode(msg)
+
+        def roundtrip():
+            t = time.thread_time()
+            try:
+                self.writer.write_metadata(self._pa.py_buffer(buf))
+                return self._read()
+            finally:
+                self.cpu_s += time.thread_time() - t
+
+        return self._wait(self._pool.submit(roundtrip))
+
     def _wait(self, fut):
         try:
             return fut.result(timeout=self.ticket.timeout_s)
@@ -179,7 +196,14 @@ def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: 
         task = _BlockStream(spec, link, trainer, block, images, labels, root, initial, ctx)
         task.run()
         if task.last_seq >= 0:
-            blockstore.save_state(root, spec.run_id, block, task.last_seq, task.state())
+            state = task.state()
+            # the stage's state goes after its last push was answered, not on that push: on a
+            # slow link its megabytes made the push stale enough to be dropped, again and again
+            reply = link.send_state(StageState(task.last_seq, _state_arrays(state)))
+            if reply.refused:
+                log.warning("block %s: the server did not keep its state of exchange %s (%s)", block,
+                            task.last_seq, reply.refused)
+            blockstore.save_state(root, spec.run_id, block, task.last_seq, state)
     finally:
         link.close()
     return StreamTotals(block=block, exchanges=task.exchanges, samples=task.samples, last_seq=task.last_seq,
@@ -296,7 +320,6 @@ class _BlockStream:
 
     def _push(self, n, before, base, lr, density, sent, payload, loss_sum, correct, seen, compute_s) -> None:
         spec = self.spec
-        final = n == self.left  # the stage's last push carries the block state, as a checkpoint asks
         pieces = payload if isinstance(payload, list) else []
         sumsq = tuple(sum_squares(codec.decode(p, spec.layout)) for p in pieces)
         push = Push(seq=self.seq, first_step=self.step, steps=n, samples=seen, base_version=base,
@@ -304,7 +327,7 @@ class _BlockStream:
                     correct=correct, nnz=int(sent.nnz), compute_s=compute_s, wait_s=self.wait_s,
                     down_bytes=self.down_bytes, state_reset=self.reset, resync=self.view.resyncs > self.resyncs_sent,
                     pid=os.getpid(), executor=self.executor, payload=b"" if pieces else payload,
-                    state=_state_arrays(self.state()) if self.send_state or final else (), sumsq=sumsq,
+                    state=_state_arrays(self.state()) if self.send_state else (), sumsq=sumsq,
                     overhead_cpu_s=self._overhead_cpu())
         self.resyncs_sent = self.view.resyncs
         if _hold_hit(spec, self.block, self.seq, self.attempt, self.held):  # chaos: this push arrives stale
