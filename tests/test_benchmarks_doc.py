@@ -336,3 +336,20 @@ def test_check_covers_the_named_blocks_and_refuses_unknown_or_broken_ones(result
         proc = cli(results, "--out", doc, "--readme", readme)
         assert proc.returncode == 2 and why in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert readme.read_text() == broken
+
+
+def test_the_held_out_link_validation_renders_its_cells_fit_and_verdict(results):
+    assert "### Links: the cost model on held-out rates\n\nNot measured in this run." in render.render(
+        str(results))["benchmarks"]
+    (results / "linkmodel.json").write_text(json.dumps({
+        "cells": [{"rate": "1gbit", "variant": "stream-asgd", "role": "fit", "measured_images_per_s": 3828.0,
+                   "predicted_images_per_s": 3700.4, "error": -0.0333, "bound": "cpu", "test_accuracy": 0.71},
+                  {"rate": "20mbit", "variant": "jobs-sync-dense", "role": "held out", "measured_images_per_s": 210.0,
+                   "predicted_images_per_s": 250.0, "error": 0.19, "bound": "cpu + wire"}, "not a cell"],
+        "fit": {"beta_ns_per_byte": 3.456}, "max_abs_held_out_error": 0.19, "target": 0.25, "passed": True,
+        "links": {"epochs": 1, "data": {"train_rows": 12000}}}))
+    doc = section(render.render(str(results))["benchmarks"], "### Links: the cost model on held-out rates")
+    assert "| 1gbit | ASGD, H = 1 | fit | 3828 | 3700 | -3.3 % | cpu | 0.7100 |" in doc
+    assert "| 20mbit | Sync SGD (jobs), H = 10 | held out | 210 | 250 | 19.0 % | cpu + wire | — |" in doc
+    assert "3.46 ns per byte" in doc and "1 epoch on 12000 training rows" in doc
+    assert "Largest held-out error: 19.0 % (target 25 %): holds." in doc

@@ -64,7 +64,7 @@ def test_the_archive_move_leaves_the_tree_clean_for_the_benchmarks(tmp_path):
 def test_the_full_plan_runs_the_seed_table_and_every_benchmark():
     full, quick = ra.benchmarks(False, 3), ra.benchmarks(True, 3)
     assert list(full) == ["accuracy", "throughput", "jobcost", "scale", "balance", "cifar", "costmodel", "links",
-                          "psload", "shardmodel", "momentum", "divergence"]
+                          "linkmodel", "psload", "shardmodel", "momentum", "divergence"]
     assert list(quick) == ["accuracy", "throughput", "jobcost", "scale", "cifar", "psload",
                            "shardmodel", "momentum", "divergence"]  # no standalone cluster
     assert full["divergence"][full["divergence"].index("--seeds") + 1] == "10"
