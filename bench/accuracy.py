@@ -47,6 +47,8 @@ import sys
 import tempfile
 import time
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._common import ROOT, config_of, emit, ensure_data, run_children  # noqa: E402
@@ -158,7 +160,17 @@ def run_variant(data: str, name: str, overrides: list[str], epochs: int, out_dir
             "seed": cfg.run.seed, "time_to_0_88_s": _time_to(records, 0.88),
             "steps": sum(r.get("steps", 0) for r in records if r["kind"] == "round"),
             "time_to_0_90_s": _time_to(records, 0.90),
-            "exposed_comm_ms_per_step": s.get("exposed_comm_ms_per_step"), **config_of(cfg)}
+            "exposed_comm_ms_per_step": s.get("exposed_comm_ms_per_step"),
+            "bytes_per_exchange_quantiles": exchange_bytes_quantiles(records), **config_of(cfg)}
+
+
+def exchange_bytes_quantiles(records: list[dict], points: int = 20) -> list[float]:
+    """Bytes up + down of one block's exchange at the midpoints of ``points`` equal slices of the
+    run's exchanges (a sync round record holds every block's): how the traffic spreads over the
+    run, e.g. the density warm-up's heavy first exchanges (bench/linkmodel.py reads it)."""
+    xs = [(r["bytes_up"] + r["bytes_down"]) / max(1, r.get("blocks", 1)) for r in records
+          if r["kind"] == "round" and r.get("blocks", 1) > 0]
+    return [float(q) for q in np.quantile(xs, [(i + 0.5) / points for i in range(points)])] if xs else []
 
 
 # Single-process Keras: the same model, data, batch, SGD with momentum and lr schedule (linear

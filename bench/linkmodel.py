@@ -10,12 +10,15 @@ Per exchange of one block (H local steps of batch b, N blocks; each host behind 
 B bytes/s in each direction, the driver's side unshaped)::
 
     T0      = N·H·b / images/s of the variant's unshaped cell   seconds per exchange, no link cost
-    x       = bytes up + bytes down per exchange of one block    from the same unshaped cell
-    T_cpu   = T0 + β·x          every shaped byte costs the hosts CPU (tbf, TCP pacing, the veth and
+    x_q     = bytes up + bytes down of one block's exchange, at the midpoints q of 20 equal slices
+              of the run's exchanges (the density warm-up's first exchanges weigh several times the
+              last ones), from the same unshaped cell; x its mean
+    T_cpu   = T0 + β·x_q        every shaped byte costs the hosts CPU (tbf, TCP pacing, the veth and
                                 the bridge) on the cores that also train: β, seconds per byte, fitted
-    T_wire  = x / B             the push goes up, its reply comes down, one after the other
-    stream  T = max(T_cpu, T_wire)   the exchange travels while the next one computes (staleness 1)
-    jobs    T = T_cpu + T_wire       a sync round waits for its results and the next broadcast
+    T_wire  = x_q / B           the push goes up, its reply comes down, one after the other
+    stream  T = mean_q max(T_cpu, T_wire)   an exchange travels while the next one computes
+                                            (staleness 1): the slower of the two sets its pace
+    jobs    T = T0 + (β + 1/B)·x             a sync round waits for its results and the next broadcast
     images/s = N·H·b / T
 
 β >= 0 is the one fitted constant: least squares on log images/s over the 1 Gbit/s cells (the
@@ -73,7 +76,8 @@ def cell_inputs(cell: dict, where: str) -> dict:
     # per local step of the records: a stream record is one block's exchange of H steps; a sync
     # round record counts H steps for all N blocks, each block moving its own share over its link
     x = per_step * h if stream else per_step * h / n
-    return {"images": n * h * b, "bytes": x, "stream": stream}
+    spread = [float(q) for q in cell.get("bytes_per_exchange_quantiles") or () if isinstance(q, (int, float))]
+    return {"images": n * h * b, "bytes": x, "stream": stream, "spread": spread or [x]}
 
 
 def predict(base: dict, beta: float, rate: str) -> tuple[float, str]:
@@ -81,12 +85,14 @@ def predict(base: dict, beta: float, rate: str) -> tuple[float, str]:
     t0 = base["images"] / base["images_per_s"]
     if rate == "unshaped":
         return base["images_per_s"], "cpu"
-    t_cpu = t0 + beta * base["bytes"]
-    t_wire = base["bytes"] / rate_bytes_per_s(rate)
-    if base["stream"]:
-        t, bound = (t_cpu, "cpu") if t_cpu >= t_wire else (t_wire, "wire")
-    else:
-        t, bound = t_cpu + t_wire, "cpu + wire"
+    rate_b = rate_bytes_per_s(rate)
+    if not base["stream"]:
+        return base["images"] / (t0 + (beta + 1 / rate_b) * base["bytes"]), "cpu + wire"
+    # the slices' times, each the slower of its CPU and its wire time; bound: the one that set most
+    paced = [(max(t0 + beta * x, x / rate_b), x / rate_b > t0 + beta * x) for x in base["spread"]]
+    t = sum(p for p, _ in paced) / len(paced)
+    wire = sum(w for _, w in paced)
+    bound = "wire" if wire == len(paced) else "cpu" if not wire else f"wire in {wire} of {len(paced)} slices"
     return base["images"] / t, bound
 
 

@@ -85,3 +85,20 @@ def test_a_run_read_from_a_file_is_judged_and_written_with_its_provenance(tmp_pa
     written = json.loads(out.read_text())
     assert written["passed"] is True and written["links_provenance"] == {"git_commit": "x"}
     assert "git_commit" in written["provenance"] and len(written["cells"]) == 12
+
+
+def test_a_bursty_run_is_paced_slice_by_slice():
+    """The warm-up's heavy first exchanges wait for the wire even where the mean would not: the
+    same mean bytes, spread 10:1 over the run, predicts fewer images/s than spread evenly."""
+    cell = _cell(5800.0, 6e4, "stream", 1)
+    even = {**linkmodel.cell_inputs(cell, "even"), "images_per_s": 5800.0}
+    heavy = [3.3e5] * 2 + [3e4] * 18  # the same mean, 6e4 bytes per exchange
+    bursty = {**linkmodel.cell_inputs({**cell, "bytes_per_exchange_quantiles": heavy}, "bursty"),
+              "images_per_s": 5800.0}
+    assert sum(bursty["spread"]) / 20 == pytest.approx(6e4)
+    p_even, b_even = linkmodel.predict(even, BETA, "100mbit")
+    p_bursty, b_bursty = linkmodel.predict(bursty, BETA, "100mbit")
+    assert b_even == "cpu" and b_bursty == "wire in 2 of 20 slices"
+    t0 = 128 / 5800.0
+    expect = 128 / ((18 * (t0 + BETA * 3e4) + 2 * 3.3e5 / 12.5e6) / 20)
+    assert p_bursty == pytest.approx(expect) and p_bursty < p_even
