@@ -488,3 +488,41 @@ def test_a_stage_state_follows_the_last_push_and_only_the_last_applied_one_is_ke
         assert sorted(states) == [0, 1]
         for block, state in states.items():
             assert state is sent[block] and np.abs(state["policy.velocity"]).sum() > 0
+
+
+@pytest.mark.parametrize("density_down", [0.05, 0.6])
+def test_a_lagging_replica_gets_the_downlinks_it_misses_unless_a_copy_is_lighter(tiny_cfg, monkeypatch,
+                                                                                   density_down):
+    """A reply to a replica some versions behind (a push dropped as stale, answered ``retrain``)
+    carries the retained downlinks since its version when they chain from it and weigh less than
+    a dense copy of U; a replica behind the retained ones, or one whose downlinks outweigh the
+    copy, gets the copy."""
+    from sparkcnn.engine import stream as stream_mod
+    from sparkcnn.train import train
+
+    cfg = _cfg(tiny_cfg, engine__master="inprocess", compression__density_down=density_down,
+               compression__density=max(0.01, density_down))  # heavy downlinks need heavy pushes
+    seen = []
+    real = stream_mod.StreamEngine._push_async
+
+    def push_async(self, session, p):
+        reply = real(self, session, p)
+        d = self.driver
+        if not seen and len(d.downlinks) >= 6:
+            dense = 4 * d.ps.U.size
+            for back in (1, 3, len(d.downlinks)):
+                have = d.downlinks[-back].base_version
+                r = self._reply(session, have=have, retrain=True)
+                seen.append((back, sum(len(m.payload) for m in d.downlinks[-back:]) < dense, bool(r.dense),
+                             [m.version for m in r.downlinks], [m.version for m in d.downlinks[-back:]]))
+            r = self._reply(session, have=d.downlinks[0].base_version - 1, retrain=True)  # not retained
+            seen.append((None, None, bool(r.dense), [m.version for m in r.downlinks], []))
+        return reply
+
+    monkeypatch.setattr(stream_mod.StreamEngine, "_push_async", push_async)
+    train(cfg)
+    assert len(seen) == 4 and seen[-1][2:4] == (True, [])
+    for back, lighter, dense, got, retained in seen[:3]:
+        assert (dense, got) == ((False, retained) if lighter else (True, [])), (back, lighter)
+    lighter = [s[1] for s in seen[:3]]
+    assert all(lighter) if density_down == 0.05 else not all(lighter)  # both cases are exercised

@@ -284,7 +284,10 @@ class StreamEngine(DriverShorthands, StageCheckpoints):
         if out is None:  # a duplicate
             return self._reply(session, p.have)
         if out.dropped:
-            return self._reply(session, have=-1, retrain=True)
+            # its replica follows the downlinks since the push like any other reply: a dense copy
+            # (0.9 MB) on a 20 Mbit/s link took long enough for the retrained push to be stale again,
+            # ten times in a row in one run (a refusal, or shards, still send the dense copy)
+            return self._reply(session, have=p.have, retrain=True)
         self.tau[block] = out.tau
         self._take_state(block, p)
         self._record(out.record, p, t0)
@@ -330,7 +333,8 @@ class StreamEngine(DriverShorthands, StageCheckpoints):
                plan: StreamPlan | None = None) -> Reply:
         """The next lr and density, the block's last staleness and the weights part: W (dense
         downlink), or the downlinks since ``have``, or a dense copy of U when the replica cannot
-        follow them (a start, a retrain, a long lag)."""
+        follow them (a start, a refusal, a long lag) or when they weigh more than the copy (a
+        replica many warm-up downlinks behind)."""
         d, block = self.driver, session.block
         lr, density = d.schedule(min(self.core.epoch_float, self.cfg.train.epochs))
         session.offered.append((lr, density))
@@ -344,7 +348,8 @@ class StreamEngine(DriverShorthands, StageCheckpoints):
         dls = tuple(m for m in d.downlinks if m.version > have)
         if have == v:
             return Reply(**head, dense=b"", dense_version=v)
-        if have >= 0 and dls and dls[0].base_version == have:
+        if (have >= 0 and dls and dls[0].base_version == have
+                and sum(len(m.payload) for m in dls) < 4 * d.ps.U.size):
             return Reply(**head, dense=b"", dense_version=v, downlinks=dls)
         return Reply(**head, dense=d.ps.U.tobytes(), dense_version=v)
 
