@@ -34,7 +34,7 @@ functions are reused from one measurement to the next).
   jobs sized to 1 and 50 steps.
 
 ``cpu`` (under each measurement): CPU ms per round (async: per job) of this
-process (``driver``, less the meter's own reads of /proc), the JVM (``jvm``:
+process (``driver``; ``meter``: the meter's own reads of /proc), the JVM (``jvm``:
 Spark's driver and executor in one process on local[2]) and Spark's Python
 workers (``workers``), from /proc over
 the same window; ``training_cpu_ms`` is what the limit's single-thread
