@@ -131,32 +131,30 @@ class _Link:
         ordinal = self.ordinal
 
         def roundtrip():
-            t = time.thread_time()
-            try:
-                if self.shards:  # the pieces reach the shards before the push reaches the coordinator
-                    self._write_pieces(pieces, push.have, ordinal)
-                self.writer.write_metadata(self._pa.py_buffer(buf))
-                reply = self._read()
-                return reply, ([self._read(r, ShardReply) for _, r in self.shards] if self.shards else None)
-            finally:
-                self.cpu_s += time.thread_time() - t
+            if self.shards:  # the pieces reach the shards before the push reaches the coordinator
+                self._write_pieces(pieces, push.have, ordinal)
+            reply = self._exchange(buf)
+            return reply, ([self._read(r, ShardReply) for _, r in self.shards] if self.shards else None)
 
-        return self._pool.submit(roundtrip)
+        return self._pool.submit(self._timed, roundtrip)
 
     def send_state(self, msg: StageState) -> Reply:
         """A block's end-of-stage state to the coordinator (the shards hold no block state), and
         its reply; after the stage's last push was answered."""
-        buf = encode(msg)
+        return self._wait(self._pool.submit(self._timed, self._exchange, encode(msg)))
 
-        def roundtrip():
-            t = time.thread_time()
-            try:
-                self.writer.write_metadata(self._pa.py_buffer(buf))
-                return self._read()
-            finally:
-                self.cpu_s += time.thread_time() - t
+    def _exchange(self, buf: bytes):
+        """One message to the coordinator and its reply."""
+        self.writer.write_metadata(self._pa.py_buffer(buf))
+        return self._read()
 
-        return self._wait(self._pool.submit(roundtrip))
+    def _timed(self, fn, *args):
+        """``fn(*args)`` on the push thread, its CPU added to ``cpu_s`` (waits excluded)."""
+        t = time.thread_time()
+        try:
+            return fn(*args)
+        finally:
+            self.cpu_s += time.thread_time() - t
 
     def _wait(self, fut):
         try:
