@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import json
 import math
+import operator
 import struct
 import types
 import typing
@@ -35,7 +36,7 @@ def encode(msg) -> bytes:
     """``msg`` (a frozen dataclass of the protocol) as one wire message."""
     blobs: list[bytes] = []
     header = {"type": type(msg).__name__, "fields": _fields_out(msg, blobs)}
-    h = json.dumps(header, separators=(",", ":")).encode()
+    h = _JSON_OUT.encode(header).encode()
     parts = [MAGIC, _U32.pack(len(h)), h, _U32.pack(len(blobs))]
     for b in blobs:
         parts += [_U64.pack(len(b)), b]
@@ -57,10 +58,27 @@ def decode(buf, accept: tuple[type, ...]):
 
 
 # -- field by field ------------------------------------------------------------------------------
-# Each class's fields are read once into small functions (``_writers``/``_reader``), so a message
-# costs a few calls per field, not a walk of its type hints.
+# Each class's fields are read once into a plan (``_layout``, ``_spec``): a message's plain
+# fields are read in one call and type-checked inline, and only its blobs, nested messages and
+# tuples cost a call each. The driver and every task handle a push and a reply per step.
 def _fields_out(msg, blobs: list[bytes]) -> dict:
-    return {name: out(getattr(msg, name), blobs) for name, out in _writers(type(msg))}
+    names, values_of, special = _layout(type(msg))
+    values = values_of(msg)
+    out = dict(zip(names, values))
+    for i, name, write in special:  # in field order: blob indices follow the fields
+        out[name] = write(values[i], blobs)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _layout(cls: type):
+    """(field names, msg -> tuple of their values, (index, name, writer) of the fields that are
+    not plain JSON scalars)."""
+    writers = _writers(cls)
+    names = tuple(name for name, _ in writers)
+    get = operator.attrgetter(*names) if names else None
+    values_of = ((lambda m: ()) if not names else (lambda m: (get(m),)) if len(names) == 1 else get)
+    return names, values_of, tuple((i, name, w) for i, (name, w) in enumerate(writers) if w is not _plain_out)
 
 
 def _blob_out(v, blobs: list[bytes]) -> int:
@@ -92,18 +110,26 @@ def _writers(cls: type) -> tuple[tuple[str, object], ...]:
                   else _value_out) for f in dataclasses.fields(cls))
 
 
+_SCALARS = {bool: ("a bool", (bool,)), int: ("an int", (int,)), float: ("a number", (int, float)),
+            str: ("a string", (str,))}
+
+
 @functools.lru_cache(maxsize=None)
-def _spec(cls: type) -> tuple[tuple[str, object, bool], ...]:
-    """(name, reader, required) of each field of ``cls``."""
+def _spec(cls: type) -> tuple[tuple[str, bool, tuple | None, object], ...]:
+    """(name, required, accepted JSON types, reader) of each field of ``cls``: a scalar field
+    has its accepted types and no reader (checked inline), any other a reader and None."""
     hints = typing.get_type_hints(cls)
-    return tuple((f.name, _reader(hints[f.name]),
-                  f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-                 for f in dataclasses.fields(cls))
+    out = []
+    for f in dataclasses.fields(cls):
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        scalar = _SCALARS.get(hints[f.name])
+        out.append((f.name, required, scalar[1] if scalar else None, None if scalar else _reader(hints[f.name])))
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=None)
 def _names(cls: type) -> frozenset[str]:
-    return frozenset(name for name, _, _ in _spec(cls))
+    return frozenset(name for name, _, _, _ in _spec(cls))
 
 
 def _build(cls: type, fields, blobs: list[bytes], used: set[int], where: str):
@@ -112,13 +138,23 @@ def _build(cls: type, fields, blobs: list[bytes], used: set[int], where: str):
     if not _names(cls).issuperset(fields):
         raise WireError(f"{where}: unknown field {sorted(set(fields) - _names(cls))[0]!r}")
     kwargs = {}
-    for name, read, required in _spec(cls):
+    for name, required, ok, read in _spec(cls):
         if name not in fields:
             if required:
                 raise WireError(f"{where}.{name}: missing")
             continue
-        kwargs[name] = read(fields[name], blobs, used, f"{where}.{name}")
+        v = fields[name]
+        if read is not None:
+            kwargs[name] = read(v, blobs, used, f"{where}.{name}")
+        elif type(v) in ok:
+            kwargs[name] = float(v) if type(v) is int and float in ok else v
+        else:
+            raise WireError(f"{where}.{name}: expected {_what(ok)}, got {type(v).__name__}")
     return cls(**kwargs)
+
+
+def _what(ok: tuple) -> str:
+    return next(what for what, types_ in _SCALARS.values() if types_ == ok)
 
 
 def _scalar(typ: type, what: str, ok: tuple[type, ...]):
@@ -160,10 +196,8 @@ def _reader(typ):
         return lambda v, blobs, used, where: _build(typ, v, blobs, used, where)
     if typ is bytes:
         return _read_blob
-    scalars = {bool: ("a bool", (bool,)), int: ("an int", (int,)), float: ("a number", (int, float)),
-               str: ("a string", (str,))}
-    if typ in scalars:
-        return _scalar(typ, *scalars[typ])
+    if typ in _SCALARS:
+        return _scalar(typ, *_SCALARS[typ])
 
     def unsupported(v, blobs, used, where):  # a protocol field of an unsupported type
         raise WireError(f"{where}: no wire form for {typ!r}")
@@ -179,8 +213,8 @@ def _split(buf) -> tuple[dict, list[bytes]]:
     if hlen > MAX_HEADER or 8 + hlen + 4 > len(mv):
         raise WireError(f"header length {hlen} out of range")
     try:
-        header = json.loads(bytes(mv[8:8 + hlen]), parse_constant=_constant)
-    except ValueError:
+        header = _JSON_IN.decode(str(mv[8:8 + hlen], "utf-8"))
+    except ValueError:  # UnicodeDecodeError too
         raise WireError("header is not JSON") from None
     if not isinstance(header, dict):
         raise WireError("header is not an object")
@@ -205,3 +239,8 @@ def _split(buf) -> tuple[dict, list[bytes]]:
 def _constant(name: str) -> float:
     """JSON's NaN and ±Infinity (a diverging task's loss) as floats."""
     return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[name]
+
+
+# one of each, reused: ``json.dumps``/``loads`` with options build a new one per call
+_JSON_OUT = json.JSONEncoder(separators=(",", ":"))
+_JSON_IN = json.JSONDecoder(parse_constant=_constant)
