@@ -119,6 +119,7 @@ class ParameterServer:
         # (None: unknown, the next downlink scans; see _from_candidates). W == U: none.
         self._candidates: list[np.ndarray] | None = None
         self._candidate_count = 0  # entries in _candidates (with repeats)
+        self._limits: tuple[float, np.ndarray] | None = None  # (density, _candidate_limits of it)
         if self._tracks_candidates():
             self._restart_candidates(np.empty(0, np.int64))
 
@@ -333,9 +334,14 @@ class ParameterServer:
 
     def _candidate_limits(self, density_down: float) -> np.ndarray:
         """Per tensor, the most sendable candidates the candidate set settles alone: ``(1 -
-        TOLERANCE) k_t`` (every selector keeps them all), unbounded for a tensor sent whole."""
-        return np.array([math.inf if self.sparsifier.sends_whole(n, density_down)
-                         else (1 - TOLERANCE) * target_count(n, density_down) for n in self.layout])
+        TOLERANCE) k_t`` (every selector keeps them all), unbounded for a tensor sent whole.
+        Kept for the last density asked: a downlink per push asks the same one."""
+        last = self._limits
+        if last is None or last[0] != density_down:
+            limits = np.array([math.inf if self.sparsifier.sends_whole(n, density_down)
+                               else (1 - TOLERANCE) * target_count(n, density_down) for n in self.layout])
+            self._limits = last = (density_down, limits)
+        return last[1]
 
     def _restart_candidates(self, c: np.ndarray) -> None:
         """The candidate set is ``c`` (sorted, unique) and what later sparse applies add."""
