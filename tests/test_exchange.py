@@ -62,48 +62,43 @@ def test_stale_results_are_dropped_and_their_steps_trained_again_once(spark, tin
 
 
 # -- the wire, fuzzed against the real engine ------------------------------------------------------
-def _frame(header, blobs=()) -> bytes:
-    h = json.dumps(header).encode()
-    return b"".join([b"SCW2", struct.pack("<I", len(h)), h, struct.pack("<I", len(blobs)),
-                     *[struct.pack("<Q", len(b)) + b for b in blobs]])
-
-
 _GOOD = Push(seq=0, first_step=0, steps=1, samples=32, base_version=0, have=0, attempt=0, lr=0.05, density=0.05,
              loss_sum=1.0, correct=3, nnz=1, compute_s=0.01, wait_s=0.0, down_bytes=0, state_reset=False,
              resync=False, pid=1, executor="fuzz:d", payload=b"x")
-_FIELDS = [f.name for f in dataclasses.fields(Push)]
-_JSON = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=8),
-                  st.lists(st.integers(), max_size=2))
-
-
-def _header_fields(p: Push) -> dict:
-    return {**{f: getattr(p, f) for f in _FIELDS}, "payload": 0, "state": []}
+# where _GOOD's fields sit in its wire message (streamwire's layout): the name, seq .. down_bytes
+# (7 ints, 3 floats, 2 ints, 2 floats, an int), the bools state_reset and resync, pid, executor
+# (u32 length + text), payload (u64 length + bytes), then the u32 count of state
+_BOOLS_AT = 4 + 2 + len(b"Push") + struct.calcsize("<7q3d2q2dq")
+_STATE_COUNT_AT = _BOOLS_AT + 2 + 8 + 4 + len(_GOOD.executor) + 8 + len(_GOOD.payload)
 
 
 @st.composite
 def bad_messages(draw) -> bytes:
-    """A message the engine must refuse: broken framing, a wrong type, a missing, unknown or
-    mistyped field, or a well-typed push its plan cannot hold (with a garbage payload)."""
-    kind = draw(st.sampled_from(["bytes", "type", "missing", "unknown", "mistyped", "plan"]))
-    fields = _header_fields(_GOOD)
-    payload = draw(st.binary(max_size=64))
+    """A message the engine must refuse: broken framing, a type it does not take, a push cut
+    short or with bytes after it, a bool or a count its bytes cannot be, or a well-formed push
+    its plan cannot hold (with a garbage payload)."""
+    kind = draw(st.sampled_from(["bytes", "type", "truncated", "trailing", "bool", "count", "plan"]))
+    good = encode(_GOOD)
     if kind == "bytes":  # (an empty one is no message: Flight sends nothing for it)
         return draw(st.binary(min_size=1, max_size=80))
     if kind == "type":
-        return _frame({"type": draw(st.sampled_from(["Reply", "StreamPlan", "push", ""])), "fields": fields},
-                      [payload])
-    if kind == "missing":
-        fields.pop(draw(st.sampled_from([f for f in _FIELDS if f != "state"])))  # state has a default
-    elif kind == "unknown":
-        fields[draw(st.text(min_size=1, max_size=6).filter(lambda k: k not in fields))] = draw(_JSON)
-    elif kind == "mistyped":
-        name = draw(st.sampled_from([f for f in _FIELDS if f != "payload"]))
-        fields[name] = draw(st.lists(st.booleans(), min_size=1, max_size=2))  # no field is a list of bools
-    else:  # well typed, but no plan holds it: an exchange far ahead, or steps beyond H
-        seq = draw(st.integers(10**6, 10**9))
-        steps = draw(st.integers(-5, 100))
-        return encode(dataclasses.replace(_GOOD, seq=seq, steps=steps, payload=payload))
-    return _frame({"type": "Push", "fields": fields}, [payload])
+        other = draw(st.sampled_from([Reply(lr=0.1, density=1.0, tau=0, retrain=False, send_state=False, refused="",
+                                            dense=b"", dense_version=0), _GOOD]))
+        buf = encode(other)
+        return buf if other is not _GOOD else buf.replace(b"Push", b"Pash", 1)
+    if kind == "truncated":
+        return good[:draw(st.integers(1, len(good) - 1))]
+    if kind == "trailing":
+        return good + draw(st.binary(min_size=1, max_size=8))
+    if kind == "bool":
+        at = _BOOLS_AT + draw(st.integers(0, 1))
+        return good[:at] + bytes([draw(st.integers(2, 255))]) + good[at + 1:]
+    if kind == "count":
+        return good[:_STATE_COUNT_AT] + struct.pack("<I", draw(st.integers(1, 2**32 - 1))) + good[_STATE_COUNT_AT + 4:]
+    # well formed, but no plan holds it: an exchange far ahead, or steps beyond H
+    seq = draw(st.integers(10**6, 10**9))
+    steps = draw(st.integers(-5, 100))
+    return encode(dataclasses.replace(_GOOD, seq=seq, steps=steps, payload=draw(st.binary(max_size=64))))
 
 
 def _fuzz(svc, engine, messages: list[bytes], out: dict) -> None:

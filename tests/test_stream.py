@@ -2,6 +2,7 @@
 
 import os
 import socket
+import struct
 import time
 
 import numpy as np
@@ -41,21 +42,14 @@ def _push(**kw):
                           payload=b"payload"), **kw})
 
 
-def _frame(header: dict, *blobs: bytes) -> bytes:
-    """A message framed as the wire frames it, with any header (to build bad ones)."""
-    import json
-    import struct
-
-    h = json.dumps(header).encode()
-    return b"".join([b"SCW2", struct.pack("<I", len(h)), h, struct.pack("<I", len(blobs)),
-                     *[struct.pack("<Q", len(b)) + b for b in blobs]])
+# where a push's fields sit in its wire message (streamwire's layout): the name, then seq ..
+# down_bytes (7 ints, 3 floats, 2 ints, 2 floats, an int), then the bool state_reset
+PUSH_STATE_RESET_AT = 4 + 2 + len(b"Push") + struct.calcsize("<7q3d2q2dq")
 
 
-def _fields(push: Push) -> dict:
-    """A push's header fields as the wire writes them (its payload is blob 0)."""
-    import dataclasses
-
-    return {**{f.name: getattr(push, f.name) for f in dataclasses.fields(push)}, "payload": 0, "state": []}
+def _with_byte(buf: bytes, at: int, value: int) -> bytes:
+    """``buf`` with its byte ``at`` set to ``value`` (to build bad messages)."""
+    return buf[:at] + bytes([value]) + buf[at + 1:]
 
 
 class _Recorder:
@@ -113,11 +107,11 @@ def test_service_refuses_strangers_caps_and_rejects_bad_messages():
         assert answer().plan is not None
         w.write_metadata(pa.py_buffer(b"\0" * 5000))
         assert "over the cap" in answer().refused
-        w.write_metadata(pa.py_buffer(b"SCW2 garbage"))
+        w.write_metadata(pa.py_buffer(b"SCW3 garbage"))
         assert answer().refused.startswith("malformed message")
-        bad = _frame({"type": "Push", "fields": {**_fields(_push()), "seq": "0"}}, b"payload")
-        w.write_metadata(pa.py_buffer(bad))  # a mistyped field, refused by name
-        assert answer().refused == "malformed message: Push.seq: expected an int, got str"
+        bad = _with_byte(encode(_push()), PUSH_STATE_RESET_AT, 7)
+        w.write_metadata(pa.py_buffer(bad))  # a field its type cannot hold, refused by name
+        assert answer().refused == "malformed message: Push.state_reset: expected a bool (0 or 1), got 7"
         w.write_metadata(pa.py_buffer(encode(_push(seq=1))))
         assert answer().tau == 1
         assert svc.counters["oversize_refused"] == 1 and svc.counters["malformed_refused"] == 2
