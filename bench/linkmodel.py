@@ -1,7 +1,10 @@
 """The cost model on held-out links: fitted at unshaped and 1 Gbit/s, predicting 100 and 20 Mbit/s.
 
 Runs ``bench/links.py`` on its 2-host test bed at four link rates (``FIT_RATES`` then
-``HELD_OUT``; short runs: ``--train-rows`` rows, ``--epochs``), or reads such a run (``--links``),
+``HELD_OUT``; short runs: ``--train-rows`` rows, ``--epochs``; each cell the median of ``--reps``
+repetitions, the rates in turn within each, since one short cell's images/s varied by ~15 % from
+run to run and its slowest held-out cell missed the target in one of two single runs), or reads
+such a run (``--links``),
 fits the model below on the unshaped and 1 Gbit/s cells and predicts the images/s of every
 100 and 20 Mbit/s cell from the unshaped cell of its variant and the fitted constant. No
 figure of a held-out cell (its time, its bytes) is an input.
@@ -30,7 +33,7 @@ Target: every held-out cell's prediction within 25 % of its measured images/s
 role, measured and predicted images/s, error and bound; ``fit``; ``links``: the run it read;
 ``passed``). Exit 0 when the target holds, 1 otherwise, 2 on bad arguments or input.
 
-    python bench/linkmodel.py [--train-rows 12000] [--epochs 1] [--gate 0.6] [--links FILE] [--out FILE]
+    python bench/linkmodel.py [--train-rows 12000] [--epochs 1] [--reps 3] [--gate 0.6] [--links FILE] [--out FILE]
 """
 
 from __future__ import annotations
@@ -157,7 +160,7 @@ def measure(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="sparkcnn-linkmodel-") as tmp:
         out = os.path.join(tmp, "links.json")
         argv = ["--rates", ",".join((*FIT_RATES, *HELD_OUT)), "--epochs", str(args.epochs), "--gate", str(args.gate),
-                "--train-rows", str(args.train_rows), "--out", out]
+                "--train-rows", str(args.train_rows), "--reps", str(args.reps), "--out", out]
         code = links.main(argv)
         if code == 2 or not os.path.exists(out):
             raise BadLinks(f"bench/links.py {' '.join(argv[:-2])} exited {code}")
@@ -170,6 +173,7 @@ def main(argv=None) -> int:
     p.add_argument("--links", help="read this bench/links.py result instead of running one")
     p.add_argument("--train-rows", type=int, default=12000)
     p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--reps", type=int, default=3, help="repetitions per cell (their medians are modelled)")
     p.add_argument("--gate", type=float, default=0.6, help="accuracy a cell must reach for its speed to count")
     p.add_argument("--out", help="also write the JSON here")
     args = p.parse_args(argv)
@@ -181,8 +185,9 @@ def main(argv=None) -> int:
             except (OSError, ValueError) as e:
                 raise BadLinks(f"{args.links}: {e}") from None
         else:
-            if args.train_rows < 1000 or args.epochs < 1:
-                raise BadLinks(f"--train-rows must be >= 1000 and --epochs >= 1, got {args.train_rows}, {args.epochs}")
+            if args.train_rows < 1000 or args.epochs < 1 or args.reps < 1:
+                raise BadLinks(f"--train-rows must be >= 1000, --epochs and --reps >= 1, got {args.train_rows}, "
+                               f"{args.epochs}, {args.reps}")
             links = measure(args)
         out = validate(links)
     except BadLinks as e:

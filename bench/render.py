@@ -320,10 +320,13 @@ def linkmodel_section(lm: dict | None) -> str:
     fit = _get(lm, "fit") or {}
     data = _get(lm, "links", "data")
     rows = f"{_g(_get(data, 'train_rows'))} training rows" if isinstance(data, dict) else "the full training set"
+    reps = _get(lm, "links", "reps")
+    runs = (f"each cell the median of {_g(reps)} repetitions" if isinstance(reps, int) and reps > 1
+            else "one seed")
     out += [measured(lm, "linkmodel"), "",
             _table(["Link", "Variant", "Role", "Measured images/s", "Predicted images/s", "Error", "Bound",
                     "Test accuracy"], body), "",
-            f"One `bench/links.py` run ({_g(_get(lm, 'links', 'epochs'))} epoch on {rows}, one seed) at four rates. "
+            f"One `bench/links.py` run ({_g(_get(lm, 'links', 'epochs'))} epoch on {rows}, {runs}) at four rates. "
             "The model takes each variant's unshaped time and bytes per exchange and one constant fitted on the "
             f"1 Gbit/s cells, the CPU a shaped byte costs the hosts: {_f(fit.get('beta_ns_per_byte'), 2)} ns per "
             "byte; an exchange takes that CPU time or its bytes' time on the wire at the link's rate (the stream "

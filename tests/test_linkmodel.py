@@ -76,6 +76,10 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys):
     src.write_text(json.dumps(doc))
     assert linkmodel.main(["--links", str(src)]) == 2
     assert "unshaped/stream-asgd: field 'blocks' missing" in capsys.readouterr().err
+    assert linkmodel.main(["--reps", "0", "--out", str(out)]) == 2  # refused before any test bed starts
+    assert capsys.readouterr().err.strip() == ("linkmodel: --train-rows must be >= 1000, --epochs and --reps >= 1, "
+                                               "got 12000, 1, 0")
+    assert not out.exists()
 
 
 def test_a_run_read_from_a_file_is_judged_and_written_with_its_provenance(tmp_path, capsys):
