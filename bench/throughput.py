@@ -66,7 +66,9 @@ two more TF start-ups; ``compute_limit_method`` says which was used).
   ``task_overhead_cpu_ms_per_step`` is measured inside the tasks: their CPU outside
   TensorFlow per local step (the task thread outside its TF calls, and its push thread),
   with its median over the repetitions; ``cpu``'s ``non_training_cpu_ms`` is instead all CPU
-  less the limit's, so it also holds how much slower TF steps beside the driver.
+  less the limit's, so it also holds how much slower TF steps beside the driver. ``cpu`` is
+  the median repetition's run; ``driver_cpu_ms_per_exchange_median`` is the driver's CPU per
+  exchange over all repetitions (each repetition's figure in ``repetitions``).
   A case the transport does not run carries ``error``.
   Every stream case records its ``test_accuracy`` and ``jobs_reference_accuracy``: the
   jobs transport's on the same slice and mode, dense or with the stream's sparse settings
@@ -323,10 +325,12 @@ def measure_stream(data: str, H: int, mode: str, extra: list[str], limit_steps: 
     for r in runs:
         r["ratio_to_adjacent_limit"] = r["images_per_s"] / (sum(r["limit_before_after"]) / 2)
     out = dict(sorted(runs, key=lambda r: r["ratio_to_adjacent_limit"])[len(runs) // 2])
-    out["repetitions"] = [{k: r[k] for k in ("images_per_s", "limit_before_after", "ratio_to_adjacent_limit",
-                                             "task_overhead_cpu_ms_per_step")}
-                          for r in runs]
+    out["repetitions"] = [{**{k: r[k] for k in ("images_per_s", "limit_before_after", "ratio_to_adjacent_limit",
+                                                "task_overhead_cpu_ms_per_step")},
+                           "driver_cpu_ms_per_exchange": r["cpu_ms_per_round"]["driver"]} for r in runs]
     out["task_overhead_cpu_ms_per_step_median"] = statistics.median(r["task_overhead_cpu_ms_per_step"] for r in runs)
+    # the driver's CPU per exchange judged as its median over the repetitions too, not the one run above
+    out["driver_cpu_ms_per_exchange_median"] = statistics.median(r["cpu_ms_per_round"]["driver"] for r in runs)
     return out
 
 
