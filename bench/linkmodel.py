@@ -18,10 +18,14 @@ B bytes/s in each direction, the driver's side unshaped)::
               last ones), from the same unshaped cell; x its mean
     T_cpu   = T0 + β·x_q        every shaped byte costs the hosts CPU (tbf, TCP pacing, the veth and
                                 the bridge) on the cores that also train: β, seconds per byte, fitted
-    T_wire  = x_q / B           the push goes up, its reply comes down, one after the other
+    T_wire  = F·x_q / B         the push goes up, its reply comes down, one after the other; F =
+                                1514 / 1448: what tbf meters per byte of payload, each 1448-byte TCP
+                                segment (MTU 1500, timestamps on) carrying 66 bytes of Ethernet, IPv4
+                                and TCP headers (the messages' own fields, ~0.3 kB an exchange, are
+                                not counted)
     stream  T = mean_q max(T_cpu, T_wire)   an exchange travels while the next one computes
                                             (staleness 1): the slower of the two sets its pace
-    jobs    T = T0 + (β + 1/B)·x             a sync round waits for its results and the next broadcast
+    jobs    T = T0 + (β + F/B)·x             a sync round waits for its results and the next broadcast
     images/s = N·H·b / T
 
 β >= 0 is the one fitted constant: least squares on log images/s over the 1 Gbit/s cells (the
@@ -39,6 +43,7 @@ role, measured and predicted images/s, error and bound; ``fit``; ``links``: the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -49,6 +54,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._common import emit  # noqa: E402
 
+# bytes on a shaped link per byte of payload: a 1448-byte TCP segment (MTU 1500 less 20 bytes of
+# IPv4 and 32 of TCP with timestamps) goes out as a 1514-byte frame with its Ethernet header
+WIRE_FACTOR = 1514 / 1448
 FIT_RATES = ("unshaped", "1gbit")
 HELD_OUT = ("100mbit", "20mbit")
 TARGET = 0.25
@@ -88,7 +96,7 @@ def predict(base: dict, beta: float, rate: str) -> tuple[float, str]:
     t0 = base["images"] / base["images_per_s"]
     if rate == "unshaped":
         return base["images_per_s"], "cpu"
-    rate_b = rate_bytes_per_s(rate)
+    rate_b = rate_bytes_per_s(rate) / WIRE_FACTOR  # payload bytes per second
     if not base["stream"]:
         return base["images"] / (t0 + (beta + 1 / rate_b) * base["bytes"]), "cpu + wire"
     # the slices' times, each the slower of its CPU and its wire time; bound: the one that set most
@@ -161,7 +169,8 @@ def measure(args) -> dict:
         out = os.path.join(tmp, "links.json")
         argv = ["--rates", ",".join((*FIT_RATES, *HELD_OUT)), "--epochs", str(args.epochs), "--gate", str(args.gate),
                 "--train-rows", str(args.train_rows), "--reps", str(args.reps), "--out", out]
-        code = links.main(argv)
+        with contextlib.redirect_stdout(sys.stderr):  # its JSON goes to the file: this prints one object
+            code = links.main(argv)
         if code == 2 or not os.path.exists(out):
             raise BadLinks(f"bench/links.py {' '.join(argv[:-2])} exited {code}")
         with open(out, encoding="utf-8") as fh:

@@ -104,5 +104,14 @@ def test_a_bursty_run_is_paced_slice_by_slice():
     p_bursty, b_bursty = linkmodel.predict(bursty, BETA, "100mbit")
     assert b_even == "cpu" and b_bursty == "wire in 2 of 20 slices"
     t0 = 128 / 5800.0
-    expect = 128 / ((18 * (t0 + BETA * 3e4) + 2 * 3.3e5 / 12.5e6) / 20)
+    expect = 128 / ((18 * (t0 + BETA * 3e4) + 2 * 3.3e5 * 1514 / 1448 / 12.5e6) / 20)  # frames, not payload
     assert p_bursty == pytest.approx(expect) and p_bursty < p_even
+
+
+def test_the_wire_term_counts_each_segments_headers():
+    """A stream cell bound by its link everywhere moves its payload at the rate less the 66 bytes
+    of headers each 1448-byte TCP segment carries: tbf meters frames, not payload."""
+    cell = _cell(50000.0, 1e6, "stream", 1)  # 1 MB per exchange: the wire sets the pace at 20 Mbit/s
+    base = {**linkmodel.cell_inputs(cell, "wire-bound"), "images_per_s": 50000.0}
+    got, bound = linkmodel.predict(base, 0.0, "20mbit")
+    assert bound == "wire" and got == pytest.approx(2 * 64 / (1e6 * 1514 / 1448 / 2.5e6), rel=1e-9)
