@@ -42,9 +42,8 @@ import typing
 
 MAGIC = b"SCW3"
 MAX_NAME = 64
-_U8, _U16, _U32, _U64 = struct.Struct("<B"), struct.Struct("<H"), struct.Struct("<I"), struct.Struct("<Q")
+_U16, _U32, _U64 = struct.Struct("<H"), struct.Struct("<I"), struct.Struct("<Q")
 _FIXED = {bool: "B", int: "q", float: "d"}  # struct codes of the fixed-size scalars
-_SIZE = {bool: 1, int: 8, float: 8}
 
 
 class WireError(ValueError):
@@ -132,12 +131,8 @@ def _scalar(typ) -> _Type:
             raise WireError(f"{where}: {e}") from None
 
     def read(mv, pos, where):
-        if pos + st.size > len(mv):
-            raise WireError(f"{where}: truncated")
-        (v,) = st.unpack_from(mv, pos)
-        if is_bool:
-            v = _bool(v, where)
-        return v, pos + st.size
+        (v,), pos = _unpack(st, mv, pos, where)
+        return (_bool(v, where) if is_bool else v), pos
     return _Type(write, read, st.size)
 
 
@@ -147,38 +142,60 @@ def _bool(v: int, where: str) -> bool:
     return v == 1
 
 
+class _Run(typing.NamedTuple):
+    """Consecutive fixed-size fields of a message, packed by one struct."""
+
+    st: struct.Struct
+    names: tuple[str, ...]
+    codes: tuple[str, ...]          # each field's struct code
+    values: typing.Callable         # msg -> the tuple of their values
+    bools: tuple[int, ...]          # positions of the bool fields
+
+    def short(self, left: int) -> str:
+        """The first field that does not fit in ``left`` bytes (a read's error)."""
+        for name, code in zip(self.names, self.codes):
+            left -= struct.calcsize("<" + code)
+            if left < 0:
+                return name
+        return self.names[-1]
+
+    def bad(self, msg) -> str:
+        """The first field whose value its struct code does not take (a write's error)."""
+        for name, code in zip(self.names, self.codes):
+            try:
+                struct.pack("<" + code, getattr(msg, name))
+            except struct.error:
+                return name
+        return self.names[0]
+
+
+def _run(names: list[str], hints: dict) -> _Run:
+    codes = tuple(_FIXED[hints[n]] for n in names)
+    get = operator.attrgetter(*names)
+    return _Run(struct.Struct("<" + "".join(codes)), tuple(names), codes,
+                (lambda m: (get(m),)) if len(names) == 1 else get,
+                tuple(i for i, n in enumerate(names) if hints[n] is bool))
+
+
 def _message(cls: type) -> _Type:
     """A message type: its fields in declaration order, each run of fixed-size fields one struct."""
     hints = typing.get_type_hints(cls)
     fields = dataclasses.fields(cls)
     if any(not f.init for f in fields):
         raise TypeError(f"no wire form for {cls.__name__}: a field outside __init__")
-    parts: list[tuple] = []  # ("fixed", struct, names, getter, bool positions, offsets) | ("one", name, _Type)
+    parts: list = []  # a _Run, or (name, _Type) of one other field
     run: list[str] = []
-
-    def close_run():
-        if run:
-            st = struct.Struct("<" + "".join(_FIXED[hints[n]] for n in run))
-            names = tuple(run)
-            get = operator.attrgetter(*names)
-            getter = (lambda m: (get(m),)) if len(names) == 1 else get
-            bools = tuple(i for i, n in enumerate(names) if hints[n] is bool)
-            offsets, at = [], 0
-            for n in names:
-                offsets.append(at)
-                at += _SIZE[hints[n]]
-            parts.append(("fixed", st, names, getter, bools, tuple(offsets)))
-            run.clear()
-
     for f in fields:
         if hints[f.name] in _FIXED:
             run.append(f.name)
-        else:
-            close_run()
-            parts.append(("one", f.name, _schema(hints[f.name])))
-    close_run()
-    parts = tuple(parts)
-    least = sum(p[1].size if p[0] == "fixed" else p[2].least for p in parts)
+            continue
+        if run:
+            parts.append(_run(run, hints))
+            run = []
+        parts.append((f.name, _schema(hints[f.name])))
+    if run:
+        parts.append(_run(run, hints))
+    least = sum(p.st.size if type(p) is _Run else p[1].least for p in parts)
     names = tuple(f.name for f in fields)
     if hasattr(cls, "__post_init__") or hasattr(cls, "__slots__"):
         make = lambda args: cls(*args)  # noqa: E731
@@ -190,45 +207,32 @@ def _message(cls: type) -> _Type:
 
     def write(msg, out, where):
         for p in parts:
-            if p[0] == "fixed":
+            if type(p) is _Run:
                 try:
-                    out.append(p[1].pack(*p[3](msg)))
+                    out.append(p.st.pack(*p.values(msg)))
                 except struct.error as e:
-                    raise WireError(f"{where}.{_first_bad(msg, p[2], hints)}: {e}") from None
+                    raise WireError(f"{where}.{p.bad(msg)}: {e}") from None
             else:
-                p[2].write(getattr(msg, p[1]), out, f"{where}.{p[1]}")
+                p[1].write(getattr(msg, p[0]), out, f"{where}.{p[0]}")
 
     def read(mv, pos, where):
         args = []
-        size = len(mv)
         for p in parts:
-            if p[0] == "fixed":
-                st = p[1]
-                if pos + st.size > size:
-                    short = next(i for i, o in enumerate(p[5]) if pos + o + _SIZE[hints[p[2][i]]] > size)
-                    raise WireError(f"{where}.{p[2][short]}: truncated")
-                values = st.unpack_from(mv, pos)
-                pos += st.size
-                if p[4]:
+            if type(p) is _Run:
+                if pos + p.st.size > len(mv):
+                    raise WireError(f"{where}.{p.short(len(mv) - pos)}: truncated")
+                values = p.st.unpack_from(mv, pos)
+                pos += p.st.size
+                if p.bools:
                     values = list(values)
-                    for i in p[4]:
-                        values[i] = _bool(values[i], f"{where}.{p[2][i]}")
+                    for i in p.bools:
+                        values[i] = _bool(values[i], f"{where}.{p.names[i]}")
                 args.extend(values)
             else:
-                value, pos = p[2].read(mv, pos, f"{where}.{p[1]}")
+                value, pos = p[1].read(mv, pos, f"{where}.{p[0]}")
                 args.append(value)
         return make(args), pos
     return _Type(write, read, least)
-
-
-def _first_bad(msg, names: tuple[str, ...], hints: dict) -> str:
-    """The first of ``names`` whose value its struct code does not take (for an encode error)."""
-    for n in names:
-        try:
-            struct.pack("<" + _FIXED[hints[n]], getattr(msg, n))
-        except struct.error:
-            return n
-    return names[0]
 
 
 def _optional(inner: _Type) -> _Type:
@@ -258,10 +262,7 @@ def _sequence(item: _Type) -> _Type:
             item.write(x, out, f"{where}[{i}]")
 
     def read(mv, pos, where):
-        if pos + 4 > len(mv):
-            raise WireError(f"{where}: truncated")
-        (n,) = _U32.unpack_from(mv, pos)
-        pos += 4
+        (n,), pos = _unpack(_U32, mv, pos, where)
         if n * least > len(mv) - pos:
             raise WireError(f"{where}: {n} items cannot fit in the {len(mv) - pos} bytes left")
         out = []
@@ -278,14 +279,9 @@ def _write_str(v: str, out: list, where: str) -> None:
 
 
 def _read_str(mv, pos: int, where: str) -> tuple[str, int]:
-    if pos + 4 > len(mv):
-        raise WireError(f"{where}: truncated")
-    (n,) = _U32.unpack_from(mv, pos)
-    pos += 4
-    if pos + n > len(mv):
-        raise WireError(f"{where}: truncated")
+    a, b = _span(_U32, mv, pos, where)
     try:
-        return str(mv[pos:pos + n], "utf-8"), pos + n
+        return str(mv[a:b], "utf-8"), b
     except UnicodeDecodeError:
         raise WireError(f"{where}: not UTF-8") from None
 
@@ -296,10 +292,20 @@ def _write_bytes(v, out: list, where: str) -> None:
 
 
 def _read_bytes(mv, pos: int, where: str) -> tuple[bytes, int]:
-    if pos + 8 > len(mv):
+    a, b = _span(_U64, mv, pos, where)
+    return bytes(mv[a:b]), b
+
+
+def _unpack(st: struct.Struct, mv, pos: int, where: str) -> tuple[tuple, int]:
+    """``st``'s values at ``pos`` and the position after them; truncated when the bytes end first."""
+    if pos + st.size > len(mv):
         raise WireError(f"{where}: truncated")
-    (n,) = _U64.unpack_from(mv, pos)
-    pos += 8
-    if n > len(mv) - pos:
+    return st.unpack_from(mv, pos), pos + st.size
+
+
+def _span(prefix: struct.Struct, mv, pos: int, where: str) -> tuple[int, int]:
+    """Where the bytes a length (``prefix``) at ``pos`` announces start and end."""
+    (n,), start = _unpack(prefix, mv, pos, where)
+    if n > len(mv) - start:
         raise WireError(f"{where}: truncated")
-    return bytes(mv[pos:pos + n]), pos + n
+    return start, start + n
