@@ -6,6 +6,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -30,6 +31,7 @@ from sparkcnn.compression import (
     topk_indices,
     weighted_sum,
 )
+from sparkcnn.compression import native, native_step
 from sparkcnn.compression.feedback import quantise_at
 from sparkcnn.errors import BadInput
 from tests.native_env import compiled
@@ -270,26 +272,46 @@ def test_a_scaled_step_is_the_step_of_the_scaled_update_bitwise(native, mode, pe
     assert all(np.array_equal(state_a[k].view(np.uint32), state_b[k].view(np.uint32)) for k in state_a)
 
 
-@settings(max_examples=20, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), dtype=st.sampled_from(["float32", "float16"]), masking=st.booleans())
-def test_dgc_step_is_bitwise_the_same_compiled_and_on_numpy(seed, dtype, masking):
-    """The one-pass momentum update and threshold count against numpy's passes, over steps."""
-    layout = (40, 30_000, 5000)
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), dtype=st.sampled_from(["float32", "float16"]), masking=st.booleans(),
+       big=st.booleans(), clipped=st.booleans())
+def test_dgc_step_is_bitwise_the_same_compiled_and_on_numpy(seed, dtype, masking, big, clipped):
+    """The whole step in one compiled call (momentum pass, selection, values, residual, masking)
+    against numpy's passes, over steps at three densities, clipped or not, on a layout with a
+    tensor sent whole and sampled ones. The compiled call hands a step back after its momentum
+    pass where a tensor is on exact top-k (the 1,500 entries at density 0.001) or, with ``big``,
+    a value is beyond float16 (from then on: the residual keeps what float16 could not
+    carry); numpy's passes then finish it."""
+    layout = (40, 30_000, 1500, 5000)
     rng = np.random.default_rng(seed)
-    grads = [(rng.standard_normal(sum(layout)) * 10.0 ** rng.integers(-6, 2)).astype(np.float32) for _ in range(5)]
+    grads = [(rng.standard_normal(sum(layout)) * 10.0 ** rng.integers(-6, 2)).astype(np.float32) for _ in range(6)]
+    if big:
+        grads[3][rng.integers(0, sum(layout), 3)] = [7e4, -1e6, 3e5]
+    scales = [0.5, None, 0.01, None, 2.0, None] if clipped else [None] * 6
+    densities = [0.01, 0.001, 0.01, 0.05, 0.05, 0.01]
+    outcomes = []
+
+    def counted(*args):
+        outcomes.append(dgc_step(*args))
+        return outcomes[-1]
 
     def run():
         dgc = DGCMomentum(layout, Sparsifier("threshold", dense_below=1000), value_dtype=dtype, momentum=0.9,
                           masking=masking)
-        sent = [dgc.step(g, 0.01, lr=0.1, weights=None) for g in grads]
+        sent = [dgc.step(g, d, lr=0.1, weights=None, scale=s) for g, s, d in zip(grads, scales, densities)]
         return sent, dgc.momentum.view(np.uint32), dgc.velocity.view(np.uint32)
 
-    fast_sent, fast_u, fast_v = run()
+    dgc_step = native_step.dgc_step
+    with mock.patch.object(native_step, "dgc_step", counted):
+        fast_sent, fast_u, fast_v = run()
     with compiled(False):
         slow_sent, slow_u, slow_v = run()
     for a, b in zip(fast_sent, slow_sent):
         assert np.array_equal(a.indices, b.indices) and np.array_equal(a.values.view(np.uint32), b.values.view(np.uint32))
     assert np.array_equal(fast_u, slow_u) and np.array_equal(fast_v, slow_v)
+    if native.enabled():  # the compiled call took every step, and handed back exactly those it must
+        handed_back = [d == 0.001 or (i >= 3 and big and dtype == "float16") for i, d in enumerate(densities)]
+        assert [c < 0 for c in outcomes] == handed_back
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -393,7 +415,6 @@ def test_mask_momentum_zeroes_sent_coordinates():
 def test_compiled_threshold_count_is_numpys(n, seed, q):
     """The compiled ``|x| >= thr`` pass (blocks of 64 tested whole first) against numpy, at any
     length (tails included), threshold (one hitting values exactly) and with NaN and infinities."""
-    from sparkcnn.compression import native, native_step
 
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 3)).astype(np.float32)

@@ -27,7 +27,7 @@ from ..errors import BadInput
 from . import native, native_step
 from .codec_format import FLOAT16_MAX, VALUE_DTYPES
 from .delta import Layout, SparseDelta, layout_offsets
-from .sparsify import METHODS, Sparsifier
+from .sparsify import MAX_CORRECTIONS, METHODS, Sparsifier
 
 MOMENTUM_MODES = ("correction", "sparsification_aware")  # per-step forms (compression.momentum)
 
@@ -245,6 +245,7 @@ class DGCMomentum(_FlatState):
             raise ValueError(f"optimizer.momentum must be in [0, 1), got {momentum}")
         self.m = np.float32(momentum)
         self.masking = bool(masking)
+        self._sent = None  # the compiled step's output arrays (indices, values, per-tensor counts)
 
     out_of_place = True
 
@@ -252,13 +253,26 @@ class DGCMomentum(_FlatState):
              scale: float | None = None) -> SparseDelta:
         g = self._check_input("update", update)
         u, v = self._fresh()
-        if native.enabled():  # one pass instead of three (four when scaled), bitwise the same
+        plan = self.sparsifier.compiled_plan(self.layout, density, self.size) if self.sparsifier.rng is None else None
+        if plan is not None:  # the whole step in one compiled call, bitwise the same as below
+            if self._sent is None:
+                self._sent = (np.empty(self.size, np.int64), np.empty(self.size, np.float32),
+                              np.empty(plan.a.size, np.int64))
+            idx, vals, found = self._sent
+            c = native_step.dgc_step(self.momentum, self.velocity, g, self.m, u, v, scale, plan, MAX_CORRECTIONS,
+                                     self.value_dtype == "float16", self._dense, self.masking, idx, vals, found)
+            self._advance([u, v])
+            if c >= 0:
+                return SparseDelta(self.size, idx[:c].copy(), vals[:c].copy())
+            # a tensor on exact top-k, or a value beyond float16: the momentum pass is done
+        elif native.enabled():  # one pass instead of three (four when scaled), bitwise the same
             native_step.momentum_step_to(self.momentum, self.velocity, g, self.m, u, v, scale)
+            self._advance([u, v])
         else:
             np.multiply(self.momentum, self.m, out=u)
             u += g if scale is None else g * np.float32(scale)
             np.add(self.velocity, u, out=v)
-        self._advance([u, v])
+            self._advance([u, v])
         sent = self._send(self.velocity, density)
         if self.masking:
             self.momentum[self.selected(sent.indices)] = 0.0

@@ -5,6 +5,8 @@ temporaries, bitwise the same (float32, each operation rounded, no FMA):
 
     momentum_step_to   u' = m·u + g; v' = v + u'     (DGC's momentum correction, out of place; feedback.py;
                                                       of g·s when the gradient is clipped)
+    dgc_step           momentum_step_to, threshold_select, the values sent and what they leave:
+                       DGCMomentum's whole step (feedback.py)
     abs_at_least       {i : |x[i]| >= thr}          (threshold selection; sparsify.py)
     threshold_select   a whole vector's threshold selection, tensor by tensor (all but exact top-k)
     quantise_f16_at    x[idx] rounded to float16 and back        (the sent values; feedback.py)
@@ -150,6 +152,34 @@ def k_threshold_select(x, a, b, whole, stride, start, rank, k, lo, hi, correctio
 
 
 @kernel(nogil=True, boundscheck=False)
+def k_dgc_step(u, v, g, s, m, u_out, v_out, a, b, whole, stride, start, rank, k, lo, hi, corrections, f16,
+               dense, masking, idx, vals, found):
+    """DGCMomentum.step in one call: the momentum pass (``k_momentum_step_to``), the threshold
+    selection of ``v_out`` into ``idx`` (``k_threshold_select``), the values sent into ``vals``
+    (rounded to float16 when ``f16``, else as they are), those values taken out of ``v_out``
+    and, with ``masking``, ``u_out`` zeroed where an index falls outside the tensors sent whole
+    (``dense``). Returns how many were sent; -1 when a tensor is left to the caller (``found``)
+    or a value is beyond float16, with only the momentum pass done: the caller finishes."""
+    k_momentum_step_to(u, v, g, s, m, u_out, v_out)
+    c = k_threshold_select(v_out, a, b, whole, stride, start, rank, k, lo, hi, corrections, idx, found)
+    for t in range(found.size):
+        if found[t] < 0:
+            return -1
+    if f16:
+        if not k_quantise_f16_at(v_out.view(np.uint32), idx[:c], vals[:c].view(np.uint32)):
+            return -1
+    else:
+        for j in range(c):
+            vals[j] = v_out[idx[j]]
+    for j in range(c):
+        i = idx[j]
+        v_out[i] -= vals[j]
+        if masking and not dense[i]:
+            u_out[i] = 0.0
+    return c
+
+
+@kernel(nogil=True, boundscheck=False)
 def k_quantise_f16_at(bits, idx, out):
     """``out[j]`` = float32 bits of ``x[idx[j]]`` rounded to float16 (``bits``: x's float32 bits),
     as feedback.quantise; returns False, leaving ``out`` partly written, at the first value it
@@ -218,6 +248,15 @@ def threshold_select(x: np.ndarray, plan, starts: np.ndarray, ranks: np.ndarray,
     (``sparsify._Plan``) and the sample starts and ranks of this call; returns the entries in ``out``."""
     return kernels().threshold_select(x, plan.a, plan.b, plan.whole, plan.stride, starts, ranks, plan.k, plan.lo,
                                       plan.hi, corrections, out, found)
+
+
+def dgc_step(u: np.ndarray, v: np.ndarray, g: np.ndarray, m: np.float32, u_out: np.ndarray, v_out: np.ndarray,
+             scale: np.float32 | None, plan, corrections: int, f16: bool, dense: np.ndarray, masking: bool,
+             idx: np.ndarray, vals: np.ndarray, found: np.ndarray) -> int:
+    """:func:`k_dgc_step` with a selection plan's arrays (``sparsify._Plan``, samples from start 0)."""
+    return kernels().dgc_step(u, v, g, np.float32(1.0 if scale is None else scale), np.float32(m), u_out, v_out,
+                              plan.a, plan.b, plan.whole, plan.stride, plan.start0, plan.rank, plan.k, plan.lo,
+                              plan.hi, corrections, f16, dense, masking, idx, vals, found)
 
 
 def quantise_f16_at(x: np.ndarray, idx: np.ndarray) -> np.ndarray | None:

@@ -226,20 +226,30 @@ class Sparsifier:
     def indices(self, flat: np.ndarray, layout: Layout, density: float) -> np.ndarray:
         """Sorted int64 global indices of the entries to send."""
         _check_density(density)
-        if (self.method == "threshold" and flat.dtype == np.float32 and flat.ndim == 1
-                and flat.flags.c_contiguous and native.enabled()):
-            plan = self._plans.get((layout, density))
-            if plan is None:
-                if len(self._plans) >= 8:  # densities of a warm-up: a few distinct values at a time
-                    self._plans.clear()
-                plan = self._plans[(layout, density)] = _Plan(self, layout_offsets(layout), density)
-            if plan.size != flat.size:
-                raise ValueError(f"layout covers {plan.size} entries, vector has {flat.size}")
-            return self._compiled_indices(flat, plan, density)
+        if flat.dtype == np.float32 and flat.ndim == 1 and flat.flags.c_contiguous:  # compiled where it can
+            plan = self.compiled_plan(layout, density, flat.size)
+            if plan is not None:
+                return self._compiled_indices(flat, plan, density)
         offsets = layout_offsets(layout)
         if offsets[-1] != flat.size:
             raise ValueError(f"layout covers {int(offsets[-1])} entries, vector has {flat.size}")
         return self._indices(flat, offsets, density)
+
+    def compiled_plan(self, layout: Layout, density: float, size: int) -> _Plan | None:
+        """The compiled selection's plan of ``layout`` at ``density`` (kept: a run meets a few
+        densities), or None where selection is not compiled (another method, no numba);
+        ValueError when the layout does not cover ``size`` entries."""
+        if self.method != "threshold" or not native.enabled():
+            return None
+        plan = self._plans.get((layout, density))  # a plan is made of a valid density only
+        if plan is None:
+            _check_density(density)
+            if len(self._plans) >= 8:  # densities of a warm-up: a few distinct values at a time
+                self._plans.clear()
+            plan = self._plans[(layout, density)] = _Plan(self, layout_offsets(layout), density)
+        if plan.size != size:
+            raise ValueError(f"layout covers {plan.size} entries, vector has {size}")
+        return plan
 
     def _compiled_indices(self, flat: np.ndarray, plan: _Plan, density: float) -> np.ndarray:
         """:meth:`_indices` with every tensor's threshold selection, its trim and corrections
