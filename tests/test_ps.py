@@ -585,3 +585,98 @@ def test_import_purity():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _msg(dl, value_dtype: str = "float32", layout=LAYOUT):
+    from sparkcnn.compression import codec
+    from sparkcnn.protocol import DownlinkMsg
+
+    return DownlinkMsg(version=dl.version, base_version=dl.base_version, checksum_after=dl.checksum_after,
+                       assign=dl.assign, payload=codec.encode(dl.delta, layout, value_dtype=value_dtype))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.lists(st.integers(1, 3), min_size=1, max_size=8),
+       st.sampled_from([None, 0.1, 0.5]), st.sampled_from(["float32", "float16"]))
+def test_encoded_downlinks_apply_in_one_call_as_decoded_ones(seed, groups, density, dtype):
+    """A reply's downlinks as they travel, decoded and applied in one compiled call
+    (Replica.apply_encoded), against decoding each and Replica.apply: the same weights bit for
+    bit, checksum and version, and the indices they moved, in order; dense (assign) downlinks too."""
+    from sparkcnn.compression import codec, native
+
+    if not native.enabled():
+        pytest.skip("no compiled kernels here")
+    rng = np.random.default_rng(seed)
+    dtype = "float32" if density is None else dtype  # a dense downlink assigns W's values: float32 only
+    ps = make_ps(density_down=density, value_dtype=dtype)
+    fast, slow = Replica(), Replica()
+    fast.load_snapshot(ps.view_version, ps.U.copy())
+    slow.load_snapshot(ps.view_version, ps.U.copy())
+    for n in groups:
+        dls = []
+        for _ in range(n):
+            step(ps, rng)
+            dls.append(ps.downlink())
+        msgs = [_msg(dl, dtype) for dl in dls]
+        moved = fast.apply_encoded(msgs, LAYOUT, full_check=bool(rng.integers(2)))
+        decoded = [type(dl)(m.version, codec.decode(m.payload, LAYOUT), m.checksum_after, m.base_version, m.assign)
+                   for dl, m in zip(dls, msgs)]
+        assert slow.apply(decoded) == n
+        assert moved is not None and moved.tolist() == np.concatenate([d.delta.indices for d in decoded]).tolist()
+        assert fast.version == slow.version == ps.view_version and fast.checksum == slow.checksum == ps.checksum
+        assert np.array_equal(bits(fast.U), bits(slow.U))
+
+
+def test_encoded_downlinks_grow_their_buffers_and_refuse_what_apply_refuses():
+    """More entries than its buffers hold: they grow and the call is made again (nothing applied
+    twice). A payload that does not decode: the codec's error, the replica unchanged. A wrong
+    checksum, a version gap: apply's errors, the replica emptied. A downlink it holds: None."""
+    from sparkcnn.compression import native
+    from sparkcnn.errors import CodecError
+
+    if not native.enabled():
+        pytest.skip("no compiled kernels here")
+    layout = (20_000, 30_000)
+    p = sum(layout)
+    rng = np.random.default_rng(4)
+    ps = ParameterServer(rng.standard_normal(p).astype(np.float32), layout, density_down=None)  # dense: assign
+
+    def fresh():
+        r = Replica()
+        r.load_snapshot(ps.view_version, ps.U.copy())
+        return r
+
+    def moved_server(n):
+        out = []
+        for _ in range(n):
+            ps.apply(SparseDelta(p, np.arange(0, p, 3), rng.standard_normal(len(range(0, p, 3))).astype(np.float32)))
+            out.append(_msg(ps.downlink(), layout=layout))
+        return out
+
+    r = fresh()
+    msgs = moved_server(2)
+    moved = r.apply_encoded(msgs, layout)
+    assert moved.size == 2 * len(range(0, p, 3)) > 1 << 14 and r._decoded[0].size >= moved.size  # grown
+    assert np.array_equal(bits(r.U), bits(ps.U)) and r.checksum == ps.checksum
+
+    r = fresh()
+    msgs = moved_server(2)
+    before = (r.version, r.checksum, bits(r.U).copy())
+    bad = type(msgs[1])(**{**msgs[1].__dict__, "payload": msgs[1].payload[:-3]})
+    with pytest.raises(CodecError):
+        r.apply_encoded([msgs[0], bad], layout)
+    assert (r.version, r.checksum) == before[:2] and np.array_equal(bits(r.U), before[2])
+    wrong = type(msgs[1])(**{**msgs[1].__dict__, "checksum_after": format_checksum(12345)})
+    with pytest.raises(ReplicaOutOfSync, match=f"checksum mismatch after downlink {msgs[1].version}"):
+        r.apply_encoded([msgs[0], wrong], layout)
+    assert r.U is None
+
+    r = fresh()
+    with pytest.raises(ReplicaOutOfSync, match="version gap"):
+        r.apply_encoded(moved_server(2)[1:], layout)
+    r = fresh()
+    msgs = moved_server(1)
+    assert r.apply_encoded(msgs, layout) is not None
+    assert r.apply_encoded(msgs, layout) is None  # held already: the caller's apply() skips it
+    with compiled(False):
+        assert fresh().apply_encoded(moved_server(1), layout) is None
