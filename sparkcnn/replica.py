@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable
 
 import numpy as np
 
 from sparkcnn.buffers import aligned_copy
-from sparkcnn.compression import codec, codec_format, native, native_server
+from sparkcnn.compression import native, native_server
 from sparkcnn.compression.delta import SparseDelta
 from sparkcnn.errors import SparkCNNError
 
@@ -134,8 +134,6 @@ class Replica:
         self.version: int | None = None
         self._checksum = 0
         self.resyncs = 0  # reloads of U done by sync() (a worker reports them as replica_resyncs)
-        # apply_encoded's buffers for the decoded indices and values (grown when a reply needs more)
-        self._decoded = (np.empty(1 << 14, np.int64), np.empty(1 << 14, np.uint32))
 
     @property
     def U(self) -> np.ndarray | None:
@@ -199,54 +197,6 @@ class Replica:
             self.invalidate()
             raise ReplicaOutOfSync(f"replica weights at version {at} differ from the server's")
         return applied
-
-    def apply_encoded(self, msgs: Sequence, layout, *, full_check: bool = True) -> np.ndarray | None:
-        """:meth:`apply` of downlinks as they travel (``protocol.DownlinkMsg``: version, payload
-        still encoded, checksum_after, base_version, assign), decoded, applied and checked in one
-        compiled call: the same checks and errors, and a payload that does not decode raises the
-        codec's CodecError with the replica unchanged, as decoding them first would. Returns the
-        indices they changed, in order; None where that call does not apply (no compiled kernels,
-        an empty replica, a downlink it already holds), and the caller decodes them for :meth:`apply`."""
-        if self._U is None or not msgs or not native.enabled():
-            return None
-        info = codec_format.layout_info(layout)
-        if int(info.offsets[-1]) != self._U.size:
-            return None  # apply() names the mismatch
-        v = self.version
-        for m in msgs:
-            if m.version <= v:
-                return None  # held already: apply() skips it
-            if m.base_version != v:
-                self.invalidate()
-                raise ReplicaOutOfSync(f"version gap: replica at {v}, downlink {m.version} starts at {m.base_version}")
-            v = m.version
-        try:
-            expect = np.array([int(m.checksum_after, 16) for m in msgs], np.uint64)
-        except (ValueError, OverflowError):
-            return None  # not a checksum: apply() reports the mismatch
-        if any(format_checksum(int(e)) != m.checksum_after for e, m in zip(expect, msgs)):
-            return None
-        assign = np.array([bool(m.assign) for m in msgs])
-        payloads = [m.payload for m in msgs]
-        while True:
-            idx, vbits = self._decoded
-            status, k, c, bounds = native_server.apply_encoded(self._U, payloads, assign, expect, self._checksum,
-                                                               info.offsets, info.max_rice, idx, vbits)
-            if status != native_server.SHORT:
-                break
-            self._decoded = (np.empty(2 * k, np.int64), np.empty(2 * k, np.uint32))
-        if status == native.FAULT:
-            codec.decode(msgs[k].payload, layout)  # the codec's numpy path says what is wrong
-            return None  # (it decoded after all: the numpy path then takes the reply)
-        if status == native_server.MISMATCH:
-            self.invalidate()
-            raise ReplicaOutOfSync(f"checksum mismatch after downlink {msgs[k].version}")
-        self._checksum, self.version = c, msgs[-1].version
-        if full_check and checksum(self._U) != self._checksum:
-            at = self.version
-            self.invalidate()
-            raise ReplicaOutOfSync(f"replica weights at version {at} differ from the server's")
-        return idx[:bounds[-1]].copy()
 
     def sync(self, downlinks: list[Downlink], reload: Callable[[], tuple[int, np.ndarray]]) -> bool:
         """Bring the replica to the end of ``downlinks``, reloading ``U`` if it must.

@@ -6,8 +6,6 @@ candidate set.
     residual_support    {i : float32(W[i] - U[i]) != 0}       (ps.py's residual)
     apply_delta         U[idx] = U[idx] + vals (or = vals), and the change of
                         Σ_i mix64((i << 32) | bits(U[i])) mod 2**64   (replica.py's checksum)
-    apply_encoded       a reply's downlinks decoded and applied, each checksum compared (a
-                        worker's replica, replica.py)
     candidate_downlink  ps.py's float16 downlink from its candidate set, applied to U
 
 
@@ -21,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .native import FAULT, OK, kernel, kernels
-from .native_codec import f16_bits, f32_bits, k_decode_delta
+from .native_codec import f16_bits, f32_bits
 
 # Output floats per chunk of the blocked add: 64 Ki float32 = 256 KiB, which
 # stays in L2 while every payload adds its entries of the chunk.
@@ -125,37 +123,6 @@ def k_apply_delta(u, ubits, idx, vals, assign):
     return change
 
 
-@kernel(nogil=True, boundscheck=False)
-def k_apply_encoded(u, ubits, buf, starts, ends, assign, expect, checksum, offsets, max_rice, idx, vbits, bounds):
-    """Replica.apply of downlinks as they travel: payload k is ``buf[starts[k]:ends[k]]``. All are
-    decoded first (``k_decode_delta``) into ``idx``/``vbits`` (payload k at ``bounds[k]:bounds[k + 1]``),
-    then applied in order (``k_apply_delta``), the running ``checksum`` compared with ``expect[k]``
-    after each. Returns (status, k, checksum): OK with every payload applied; FAULT, k when
-    payload k does not decode (nothing applied); MISMATCH (2), k when the checksum after payload
-    k is not ``expect[k]`` (payloads 0..k applied); SHORT (3), n when ``idx`` and ``vbits``
-    cannot hold the first n entries decoded (nothing applied)."""
-    n = 0
-    bounds[0] = 0
-    for k in range(starts.size):
-        status, i, v = k_decode_delta(buf[starts[k]:ends[k]], offsets, max_rice)
-        if status != OK:
-            return FAULT, k, checksum
-        if n + i.size > idx.size:  # the caller's buffers are too short: nothing applied
-            return 3, n + i.size, checksum
-        idx[n:n + i.size] = i
-        vbits[n:n + i.size] = v
-        n += i.size
-        bounds[k + 1] = n
-    vals = vbits.view(np.float32)
-    c = np.uint64(checksum)
-    for k in range(starts.size):
-        a, b = bounds[k], bounds[k + 1]
-        c += k_apply_delta(u, ubits, idx[a:b], vals[a:b], assign[k])
-        if c != expect[k]:
-            return 2, k, c
-    return OK, starts.size, c
-
-
 f16_zero = np.float32(2.0**-25)  # the largest magnitude that rounds to 0 in float16
 f16_max = np.float32(65504.0)
 
@@ -236,22 +203,6 @@ def apply_delta(u: np.ndarray, idx: np.ndarray, vals: np.ndarray, assign: bool) 
     """``replica.apply_delta`` in one pass (float32 ``u``, int64 ``idx`` unique, float32 ``vals``):
     updates ``u`` in place, returns the checksum change mod 2**64."""
     return int(kernels().apply_delta(u, u.view(np.uint32), idx, vals, bool(assign)))
-
-
-MISMATCH, SHORT = 2, 3  # apply_encoded: a checksum after a payload differs; its buffers are too short
-
-
-def apply_encoded(u: np.ndarray, payloads: list, assign: np.ndarray, expect: np.ndarray, checksum: int,
-                  offsets: np.ndarray, max_rice: np.ndarray, idx: np.ndarray, vbits: np.ndarray
-                  ) -> tuple[int, int, int, np.ndarray]:
-    """:func:`k_apply_encoded` over ``payloads`` (bytes each): (status, k, checksum, bounds)."""
-    sizes = np.array([len(p) for p in payloads], np.int64)
-    ends = np.cumsum(sizes)
-    bounds = np.empty(len(payloads) + 1, np.int64)
-    status, k, c = kernels().apply_encoded(u, u.view(np.uint32), np.frombuffer(b"".join(payloads), np.uint8),
-                                           ends - sizes, ends, assign, expect, np.uint64(checksum), offsets,
-                                           max_rice, idx, vbits, bounds)
-    return int(status), int(k), int(c), bounds
 
 
 class Runs(NamedTuple):

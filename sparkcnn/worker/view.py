@@ -53,20 +53,15 @@ class View:
                 self.w = w
             self.version = reply.dense_version
         if self.sparse and reply.downlinks:
+            dls = [Downlink(m.version, codec.decode(m.payload, self.layout), m.checksum_after, m.base_version,
+                            m.assign) for m in reply.downlinks]
             # each downlink is checked by its O(nnz) checksum; the full O(P) pass only every
             # FULL_CHECK_EVERY replies (at H = 1 it would cost ~1 ms of every step)
             self.replies += 1
-            full = self.replies % FULL_CHECK_EVERY == 0
-            # decoded and applied in one compiled call where it can (Replica.apply_encoded)
-            moved = self.replica.apply_encoded(reply.downlinks, self.layout, full_check=full)
-            if moved is None:
-                dls = [Downlink(m.version, codec.decode(m.payload, self.layout), m.checksum_after, m.base_version,
-                                m.assign) for m in reply.downlinks]
-                self.replica.apply(dls, full_check=full)
-                moved = np.concatenate([d.delta.indices for d in dls])
+            self.replica.apply(dls, full_check=self.replies % FULL_CHECK_EVERY == 0)
             self.version = self.replica.version
             if self.changed is not None:
-                self.changed = moved
+                self.changed = np.concatenate([d.delta.indices for d in dls])
         return nbytes
 
     def _take_parts(self, reply: Reply, parts: list) -> int:
