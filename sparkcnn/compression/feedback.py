@@ -261,18 +261,17 @@ class DGCMomentum(_FlatState):
             idx, vals, found = self._sent
             c = native_step.dgc_step(self.momentum, self.velocity, g, self.m, u, v, scale, plan, MAX_CORRECTIONS,
                                      self.value_dtype == "float16", self._dense, self.masking, idx, vals, found)
-            self._advance([u, v])
-            if c >= 0:
-                return SparseDelta(self.size, idx[:c].copy(), vals[:c].copy())
-            # a tensor on exact top-k, or a value beyond float16: the momentum pass is done
         elif native.enabled():  # one pass instead of three (four when scaled), bitwise the same
             native_step.momentum_step_to(self.momentum, self.velocity, g, self.m, u, v, scale)
-            self._advance([u, v])
         else:
             np.multiply(self.momentum, self.m, out=u)
             u += g if scale is None else g * np.float32(scale)
             np.add(self.velocity, u, out=v)
-            self._advance([u, v])
+        self._advance([u, v])
+        if plan is not None and c >= 0:
+            return SparseDelta(self.size, idx[:c].copy(), vals[:c].copy())
+        # (handed back by the compiled call, a tensor on exact top-k or a value beyond float16:
+        # its momentum pass is done, the selection is not)
         sent = self._send(self.velocity, density)
         if self.masking:
             self.momentum[self.selected(sent.indices)] = 0.0
