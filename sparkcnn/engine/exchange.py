@@ -9,7 +9,7 @@ applies, counts or records by itself::
                                  is free again, so it trains those steps again, from its state
                                  before them and a dense view (``resync``)
         else:  W -= lambda(tau) * s(r.lr) * S_k / N;  cursor += r.steps;  record
-               downlink once every N applied results (version - view_version >= N)
+               downlink once every c = ceil(N / 2) applied results (version - view_version >= c)
 
     accept_round(rs, seq)    BSP, every block's result of round ``seq`` together:
         dedup (seq, block)  ->  W -= sum_k (n_k / sum n) * s(r.lr) * S_k;  downlink;  cursors;  record
@@ -22,13 +22,10 @@ Why the ASGD downlink has a cadence: every replica follows every downlink, so a 
 that pushes once while the N - 1 others push receives about N downlinks per reply. With
 a downlink per result, each block would receive N · density_down · P entries per push
 (measured with ``bench/psload.py`` at 64 blocks: ~0.6 MB per reply, 210 pushes/s and
-4.3 ms of server CPU per push). The seeds' GS-ASGD sends each worker the top
-``density_down`` of the update accumulated since its last exchange. One downlink per N
-results is that: a block pushes about once per N results, so its reply carries about one
-downlink, the top entries of the N results applied since its previous reply, whatever N.
-(Before, one per ceil(N / 2) results gave two per reply and, at N = 2, one per result:
-GS-ASGD + MS on 2 blocks, 10 epochs, 3 seeds, ended at 0.9103 with one per N against
-0.9098 with one per result, with 39 % fewer bytes down.)
+4.3 ms of server CPU per push), where the seeds' GS-ASGD sends each worker the top
+``density_down`` of the accumulated update per push. One downlink per ceil(N / 2)
+results keeps a reply at about two downlinks whatever N, and spreads their selection
+over the results between them; at N <= 2 it is a downlink per result, as before.
 
 Every (block, epoch, step) is applied exactly once: a result moves its block's cursor
 only when it is applied, and a dropped one is trained again over the same steps.
@@ -76,7 +73,7 @@ class ExchangeCore:
         self.resync: set[int] = set()                   # blocks whose next work starts from a dense view
         self.samples_done = 0
         self.exchanges = 0                              # applied exchanges (records of kind "round")
-        self.downlink_every = self.num_blocks  # ASGD: results per downlink (module docstring)
+        self.downlink_every = -(-self.num_blocks // 2)  # ASGD: results per downlink (module docstring)
 
     @property
     def epoch_float(self) -> float:
