@@ -4,6 +4,7 @@ downlinks of one parameter server, and refuse to drift from it."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -163,6 +164,39 @@ def test_a_shard_refuses_to_drift_from_the_log():
         other.step(ShardStep(version=2, apply=(PieceRef(1, 0, 1.0, 64, (sum_squares(d),)),),
                              answer=(Answer(1, 0, False),)))
     th.join(5)
+
+
+def test_each_log_entry_wakes_only_the_pieces_it_answers():
+    """Many streams' pieces wait at once: none of them waits on the shard's condition (each
+    notify would wake them all: at 64 workers the shard spent 3x a push's CPU re-checking),
+    each log entry releases exactly the pieces it names, and one never named times out."""
+    rng, P, w0, lo, hi, shard = _one_of_two(3, 0)
+    shard.timeout_s = 1.0
+    n = 24
+    out: dict = {}
+
+    def send(stream):
+        try:
+            out[stream] = shard.piece(Piece(stream, 0, -1, b""))
+        except TimeoutError as e:
+            out[stream] = e
+
+    threads = [threading.Thread(target=send, args=(k,)) for k in range(n + 1)]
+    for th in threads:
+        th.start()
+    deadline = time.monotonic() + 5
+    while len(shard.ready) < n + 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(shard.ready) == n + 1
+    assert not shard.cond._waiters  # the pieces wait on their own events
+    for k in reversed(range(n)):  # stream n is never answered
+        shard.step(ShardStep(version=0, answer=(Answer(k, 0, retrain=True),)))
+        threads[k].join(5)
+        assert out[k].dense == w0[lo:hi].tobytes()
+        assert all(j not in out for j in range(k))  # the others still wait
+    threads[n].join(5)
+    assert isinstance(out[n], TimeoutError) and "was not answered" in str(out[n])
+    assert not shard.ready and not shard.replies
 
 
 def test_a_log_entry_whose_piece_never_comes_times_out_naming_it():

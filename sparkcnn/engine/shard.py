@@ -53,7 +53,12 @@ class RangeShard:
         self.pieces: dict[tuple[int, int], Piece] = {}
         self.replies: dict[tuple[int, int], ShardReply] = {}
         self.failure: BaseException | None = None
+        # the lock, and the log's wait for its pieces (only the coordinator's stream waits on it)
         self.cond = threading.Condition()
+        # each waiting piece's own event, set when its reply is in ``replies`` or the shard fails:
+        # with every piece waiting on ``cond``, each notify woke all N streams' threads to
+        # re-check (at 64 workers, 3x a push's CPU on the shard)
+        self.ready: dict[tuple[int, int], threading.Event] = {}
 
     # -- the task's side ------------------------------------------------------------------------
     def piece(self, p: Piece) -> ShardReply:
@@ -63,12 +68,17 @@ class RangeShard:
             if key in self.pieces or key in self.replies:
                 raise ShardDisagrees(f"piece {key} arrived twice")
             self.pieces[key] = p
+            ready = self.ready[key] = threading.Event()
+            if self.failure is not None:
+                ready.set()
             self.cond.notify_all()
-            if not self.cond.wait_for(lambda: key in self.replies or self.failure is not None,
-                                      timeout=self.timeout_s):
+        ready.wait(timeout=self.timeout_s)
+        with self.cond:
+            self.ready.pop(key, None)
+            if key not in self.replies:
+                if self.failure is not None:
+                    raise self.failure
                 raise TimeoutError(f"shard [{self.lo}, {self.hi}): piece {key} was not answered in time")
-            if self.failure is not None and key not in self.replies:
-                raise self.failure
             self.pieces.pop(key, None)
             return self.replies.pop(key)
 
@@ -78,10 +88,11 @@ class RangeShard:
         try:
             with self.cond:
                 self._step(e)
-                self.cond.notify_all()
         except BaseException as err:
             with self.cond:
                 self.failure = err
+                for ready in self.ready.values():
+                    ready.set()
                 self.cond.notify_all()
             raise
 
@@ -103,8 +114,12 @@ class RangeShard:
         if e.downlink > 0 and self.sparse_down:
             self._downlink(e.downlink)
         for a in e.answer:
-            have = -1 if a.retrain else self.pieces[(a.stream, a.ordinal)].have
-            self.replies[(a.stream, a.ordinal)] = self.reply(have)
+            key = (a.stream, a.ordinal)
+            have = -1 if a.retrain else self.pieces[key].have
+            self.replies[key] = self.reply(have)
+            ready = self.ready.get(key)
+            if ready is not None:
+                ready.set()
 
     def _checked(self, r, payload: bytes):
         """The piece decoded, its squared norm the one the coordinator's guard judged."""
