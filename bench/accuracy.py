@@ -161,7 +161,8 @@ def run_variant(data: str, name: str, overrides: list[str], epochs: int, out_dir
             "steps": sum(r.get("steps", 0) for r in records if r["kind"] == "round"),
             "time_to_0_90_s": _time_to(records, 0.90),
             "exposed_comm_ms_per_step": s.get("exposed_comm_ms_per_step"),
-            "bytes_per_exchange_quantiles": exchange_bytes_quantiles(records), **config_of(cfg)}
+            "bytes_per_exchange_quantiles": exchange_bytes_quantiles(records),
+            "exchange_slices": exchange_slices(records), **config_of(cfg)}
 
 
 def exchange_bytes_quantiles(records: list[dict], points: int = 20) -> list[float]:
@@ -171,6 +172,23 @@ def exchange_bytes_quantiles(records: list[dict], points: int = 20) -> list[floa
     xs = [(r["bytes_up"] + r["bytes_down"]) / max(1, r.get("blocks", 1)) for r in records
           if r["kind"] == "round" and r.get("blocks", 1) > 0]
     return [float(q) for q in np.quantile(xs, [(i + 0.5) / points for i in range(points)])] if xs else []
+
+
+def exchange_slices(records: list[dict], points: int = 20) -> dict:
+    """A stream run's exchanges in arrival order, cut into ``points`` equal consecutive slices, and
+    each slice's means: ``bytes`` up + down of one exchange, ``period_s`` a block's time per
+    exchange (compute and the wait for the previous reply) and ``server_s`` the driver's time on
+    the push (``apply_s``). In time order, so that the three stay paired: the density warm-up's
+    first exchanges are the heaviest in bytes and in the server's time alike (bench/linkmodel.py
+    reads them). Empty for a run whose records lack these times (the jobs transport)."""
+    rows = [r for r in records if r["kind"] == "round"]
+    if len(rows) < points or any(r.get("apply_s") is None or r.get("exposed_comm_s") is None for r in rows):
+        return {}
+    cuts = np.array_split(np.arange(len(rows)), points)
+    mean = lambda f: [float(np.mean([f(rows[i]) for i in c])) for c in cuts]  # noqa: E731
+    return {"bytes": mean(lambda r: r["bytes_up"] + r["bytes_down"]),
+            "period_s": mean(lambda r: r["compute_s"] + r["exposed_comm_s"]),
+            "server_s": mean(lambda r: r["apply_s"])}
 
 
 # Single-process Keras: the same model, data, batch, SGD with momentum and lr schedule (linear

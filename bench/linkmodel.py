@@ -28,6 +28,22 @@ B bytes/s in each direction, the driver's side unshaped)::
     jobs    T = T0 + (β + F/B)·x             a sync round waits for its results and the next broadcast
     images/s = N·H·b / T
 
+A stream cell that carries its exchanges in time order (``exchange_slices``: 20 consecutive
+slices of the run, each slice's mean bytes x_q, a block's period c_q per exchange and the
+driver's time s_q on a push, all from the unshaped cell) is modelled as a round trip against
+the next exchange's compute, with what the run spends outside its exchanges kept as it was::
+
+    n       = exchanges per block;  fixed = train wall − n · mean_q c_q   (start, stage ends, tests)
+    T_q     = max(c_q + β·x_q,  s_q + F·x_q / B)    the reply to a push must be back before the
+                                                    next exchange is computed: the server's time
+                                                    on it, then the wire both ways
+    wall    = fixed + n · mean_q T_q;   images/s = unshaped images/s · unshaped train wall / wall
+
+The server's time matters where the link's time alone would hide behind the compute: in the
+warm-up a push of ~50 k entries keeps the driver ~8 ms, its ~0.3 MB take ~25 ms at 100 Mbit/s,
+and a step ~20 ms. The time the run spends outside its exchanges (the epoch's evaluation, the
+stage's start and end) is a fifth of a short cell's wall; its own transfers are not modelled.
+
 β >= 0 is the one fitted constant: least squares on log images/s over the 1 Gbit/s cells (the
 unshaped cells give T0 and x, and fit nothing). The link's rate is not scaled by a fitted
 efficiency: B is the rate tbf enforces. ``bound`` names the term that sets T.
@@ -88,7 +104,21 @@ def cell_inputs(cell: dict, where: str) -> dict:
     # round record counts H steps for all N blocks, each block moving its own share over its link
     x = per_step * h if stream else per_step * h / n
     spread = [float(q) for q in cell.get("bytes_per_exchange_quantiles") or () if isinstance(q, (int, float))]
-    return {"images": n * h * b, "bytes": x, "stream": stream, "spread": spread or [x]}
+    out = {"images": n * h * b, "bytes": x, "stream": stream, "spread": spread or [x]}
+    sl = cell.get("exchange_slices") or {}
+    if stream and sl:
+        parts = [sl.get(k) for k in ("bytes", "period_s", "server_s")]
+        if (not all(isinstance(p, list) and p and len(p) == len(parts[0]) for p in parts)
+                or not all(isinstance(v, (int, float)) and v >= 0 for p in parts for v in p)):
+            raise BadLinks(f"{where}: 'exchange_slices' needs three equal lists of numbers >= 0 "
+                           f"(bytes, period_s, server_s)")
+        for k in ("train_wall_s", "steps"):
+            if not isinstance(cell.get(k), (int, float)) or cell[k] <= 0:
+                raise BadLinks(f"{where}: field {k!r} missing or not > 0 (needed with 'exchange_slices')")
+        out["slices"] = list(zip(*(map(float, p) for p in parts)))
+        out["wall"] = float(cell["train_wall_s"])
+        out["exchanges"] = float(cell["steps"]) / (n * h)  # per block
+    return out
 
 
 def predict(base: dict, beta: float, rate: str) -> tuple[float, str]:
@@ -99,12 +129,26 @@ def predict(base: dict, beta: float, rate: str) -> tuple[float, str]:
     rate_b = rate_bytes_per_s(rate) / WIRE_FACTOR  # payload bytes per second
     if not base["stream"]:
         return base["images"] / (t0 + (beta + 1 / rate_b) * base["bytes"]), "cpu + wire"
+    if "slices" in base:
+        return _predict_round_trips(base, beta, rate_b)
     # the slices' times, each the slower of its CPU and its wire time; bound: the one that set most
     paced = [(max(t0 + beta * x, x / rate_b), x / rate_b > t0 + beta * x) for x in base["spread"]]
     t = sum(p for p, _ in paced) / len(paced)
     wire = sum(w for _, w in paced)
     bound = "wire" if wire == len(paced) else "cpu" if not wire else f"wire in {wire} of {len(paced)} slices"
     return base["images"] / t, bound
+
+
+def _predict_round_trips(base: dict, beta: float, rate_b: float) -> tuple[float, str]:
+    """A stream cell with its exchanges in time order (module docstring): each slice paced by the
+    slower of its compute and its round trip, the run's time outside the exchanges kept."""
+    n, slices = base["exchanges"], base["slices"]
+    fixed = max(0.0, base["wall"] - n * sum(c for _, c, _ in slices) / len(slices))
+    paced = [(max(c + beta * x, s + x / rate_b), s + x / rate_b > c + beta * x) for x, c, s in slices]
+    wall = fixed + n * sum(t for t, _ in paced) / len(paced)
+    wire = sum(w for _, w in paced)
+    bound = "wire" if wire == len(paced) else "cpu" if not wire else f"wire in {wire} of {len(paced)} slices"
+    return base["images_per_s"] * base["wall"] / wall, bound
 
 
 def fit_beta(bases: dict, fit_cells: list[tuple[str, str, float]]) -> float:

@@ -76,7 +76,7 @@ def _cell(data: str, name: str, epochs: int, out_dir: str, rate: str) -> dict:
     keep = ("test_accuracy", "accuracy_per_epoch", "images_per_s", "time_to_0_88_s", "wall_s", "train_wall_s",
             "bytes_up", "bytes_down", "dense_bytes_up", "run_uplink_ratio", "run_downlink_ratio",
             "exposed_comm_ms_per_step", "mean_round_overhead_ms", "state_resets", "replica_resyncs", "seed",
-            "bytes_per_exchange_quantiles")
+            "bytes_per_exchange_quantiles", "exchange_slices")
     return {"link": rate, "overrides": VARIANTS[name], "epochs": epochs, **{k: r.get(k) for k in keep},
             "steps": steps, "bytes_up_per_step": r["bytes_up"] / steps, "bytes_down_per_step": r["bytes_down"] / steps,
             **shape_of(r.get("config") or {}), "config_sha256": r.get("config_sha256")}

@@ -115,3 +115,44 @@ def test_the_wire_term_counts_each_segments_headers():
     base = {**linkmodel.cell_inputs(cell, "wire-bound"), "images_per_s": 50000.0}
     got, bound = linkmodel.predict(base, 0.0, "20mbit")
     assert bound == "wire" and got == pytest.approx(2 * 64 / (1e6 * 1514 / 1448 / 2.5e6), rel=1e-9)
+
+
+def _round_trip_cell(server_first=0.008):
+    """800 local steps of 2 blocks in a 10 s train wall: exchanges of 20 ms, two heavy slices first."""
+    return {**_cell(800 * 64 / 10.0, 6e4, "stream", 1), "train_wall_s": 10.0, "steps": 800,
+            "exchange_slices": {"bytes": [3e5] * 2 + [3e4] * 18, "period_s": [0.02] * 20,
+                                "server_s": [server_first] * 2 + [0.002] * 18}}
+
+
+def test_a_push_comes_back_after_the_servers_time_and_the_wire_both_ways():
+    """With its exchanges in time order, a stream cell's reply must be back within the next
+    exchange's compute: the driver's time on the push adds to the wire's, and the run's time
+    outside its exchanges stays what it was."""
+    cell = _round_trip_cell()
+    base = {**linkmodel.cell_inputs(cell, "rt"), "images_per_s": cell["images_per_s"]}
+    got, bound = linkmodel.predict(base, 0.0, "100mbit")
+    rate_b = 12.5e6 * 1448 / 1514
+    heavy = 0.008 + 3e5 / rate_b  # 33 ms against an exchange's 20 ms
+    fixed = 10.0 - 400 * 0.02  # 400 exchanges per block
+    expect = cell["images_per_s"] * 10.0 / (fixed + 400 * (2 * heavy + 18 * 0.02) / 20)
+    assert bound == "wire in 2 of 20 slices" and got == pytest.approx(expect)
+    # without the server's time the same bytes predict a faster run
+    idle = _round_trip_cell(server_first=0.0)
+    faster, _ = linkmodel.predict({**linkmodel.cell_inputs(idle, "rt"), "images_per_s": idle["images_per_s"]},
+                                  0.0, "100mbit")
+    assert faster == pytest.approx(cell["images_per_s"] * 10.0 / (fixed + 400 * (2 * 3e5 / rate_b + 18 * 0.02) / 20))
+    assert faster > got
+    # unshaped, the cell predicts itself
+    assert linkmodel.predict(base, 0.0, "unshaped")[0] == cell["images_per_s"]
+
+
+def test_exchange_slices_of_unequal_lengths_are_refused_naming_the_cell(tmp_path, capsys):
+    doc = _links()
+    doc["rates"]["unshaped"]["stream-gs-asgd-ms"].update(_round_trip_cell())
+    doc["rates"]["unshaped"]["stream-gs-asgd-ms"]["exchange_slices"]["server_s"] = [0.002] * 19
+    src = tmp_path / "links.json"
+    src.write_text(json.dumps(doc))
+    assert linkmodel.main(["--links", str(src)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "linkmodel: unshaped/stream-gs-asgd-ms: 'exchange_slices' needs three equal lists of numbers >= 0 "
+        "(bytes, period_s, server_s)")

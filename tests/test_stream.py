@@ -200,6 +200,14 @@ def test_stream_run_in_process(tiny_cfg, tmp_path, monkeypatch):
     assert sum(r["samples"] for r in rounds) == 2 * 2 * (600 // 32) * 32  # epochs x blocks x full batches
     assert all(r["transport"] == "stream" and r["exposed_comm_s"] >= 0 for r in rounds)
     assert summary["exposed_comm_ms_per_step"] >= 0
+    # what bench/linkmodel.py reads of a stream run: its exchanges in time order, 20 slices
+    from bench.accuracy import exchange_slices
+
+    sl = exchange_slices(read_jsonl(os.path.join(summary["run_dir"], "metrics.jsonl")))
+    assert [len(sl[k]) for k in ("bytes", "period_s", "server_s")] == [20] * 3
+    assert min(sl["period_s"]) > 0 and min(sl["server_s"]) > 0
+    assert sum(sl["bytes"]) / 20 == pytest.approx(sum(r["bytes_up"] + r["bytes_down"] for r in rounds) / len(rounds),
+                                                  rel=0.05)
     # each push reports its task's CPU outside TensorFlow: its thread less its TF calls' share
     from sparkcnn.worker.trainer import _TRAINERS
 
