@@ -329,8 +329,10 @@ def linkmodel_section(lm: dict | None) -> str:
             f"One `bench/links.py` run ({_g(_get(lm, 'links', 'epochs'))} epoch on {rows}, {runs}) at four rates. "
             "The model takes each variant's unshaped time and bytes per exchange and one constant fitted on the "
             f"1 Gbit/s cells, the CPU a shaped byte costs the hosts: {_f(fit.get('beta_ns_per_byte'), 2)} ns per "
-            "byte; an exchange takes that CPU time or its bytes' time on the wire at the link's rate (the stream "
-            "overlaps the two, a jobs round adds them). Held out: the 100 and 20 Mbit/s cells, none of whose "
+            "byte. A stream exchange takes the longer of its compute with that CPU time and its round trip, the "
+            "driver's time on the push then its bytes' time on the wire both ways at the link's rate, slice by "
+            "slice of the run in time order; a jobs round adds compute and wire. Held out: the 100 and 20 Mbit/s "
+            "cells, none of whose "
             f"figures is an input. Largest held-out error: {_f(_get(lm, 'max_abs_held_out_error'), 1, 100, ' %')} "
             f"(target {_f(_get(lm, 'target'), 0, 100, ' %')}): "
             f"{'holds' if _get(lm, 'passed') is True else 'does not hold'}."]
