@@ -184,11 +184,11 @@ def exchange_slices(records: list[dict], points: int = 20) -> dict:
     rows = [r for r in records if r["kind"] == "round"]
     if len(rows) < points or any(r.get("apply_s") is None or r.get("exposed_comm_s") is None for r in rows):
         return {}
-    cuts = np.array_split(np.arange(len(rows)), points)
-    mean = lambda f: [float(np.mean([f(rows[i]) for i in c])) for c in cuts]  # noqa: E731
-    return {"bytes": mean(lambda r: r["bytes_up"] + r["bytes_down"]),
-            "period_s": mean(lambda r: r["compute_s"] + r["exposed_comm_s"]),
-            "server_s": mean(lambda r: r["apply_s"])}
+    columns = {"bytes": [r["bytes_up"] + r["bytes_down"] for r in rows],
+               "period_s": [r["compute_s"] + r["exposed_comm_s"] for r in rows],
+               "server_s": [r["apply_s"] for r in rows]}
+    return {k: [float(c.mean()) for c in np.array_split(np.asarray(v, dtype=float), points)]
+            for k, v in columns.items()}
 
 
 # Single-process Keras: the same model, data, batch, SGD with momentum and lr schedule (linear

@@ -131,12 +131,17 @@ def predict(base: dict, beta: float, rate: str) -> tuple[float, str]:
         return base["images"] / (t0 + (beta + 1 / rate_b) * base["bytes"]), "cpu + wire"
     if "slices" in base:
         return _predict_round_trips(base, beta, rate_b)
-    # the slices' times, each the slower of its CPU and its wire time; bound: the one that set most
-    paced = [(max(t0 + beta * x, x / rate_b), x / rate_b > t0 + beta * x) for x in base["spread"]]
-    t = sum(p for p, _ in paced) / len(paced)
-    wire = sum(w for _, w in paced)
-    bound = "wire" if wire == len(paced) else "cpu" if not wire else f"wire in {wire} of {len(paced)} slices"
+    # the slices' times, each the slower of its CPU and its wire time
+    t, bound = _paced([(t0 + beta * x, x / rate_b) for x in base["spread"]])
     return base["images"] / t, bound
+
+
+def _paced(slices: list[tuple[float, float]]) -> tuple[float, str]:
+    """(mean time, bound) of slices given as (CPU time, wire time): each takes the slower of the
+    two; the bound names the one that set the pace, or in how many slices the wire did."""
+    wire = sum(w > c for c, w in slices)
+    bound = "wire" if wire == len(slices) else "cpu" if not wire else f"wire in {wire} of {len(slices)} slices"
+    return sum(max(c, w) for c, w in slices) / len(slices), bound
 
 
 def _predict_round_trips(base: dict, beta: float, rate_b: float) -> tuple[float, str]:
@@ -144,11 +149,8 @@ def _predict_round_trips(base: dict, beta: float, rate_b: float) -> tuple[float,
     slower of its compute and its round trip, the run's time outside the exchanges kept."""
     n, slices = base["exchanges"], base["slices"]
     fixed = max(0.0, base["wall"] - n * sum(c for _, c, _ in slices) / len(slices))
-    paced = [(max(c + beta * x, s + x / rate_b), s + x / rate_b > c + beta * x) for x, c, s in slices]
-    wall = fixed + n * sum(t for t, _ in paced) / len(paced)
-    wire = sum(w for _, w in paced)
-    bound = "wire" if wire == len(paced) else "cpu" if not wire else f"wire in {wire} of {len(paced)} slices"
-    return base["images_per_s"] * base["wall"] / wall, bound
+    t, bound = _paced([(c + beta * x, s + x / rate_b) for x, c, s in slices])
+    return base["images_per_s"] * base["wall"] / (fixed + n * t), bound
 
 
 def fit_beta(bases: dict, fit_cells: list[tuple[str, str, float]]) -> float:
