@@ -585,3 +585,47 @@ def test_import_purity():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_compiled_float16_rounding_of_a_downlink_is_numpys_bitwise(seed):
+    """The scan's float16 rounding, compiled: every value clipped to ±65504 and rounded to the
+    nearest float16 (ties to even, subnormals), the entries that round to 0 left out, bitwise
+    numpy's casts; a value that is not finite is left to numpy (None, nothing changed)."""
+    rng = np.random.default_rng(seed)
+    n = 3000
+    mags = 2.0 ** rng.uniform(-27, 17, n)  # below the float16 zero bound up to beyond its range
+    vals = (mags * rng.choice([-1, 1], n)).astype(np.float32)
+    ties = rng.choice(n, 200, replace=False)  # exact halves between neighbouring float16 values
+    h = rng.integers(1, 0x7BFF, ties.size).astype(np.uint16)
+    lo, hi = h.view(np.float16).astype(np.float32), (h + 1).view(np.float16).astype(np.float32)
+    vals[ties] = (lo.astype(np.float64) + hi) / 2
+    vals[:4] = [2.0**-25, -(2.0**-25), 65520.0, -1e30]
+    idx = np.sort(rng.choice(10**6, n, replace=False)).astype(np.int64)
+    ref = np.clip(vals, -65504, 65504).astype(np.float16).astype(np.float32)
+    keep = ref != 0
+    with compiled(True):
+        got_idx, got_vals = ParameterServer._round_f16(idx.copy(), vals.copy())
+    assert np.array_equal(got_idx, idx[keep]) and np.array_equal(bits(got_vals), bits(ref[keep]))
+    assert got_idx.size < n  # some did round to 0
+    with compiled(True):
+        from sparkcnn.compression import native_server
+        bad = vals.copy()
+        bad[7] = np.nan
+        assert native_server.round_f16(idx.copy(), bad) is None
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_residual_support_says_which_entries_float16_can_send(on):
+    """The scan's one pass: the residual's support and, in it, the positions of the entries whose
+    float16 rounding is not 0 (|R| > 2**-25), on both paths."""
+    ps = make_ps(weights=np.zeros(P, np.float32), density_down=0.1, value_dtype="float16")
+    state = ps.state_dict()
+    state["W"][[1, 4, 9, 12]] = [2.0**-25, -(2.0**-24), 1.5, -(2.0**-26)]
+    state["U"][5] = -0.0
+    ps.load_state_dict(state)
+    with compiled(on):
+        idx, vals, pos = ps._residual_support(sendable=True)
+    assert idx.tolist() == [1, 4, 9, 12] and pos.tolist() == [1, 2]
+    assert vals.tolist() == [2.0**-25, -(2.0**-24), 1.5, -(2.0**-26)]

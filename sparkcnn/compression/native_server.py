@@ -3,10 +3,12 @@ of the residual, a downlink's apply with its checksum change, and the downlink f
 candidate set.
 
     scatter_runs        acc[lo:hi] += Σ_k w_k · payload_k     (sparse_sum's decode+sum)
-    residual_support    {i : float32(W[i] - U[i]) != 0}       (ps.py's residual)
+    residual_support    {i : float32(W[i] - U[i]) != 0}       (ps.py's residual), and where
+                        in it |W[i] - U[i]| > 2**-25 (the entries float16 does not round to 0)
     apply_delta         U[idx] = U[idx] + vals (or = vals), and the change of
                         Σ_i mix64((i << 32) | bits(U[i])) mod 2**64   (replica.py's checksum)
     candidate_downlink  ps.py's float16 downlink from its candidate set, applied to U
+    round_f16           a chosen downlink's values rounded to float16, the zeros left out
 
 
 The float16 rounding of the downlink is the codec's kernel (native_codec.f16_bits).
@@ -24,6 +26,9 @@ from .native_codec import f16_bits, f32_bits
 # Output floats per chunk of the blocked add: 64 Ki float32 = 256 KiB, which
 # stays in L2 while every payload adds its entries of the chunk.
 CHUNK = 1 << 16
+
+f16_zero = np.float32(2.0**-25)  # the largest magnitude that rounds to 0 in float16
+f16_max = np.float32(65504.0)
 
 # The checksum's mixing of one (index, float32 bits) word (replica.py), for both paths:
 #   w *= C1; w ^= w >> S1; w *= C2; w ^= w >> S2   (uint64, wrapping)
@@ -94,6 +99,22 @@ def k_residual_support(w, u, idx, vals):
     return c
 
 
+@kernel(nogil=True, boundscheck=False)
+def k_residual_support_sendable(w, u, idx, vals, pos):
+    """:func:`k_residual_support`, and the positions in it of the entries that do not round to 0
+    in float16 (``|d| > 2**-25``) into ``pos``; returns both counts. Branch-free as it is."""
+    c = 0
+    m = 0
+    for i in range(w.size):
+        d = w[i] - u[i]
+        idx[c] = i
+        vals[c] = d
+        pos[m] = c
+        m += abs(d) > f16_zero
+        c += d != 0
+    return c, m
+
+
 c1, c2, s29, s32 = MIX_C1, MIX_C2, MIX_S1, MIX_S2
 
 
@@ -121,10 +142,6 @@ def k_apply_delta(u, ubits, idx, vals, assign):
             u[i] = u[i] + vals[j]
         change += mix64(i, ubits[i])
     return change
-
-
-f16_zero = np.float32(2.0**-25)  # the largest magnitude that rounds to 0 in float16
-f16_max = np.float32(65504.0)
 
 
 @kernel(nogil=True, boundscheck=False)
@@ -172,6 +189,43 @@ def k_candidate_downlink(cands, w, u, ubits, offsets, limits, keep, vals, vbits,
         idx[m] = keep[j]
         m += 1
     return OK, n, m, k_apply_delta(u, ubits, idx[:m], vals[:m], False)
+
+
+@kernel(nogil=True, boundscheck=False)
+def k_round_f16(idx, vals, vbits):
+    """ps.ParameterServer's float16 rounding of a chosen downlink, in place: each value clipped
+    to ±65504 and rounded to float16 (``vbits``: ``vals``' uint32 view); an entry that rounds to 0
+    is left out, the others moved to the front in order. Returns their count, or -1 (nothing
+    changed) when a value is not finite."""
+    for j in range(vals.size):
+        if not np.isfinite(vals[j]):
+            return -1
+    m = 0
+    for j in range(vals.size):
+        vals[j] = min(max(vals[j], -f16_max), f16_max)
+        h = f16_bits(np.int64(vbits[j]))
+        if h & 0x7FFF == 0:
+            continue
+        vbits[m] = f32_bits(h)
+        idx[m] = idx[j]
+        m += 1
+    return m
+
+
+def round_f16(idx: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``vals`` (float32, finite) rounded to float16 and back, and ``idx`` (int64), without the
+    entries that round to 0: views of the two arrays, changed in place; None when a value is
+    not finite (nothing changed; the caller's numpy path clips and says what)."""
+    m = int(kernels().round_f16(idx, vals, vals.view(np.uint32)))
+    return None if m < 0 else (idx[:m], vals[:m])
+
+
+def residual_support_sendable(w: np.ndarray, u: np.ndarray, idx: np.ndarray, vals: np.ndarray,
+                              pos: np.ndarray) -> tuple[int, int]:
+    """:func:`residual_support` and, into ``pos`` (int64, ``w.size`` long), the positions in it of the
+    entries that do not round to 0 in float16; returns both counts."""
+    n, m = kernels().residual_support_sendable(w, u, idx, vals, pos)
+    return int(n), int(m)
 
 
 def residual_support(w: np.ndarray, u: np.ndarray, idx: np.ndarray, vals: np.ndarray) -> int:
