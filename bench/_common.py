@@ -429,10 +429,11 @@ def provenance() -> dict:
 
 def emit(obj: dict, out: str | None = None) -> None:
     """Print ``obj`` with its provenance as JSON; with ``out``, also write the same text there,
-    whole or not at all."""
+    whole or not at all (its folder made if missing: a long run must not end without its file)."""
     text = json.dumps({**obj, "provenance": provenance()}, indent=2, sort_keys=False)
     print(text)
     if out:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         tmp = f"{out}.tmp-{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text + "\n")

@@ -1,6 +1,7 @@
 """The spread the seed tables report: sample standard deviations (ddof = 1), none over one seed."""
 
 import importlib
+import json
 import statistics
 
 import pytest
@@ -91,3 +92,15 @@ def test_seed_table_names_its_spread_and_its_blocks():
     assert "mean ± sample standard deviation" in text
     assert f"0.8100 ± {statistics.stdev([0.80, 0.82]):.4f}" in text
     assert "population, ddof 0" in render.seed_table({"stream": [row]}, lambda *a: "")
+
+
+def test_a_result_is_written_into_a_folder_not_made_yet(tmp_path, capsys):
+    """A long bench run ends with its file even when ``--out`` names a new folder: the same text
+    as printed, with its provenance."""
+    from bench._common import emit
+
+    out = tmp_path / "2026-12-05-new" / "links.json"
+    emit({"cells": 1}, str(out))
+    printed = json.loads(capsys.readouterr().out)
+    assert json.loads(out.read_text()) == printed and printed["cells"] == 1 and "provenance" in printed
+    assert [p.name for p in out.parent.iterdir()] == ["links.json"]  # no temporary file left
