@@ -98,7 +98,7 @@ def enabled() -> bool:
     return bool(kernels())
 
 
-_STEP_NAMES = frozenset({"velocity_step", "velocity_step_at", "axpy", "axpy_at"})
+_STEP_NAMES = frozenset({"velocity_step", "velocity_step_at", "velocity_step_out_at", "axpy", "axpy_at"})
 
 
 def __getattr__(name: str):

@@ -12,6 +12,7 @@ temporaries, bitwise the same (float32, each operation rounded, no FMA):
     quantise_f16_at    x[idx] rounded to float16 and back        (the sent values; feedback.py)
     velocity_step      vel = (w - prev)·s; prev = w (the lookahead's velocity; worker/stream.py)
     velocity_step_at   the same at changed indices only, zero where the view moved
+    velocity_step_out_at  and the extrapolated weights there too (out = a·vel + w)
     axpy, axpy_at      out = a·x + y                (the lookahead's extrapolated weights)
 """
 
@@ -214,6 +215,19 @@ def k_velocity_step_at(w, prev, vel, s, moving, changed):
 
 
 @kernel(nogil=True, boundscheck=False)
+def k_velocity_step_out_at(w, prev, vel, s, moving, changed, a, out):
+    """``k_velocity_step_at``, then ``out = a·vel + w`` at ``moving`` and ``changed`` (axpy_at's
+    arithmetic): the extrapolated weights follow the velocity where it moved."""
+    k_velocity_step_at(w, prev, vel, s, moving, changed)
+    for j in range(moving.size):
+        i = moving[j]
+        out[i] = a * vel[i] + w[i]
+    for j in range(changed.size):
+        i = changed[j]
+        out[i] = a * vel[i] + w[i]
+
+
+@kernel(nogil=True, boundscheck=False)
 def k_axpy_at(a, x, y, out, idx):
     """axpy at ``idx`` only."""
     for j in range(idx.size):
@@ -281,6 +295,12 @@ def velocity_step_at(w: np.ndarray, prev: np.ndarray, vel: np.ndarray, s: float,
                      changed: np.ndarray) -> None:
     """``vel[moving] = 0``, then ``velocity_step`` at the indices ``changed`` (int64) only."""
     kernels().velocity_step_at(w, prev, vel, np.float32(s), moving, changed)
+
+
+def velocity_step_out_at(w: np.ndarray, prev: np.ndarray, vel: np.ndarray, s: float, moving: np.ndarray,
+                         changed: np.ndarray, a: float, out: np.ndarray) -> None:
+    """:func:`velocity_step_at`, and ``out = float32(a) · vel + w`` at ``moving`` and ``changed``."""
+    kernels().velocity_step_out_at(w, prev, vel, np.float32(s), moving, changed, np.float32(a), out)
 
 
 def axpy_at(a: float, x: np.ndarray, y: np.ndarray, out: np.ndarray, idx: np.ndarray) -> None:
