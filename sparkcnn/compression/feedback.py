@@ -270,8 +270,8 @@ class DGCMomentum(_FlatState):
         self._advance([u, v])
         if plan is not None and c >= 0:
             return SparseDelta(self.size, idx[:c].copy(), vals[:c].copy())
-        # (handed back by the compiled call, a tensor on exact top-k or a value beyond float16:
-        # its momentum pass is done, the selection is not)
+        # (handed back by the compiled call, NaN or a value beyond float16, a tensor the
+        # corrections did not settle: its momentum pass is done, the selection is not)
         sent = self._send(self.velocity, density)
         if self.masking:
             self.momentum[self.selected(sent.indices)] = 0.0

@@ -8,7 +8,8 @@ temporaries, bitwise the same (float32, each operation rounded, no FMA):
     dgc_step           momentum_step_to, threshold_select, the values sent and what they leave:
                        DGCMomentum's whole step (feedback.py)
     abs_at_least       {i : |x[i]| >= thr}          (threshold selection; sparsify.py)
-    threshold_select   a whole vector's threshold selection, tensor by tensor (all but exact top-k)
+    threshold_select   a whole vector's threshold selection, tensor by tensor (exact top-k where the
+                       sample would be the whole tensor)
     quantise_f16_at    x[idx] rounded to float16 and back        (the sent values; feedback.py)
     velocity_step      vel = (w - prev)·s; prev = w (the lookahead's velocity; worker/stream.py)
     velocity_step_at   the same at changed indices only, zero where the view moved
@@ -98,15 +99,42 @@ def k_trim(x, out, c0, c, k):
 
 
 @kernel(nogil=True, boundscheck=False)
+def k_exact_topk(x, a, b, k, out, c):
+    """sparsify.topk_indices of ``x[a:b]`` (0 < k < b - a) as global indices written from ``out[c]``:
+    the k largest ``|x|``, ties to the lower index. Returns the new c, or -1 (nothing kept)
+    when the tensor holds a NaN."""
+    n = b - a
+    mags = np.empty(n, np.float32)
+    for j in range(n):
+        mags[j] = abs(x[a + j])
+        if mags[j] != mags[j]:
+            return -1
+    kth = np.partition(mags.copy(), n - k)[n - k]
+    ties = k
+    for j in range(n):
+        ties -= mags[j] > kth
+    for j in range(n):
+        if mags[j] > kth:
+            out[c] = a + j
+            c += 1
+        elif mags[j] == kth and ties > 0:
+            out[c] = a + j
+            c += 1
+            ties -= 1
+    return c
+
+
+@kernel(nogil=True, boundscheck=False)
 def k_threshold_select(x, a, b, whole, stride, start, rank, k, lo, hi, corrections, out, found):
     """Sparsifier.indices in one call, tensor by tensor (``[a[t], b[t])`` of ``x``), as
     sparsify.threshold_indices selects: a tensor sent whole gives all its indices; another
     those with ``|x[i]| >= thr``, thr the ``rank``-th largest of the sample
     ``|x[a + start :: stride]|``: accepted within ``[lo, hi]``, trimmed to the ``k`` largest
-    above it, and below it corrected with a lower rank, up to ``corrections`` passes. Indices
-    go to ``out`` in tensor order; ``found[t]`` is tensor t's count, or -1 where the caller
-    selects it itself (exact top-k: a tensor whose sample would be the whole, one with NaN
-    in its sample, one the corrections do not settle), which leaves nothing of it in ``out``.
+    above it, and below it corrected with a lower rank, up to ``corrections`` passes; a tensor
+    whose sample would be the whole (``hi < lo``) its exact top ``k`` (:func:`k_exact_topk`).
+    Indices go to ``out`` in tensor order; ``found[t]`` is tensor t's count, or -1 where the
+    caller selects it itself (NaN in its sample or, on the exact path, in the tensor; a
+    tensor the corrections do not settle), which leaves nothing of it in ``out``.
     Returns the entries written."""
     c = 0
     for t in range(a.size):
@@ -119,6 +147,12 @@ def k_threshold_select(x, a, b, whole, stride, start, rank, k, lo, hi, correctio
             continue
         found[t] = -1
         if hi[t] < lo[t]:  # exact top-k
+            c0 = c
+            c = k_exact_topk(x, lo_t, hi_t, k[t], out, c)
+            if c < 0:  # NaN in the tensor: the caller's
+                c = c0
+            else:
+                found[t] = c - c0
             continue
         first = lo_t + start[t]
         m = (hi_t - first + stride[t] - 1) // stride[t]
