@@ -131,8 +131,22 @@ class Lookahead:
 
     def observe(self, w: np.ndarray, version: int, tau: int | None, changed: np.ndarray | None = None) -> None:
         """The view ``w`` at ``version``; ``changed``: the indices moved since the last call (None: any)."""
-        if tau is not None and int(tau) != self.tau:
+        retau = tau is not None and int(tau) != self.tau
+        if retau:
             self.tau = int(tau)
+        if (self.velocity is not None and changed is not None and self.moving is not None and self.tau > 0
+                and self.dirty is not None and version > self.prev_version and native.enabled()):
+            # ``out`` is current but for ``dirty``: it moves where the velocity does (the last
+            # motion's indices, which a new tau also moves, and this one's) in the same pass.
+            # In weights() a pass of its own cost ~0.3 ms of every step at one step per
+            # exchange, its scattered reads cold after TensorFlow's call.
+            s = np.float32(1.0 / (version - self.prev_version))
+            self.prev_version = version
+            native.velocity_step_out_at(w, self.prev, self.velocity, s, self.moving, changed,
+                                        np.float32(self.tau), self.out)
+            self.moving = changed
+            return
+        if retau:
             self._stale(self.moving)
         if self.prev is None:
             self.prev, self.prev_version = w.copy(), version
@@ -146,13 +160,6 @@ class Lookahead:
         self.prev_version = version
         if self.velocity is not None and changed is not None and self.moving is not None:
             v, p = self.velocity, self.prev
-            if native.enabled() and self.tau > 0 and self.dirty is not None:
-                # ``out`` is current but for ``dirty``: it moves where the velocity does, in the
-                # same pass (a separate pass in weights() cost ~0.3 ms of every step at one step
-                # per exchange, its scattered reads cold after TensorFlow's call)
-                native.velocity_step_out_at(w, p, v, s, self.moving, changed, np.float32(self.tau), self.out)
-                self.moving = changed
-                return
             self._stale(self.moving)
             if native.enabled():
                 native.velocity_step_at(w, p, v, s, self.moving, changed)
