@@ -114,6 +114,7 @@ class ParameterServer:
         self._view_version = 0  # version of the last downlink: the version U "is at"
         self._checksum = checksum(self._U)
         self._support_buf: tuple[np.ndarray, np.ndarray] | None = None  # for _residual_support
+        self._sendable_buf: np.ndarray | None = None  # for _residual_support(sendable=True)
         self._offsets = layout_offsets(self.layout)
         # float16 downlinks: every i with float16(W[i] - U[i]) != 0 is in one of these index arrays
         # (None: unknown, the next downlink scans; see _from_candidates). W == U: none.
@@ -373,13 +374,15 @@ class ParameterServer:
         float16 (|R| > 2**-25), found in the same pass."""
         if native.enabled():
             if self._support_buf is None:
-                self._support_buf = tuple(np.empty(self._W.size, t) for t in (np.int64, np.float32, np.int64))
-            idx, vals, pos = self._support_buf
+                self._support_buf = (np.empty(self._W.size, np.int64), np.empty(self._W.size, np.float32))
+            idx, vals = self._support_buf
             if not sendable:
                 n = native_server.residual_support(self._W, self._U, idx, vals)
                 return idx[:n], vals[:n]
-            n, m = native_server.residual_support_sendable(self._W, self._U, idx, vals, pos)
-            return idx[:n], vals[:n], pos[:m]
+            if self._sendable_buf is None:  # only float16 servers ask: 8 bytes per parameter
+                self._sendable_buf = np.empty(self._W.size, np.int64)
+            n, m = native_server.residual_support_sendable(self._W, self._U, idx, vals, self._sendable_buf)
+            return idx[:n], vals[:n], self._sendable_buf[:m]
         r = self._W - self._U
         idx = np.flatnonzero(r != 0)  # on a bool array: 4x faster than on the floats
         if not sendable:
