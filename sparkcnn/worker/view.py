@@ -137,9 +137,10 @@ class Lookahead:
         if (self.velocity is not None and changed is not None and self.moving is not None and self.tau > 0
                 and self.dirty is not None and version > self.prev_version and native.enabled()):
             # ``out`` is current but for ``dirty``: it moves where the velocity does (the last
-            # motion's indices, which a new tau also moves, and this one's) in the same pass.
-            # In weights() a pass of its own cost ~0.3 ms of every step at one step per
-            # exchange, its scattered reads cold after TensorFlow's call.
+            # motion's indices, which a new tau also moves, and this one's) in the same pass,
+            # not in a compiled call of its own in weights(): each such call gives the GIL up
+            # and waits to take it back from the push thread (~0.2-0.3 ms of wall clock per
+            # step in a profile of the executors at one step per exchange, little of it CPU)
             s = np.float32(1.0 / (version - self.prev_version))
             self.prev_version = version
             native.velocity_step_out_at(w, self.prev, self.velocity, s, self.moving, changed,
@@ -199,7 +200,7 @@ class Lookahead:
             else:
                 np.multiply(self.velocity, a, out=self.out)
                 self.out += w
-        else:
+        elif self.dirty.size:
             d = self.dirty
             if native.enabled():
                 native.axpy_at(a, self.velocity, w, self.out, d)
