@@ -31,6 +31,17 @@ payload's entries in the chunk, payload by payload), make the driver's
 whole apply of 256 × 25 M-parameter deltas 0.18 s against 0.27 s on the
 numpy path on a 2-vCPU VM (bench/scale.py reports both side by side).
 
+The GIL: a kernel marked ``nogil`` gives it up for its run and must take it back,
+which waits while another thread runs Python. Passes over the whole model
+(the momentum step, the blocked add, the residual's support) keep ``nogil``: the
+other threads progress meanwhile. The short ones a stream step calls between its
+TensorFlow calls (a payload's encode and decode, a downlink's apply, the
+lookahead's sparse passes) keep the GIL: each hand-over cost the step a wait
+for the push thread, and its futex round trip cost CPU. Measured on 2 cores at one
+step per exchange, 5 repetitions each: the worker's CPU outside TensorFlow fell
+from 1.49 to 1.26 ms per step and async H = 1 sparse rose from 0.827 to 0.841
+of the compute limit.
+
 No fast-math: ``acc[i] += w * v`` rounds the product and the sum separately
 (no fused multiply-add), as numpy does, which the bitwise tests check.
 """

@@ -143,7 +143,7 @@ def f32_bits(h):
     return sign | ((p + 103) << 23) | ((m << (23 - p)) & 0x7FFFFF)
 
 
-@kernel(nogil=True, boundscheck=False)
+@kernel(nogil=False, boundscheck=False)
 def k_encode_delta(idx, vbits, offsets, max_rice, code, limit):
     """codec.encode in one call: (OK, the payload's bytes), or (FAULT, empty) when ``idx``
     is not strictly increasing within [0, P) or a value's magnitude bits exceed ``limit``
@@ -246,7 +246,7 @@ def k_encode_delta(idx, vbits, offsets, max_rice, code, limit):
     return OK, out
 
 
-@kernel(nogil=True, boundscheck=False)
+@kernel(nogil=False, boundscheck=False)
 def k_decode_delta(buf, offsets, max_rice):
     """codec.decode in one call: (OK, indices, float32 bits of the values) in tensor order, or
     (FAULT, empty, empty) on anything codec's numpy path refuses (which then says what)."""

@@ -127,7 +127,7 @@ def mix64(i, bits):
     return w ^ (w >> s32)
 
 
-@kernel(nogil=True, boundscheck=False)
+@kernel(nogil=False, boundscheck=False)
 def k_apply_delta(u, ubits, idx, vals, assign):
     """``u[idx] = u[idx] + vals`` (float32, rounded once) or ``= vals``; returns the change of
     ``sum_i mix64((i << 32) | bits(u[i]))`` mod 2**64 (replica.py's checksum; ``ubits`` is

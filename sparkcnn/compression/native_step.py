@@ -235,7 +235,7 @@ def k_velocity_step(w, prev, vel, s):
         prev[i] = w[i]
 
 
-@kernel(nogil=True, boundscheck=False)
+@kernel(nogil=False, boundscheck=False)
 def k_velocity_step_at(w, prev, vel, s, moving, changed):
     """velocity_step where the view moved: ``vel[moving] = 0``, then at ``changed``
     ``vel = (w - prev) · s; prev = w`` (``changed`` may repeat an index: prev moves after)."""
@@ -248,7 +248,7 @@ def k_velocity_step_at(w, prev, vel, s, moving, changed):
         prev[changed[j]] = w[changed[j]]
 
 
-@kernel(nogil=True, boundscheck=False)
+@kernel(nogil=False, boundscheck=False)
 def k_velocity_step_out_at(w, prev, vel, s, moving, changed, a, out):
     """``k_velocity_step_at``, then ``out = a·vel + w`` at ``moving`` and ``changed`` (axpy_at's
     arithmetic): the extrapolated weights follow the velocity where it moved."""
@@ -261,7 +261,7 @@ def k_velocity_step_out_at(w, prev, vel, s, moving, changed, a, out):
         out[i] = a * vel[i] + w[i]
 
 
-@kernel(nogil=True, boundscheck=False)
+@kernel(nogil=False, boundscheck=False)
 def k_axpy_at(a, x, y, out, idx):
     """axpy at ``idx`` only."""
     for j in range(idx.size):
