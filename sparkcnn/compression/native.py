@@ -37,10 +37,10 @@ which waits while another thread runs Python. Passes over the whole model
 other threads progress meanwhile. The short ones a stream step calls between its
 TensorFlow calls (a payload's encode and decode, a downlink's apply, the
 lookahead's sparse passes) keep the GIL: each hand-over cost the step a wait
-for the push thread, and its futex round trip cost CPU. Measured on 2 cores at one
-step per exchange, 5 repetitions each: the worker's CPU outside TensorFlow fell
-from 1.49 to 1.26 ms per step and async H = 1 sparse rose from 0.827 to 0.841
-of the compute limit.
+for the push thread, and its futex round trip cost CPU. Measured by
+bench/throughput.py on 2 cores, medians of 5, before and after: the worker's
+CPU outside TensorFlow at one step per exchange fell from 1.49 to 1.31 ms per
+step (on a machine 3 % faster in the second run).
 
 No fast-math: ``acc[i] += w * v`` rounds the product and the sum separately
 (no fused multiply-add), as numpy does, which the bitwise tests check.
