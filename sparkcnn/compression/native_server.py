@@ -179,16 +179,26 @@ def k_candidate_downlink(cands, w, u, ubits, offsets, limits, keep, vals, vbits,
         count += 1
     if count > limits[t]:
         return FAULT, 0, 0, np.uint64(0)
+    m = k_round_f16_to(keep, vals, vbits, idx, n)
+    return OK, n, m, k_apply_delta(u, ubits, idx[:m], vals[:m], False)
+
+
+@kernel(nogil=True, boundscheck=False)
+def k_round_f16_to(src, vals, vbits, dst, n):
+    """The first ``n`` values (finite; ``vbits`` their uint32 view) clipped to ±65504 and rounded
+    to float16, in place; an entry that rounds to 0 is left out (it would cost bytes and move
+    nothing), the others moved to the front in order, their indices ``src[j]`` into ``dst``
+    (``dst`` may be ``src``). Returns how many are kept."""
     m = 0
     for j in range(n):
         vals[j] = min(max(vals[j], -f16_max), f16_max)
         h = f16_bits(np.int64(vbits[j]))
         if h & 0x7FFF == 0:
-            continue  # underflowed to 0: would cost bytes and move nothing
+            continue
         vbits[m] = f32_bits(h)
-        idx[m] = keep[j]
+        dst[m] = src[j]
         m += 1
-    return OK, n, m, k_apply_delta(u, ubits, idx[:m], vals[:m], False)
+    return m
 
 
 @kernel(nogil=True, boundscheck=False)
@@ -200,16 +210,7 @@ def k_round_f16(idx, vals, vbits):
     for j in range(vals.size):
         if not np.isfinite(vals[j]):
             return -1
-    m = 0
-    for j in range(vals.size):
-        vals[j] = min(max(vals[j], -f16_max), f16_max)
-        h = f16_bits(np.int64(vbits[j]))
-        if h & 0x7FFF == 0:
-            continue
-        vbits[m] = f32_bits(h)
-        idx[m] = idx[j]
-        m += 1
-    return m
+    return k_round_f16_to(idx, vals, vbits, idx, vals.size)
 
 
 def round_f16(idx: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
