@@ -10,8 +10,13 @@ default, bounds each step and keeps even this lr from collapsing, so it is off h
 reach, no limit on spikes in a row) the run goes on and ends at chance level. With the guard as
 shipped (halve the lr on a spike), halving does not undo the collapse; after
 ``guard.max_spikes_in_a_row`` spiking judgments in a row the run stops with ``Diverged`` (exit 3).
+
+A quiet collapse too: on the jobs transport (sync, one step per round, deterministic) a constant
+lr of 0.5 takes the model to chance level without a spike the spike rule sees (one pooled loss of
+3.99 against a median near 2.2, then 2.30-2.40 to the end). The chance rule stops it.
 """
 
+import math
 import os
 
 import pytest
@@ -22,6 +27,8 @@ COLLAPSE = ["engine.transport=stream", "engine.mode=async", "train.steps_per_rou
             "train.batch_size=32", "train.lr=3.0", "train.lr_warmup_epochs=3", "train.lr_schedule=constant",
             "compression.method=threshold", "compression.density=0.01", "compression.dense_below=1000",
             "compression.density_down=0.05", "compression.clip_norm=0", "guard.loss_samples=128"]
+QUIET = ["train.epochs=4", "train.batch_size=32", "train.steps_per_round=1", "train.lr=0.5",
+         "train.lr_warmup_epochs=1", "train.lr_schedule=constant", "guard.loss_samples=128"]
 GUARD_OFF = ["guard.loss_spike_factor=1e12", "guard.max_norm_factor=1e12", "guard.max_spikes_in_a_row=0"]
 
 
@@ -99,3 +106,58 @@ def test_max_spikes_in_a_row_is_checked():
 
     with pytest.raises(BadInput, match=r"guard\.max_spikes_in_a_row must be >= 0, got -1"):
         config.load(None, ["guard.max_spikes_in_a_row=-1"])
+
+
+@pytest.fixture(scope="module")
+def quiet(spark, tiny_data, tmp_path_factory):
+    from sparkcnn import config
+    from sparkcnn.train import train
+
+    off_dir = tmp_path_factory.mktemp("quiet-off")
+    summary = train(config.load(None, [f"data.path={tiny_data}", f"run.out_dir={off_dir}", *QUIET,
+                                       "guard.max_spikes_in_a_row=0"]), progress=None)
+    on_dir = tmp_path_factory.mktemp("quiet-on")
+    with pytest.raises(Diverged) as caught:
+        train(config.load(None, [f"data.path={tiny_data}", f"run.out_dir={on_dir}", *QUIET]), progress=None)
+    return (summary, _rounds(summary["run_dir"])), (caught.value, _rounds(_run_dir(str(on_dir))))
+
+
+def test_a_quiet_collapse_to_chance_is_no_spike(quiet):
+    (summary, rounds), _ = quiet
+    tail = [r["loss"] for r in rounds[-40:]]
+    print(f"\nquiet collapse: off -> test accuracy {summary['test_accuracy']:.3f}, best loss "
+          f"{min(r['loss'] for r in rounds):.3g}, last 40 losses {min(tail):.3g}-{max(tail):.3g}")
+    assert summary["test_accuracy"] <= 0.2
+    assert summary["loss_spikes"] == 0  # the spike rule saw nothing: the lr was never halved
+    assert summary["guard_lr_factor"] == 1.0
+    assert abs(sum(tail) / len(tail) - math.log(10)) < 0.1  # it sat at chance, ln 10
+
+
+def test_the_chance_rule_stops_a_quiet_collapse(quiet):
+    _, (err, rounds) = quiet
+    print(f"quiet collapse: on -> {err}")
+    assert err.exit_code == 3 and str(err).count("\n") == 0
+    assert "at or above chance level (ln 10 = 2.303)" in str(err)
+    assert "3 judgments in a row: the run collapsed" in str(err)
+    assert len(rounds) < 40  # stopped in the first epoch of four (19 rounds each)
+
+
+def test_the_chance_rule_waits_for_learning_and_survives_a_checkpoint():
+    from sparkcnn.guard import DivergenceGuard
+
+    c = math.log(10)
+    g = DivergenceGuard(warmup=3, chance_loss=c)
+    for loss in (2.31, 2.30, 2.32, 2.29, 2.35):  # at chance before learning anything: not counted
+        g.check_loss(loss)
+    assert g.chance_in_a_row == 0 and g.best == 2.29
+    for loss in (1.5, 2.6, 2.2):  # learned (1.5 <= 0.9 ln 10), one loss above ln 10, one below
+        assert not g.check_loss(loss)
+    assert g.chance_in_a_row == 0 and g.best == 1.5
+    assert not g.check_loss(c * 0.996) and not g.check_loss(3.0)
+    assert g.chance_in_a_row == 2 and g.best == 1.5 and g.spikes == 0
+    resumed = DivergenceGuard(warmup=3, chance_loss=c)
+    resumed.load_state_dict(g.state_dict())
+    assert resumed.check_loss(9.9) is True  # a spike (> 3 x median) at chance counts in both
+    assert (resumed.chance_in_a_row, resumed.in_a_row, resumed.best) == (3, 1, 1.5)
+    assert not DivergenceGuard(warmup=3).at_chance(3.0)  # no class count: no chance rule
+    assert DivergenceGuard(chance_loss=c).load_state_dict({"best": None}) is None

@@ -55,7 +55,8 @@ class RoundDriver:
             sparsifier=Sparsifier(self.plan.selector, c.dense_below),
             value_dtype=spec.value_dtype)
         self.guard = DivergenceGuard(cfg.guard.max_norm_factor, cfg.guard.loss_spike_factor,
-                                     loss_samples=cfg.guard.loss_samples, warmup_steps=cfg.guard.warmup_steps)
+                                     loss_samples=cfg.guard.loss_samples, warmup_steps=cfg.guard.warmup_steps,
+                                     chance_loss=math.log(spec.num_classes) if spec.num_classes > 1 else None)
         self.shards = None          # ps.shards > 1: the ShardCoordinator the stream engine starts
         self.lr_factor = 1.0        # halved by the guard on a loss spike
         self.density_factor = 1.0   # raised by the guard on a loss spike
@@ -184,17 +185,26 @@ class RoundDriver:
 
     def check_loss(self, tag: str, loss: float, samples: int | None = None) -> None:
         """Loss spike: act as ``guard.action`` says (halve the lr, raise the density, or stop).
+        A loss back at chance level after the model had learned (the guard's chance rule) takes
+        no action; ``guard.max_spikes_in_a_row`` of them in a row stop the run (exit 3).
         ``samples``: the exchange's; the guard pools exchanges to ``guard.loss_samples``."""
-        if not self.guard.check_loss(loss, samples):
+        g, limit, judged_before = self.guard, self.cfg.guard.max_spikes_in_a_row, self.guard.judgments
+        if not g.check_loss(loss, samples):
+            if g.chance_in_a_row and g.judgments != judged_before:
+                chance = (f"{g.judged:.4g}, at or above chance level (ln {self.spec.num_classes} = "
+                          f"{g.chance_loss:.4g}) after {g.best:.4g}")
+                log.warning("%s: training loss %s", tag, chance)
+                if limit and g.chance_in_a_row >= limit:
+                    raise Diverged(f"{tag}: training loss {chance}, {g.chance_in_a_row} judgments in a row: "
+                                   f"the run collapsed (guard.max_spikes_in_a_row={limit})")
             return
-        action, judged = self.cfg.guard.action, self.guard.judged  # the pooled mean, not this exchange's
+        action, judged = self.cfg.guard.action, g.judged  # the pooled mean, not this exchange's
         log.warning("%s: loss %.4g is a spike; action %s", tag, judged, action)
         self.counters["loss_spikes"] += 1
         if action == "stop" or not math.isfinite(judged):
             raise Diverged(f"{tag}: training loss {judged:.4g} diverged (guard.action={action})")
-        limit = self.cfg.guard.max_spikes_in_a_row
-        if limit and self.guard.in_a_row >= limit:
-            raise Diverged(f"{tag}: training loss {judged:.4g} spiked in {self.guard.in_a_row} judgments in a row "
+        if limit and g.in_a_row >= limit:
+            raise Diverged(f"{tag}: training loss {judged:.4g} spiked in {g.in_a_row} judgments in a row "
                            f"despite guard.action={action}: the run collapsed (guard.max_spikes_in_a_row={limit})")
         if action == "halve_lr":
             self.lr_factor *= 0.5
