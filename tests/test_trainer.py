@@ -57,6 +57,32 @@ def test_momentum_covers_trainable_variables_and_is_zero_at_batchnorm_statistics
     assert not tr.get_momentum().any()
 
 
+def test_the_weights_view_and_momentum_masking_are_get_flat_and_feedback_masking(trainer):
+    """The exchange's calls without their copies: the view is what get_flat gives, read-only;
+    masking zeroes the momentum at the sent indices and nowhere else, as feedback's on a copy,
+    and the same array handed to set_flat twice is read anew each time."""
+    from sparkcnn.buffers import aligned_copy
+    from sparkcnn.compression.feedback import mask_momentum
+
+    tr = trainer
+    rng = np.random.default_rng(3)
+    w = aligned_copy(rng.standard_normal(tr.offsets[-1]).astype(np.float32))
+    tr.set_flat(w)
+    view = tr.weights_view()
+    assert np.array_equal(view, tr.get_flat()) and np.array_equal(view, w) and not view.flags.writeable
+    w[0] += 1.0  # the same (aligned, shared) array again, changed in between
+    tr.set_flat(w)
+    assert tr.get_flat()[0] == w[0] and view[0] == w[0] - 1.0  # the earlier view keeps its values
+    m = rng.standard_normal(tr.offsets[-1]).astype(np.float32)
+    tr.set_momentum(m)
+    sent = np.sort(rng.choice(tr.offsets[-1], 50, replace=False))
+    expected = mask_momentum(tr.get_momentum(), sent)
+    tr.mask_momentum(sent)
+    tr.mask_momentum(sent[:0])  # nothing sent: nothing changes (the kept buffer read anew)
+    got = tr.get_momentum()
+    assert np.array_equal(got, expected) and not got[sent].any() and np.count_nonzero(got != 0) >= m.size - 58
+
+
 def test_a_training_step_moves_the_flat_weights_and_fills_the_momentum(trainer):
     tr = trainer
     rng = np.random.default_rng(2)

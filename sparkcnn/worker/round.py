@@ -126,7 +126,7 @@ def compute(spec: TaskSpec, trainer, policy, state: dict, w: np.ndarray, images,
             else:  # the policy scales as it reads (g is read-only: clipping here would copy it)
                 scale = clip_scale(g, spec.clip_norm)
         if has_nt:
-            g[nt] = (w[nt] - trainer.get_flat()[nt]) / lr
+            g[nt] = (w[nt] - trainer.weights_view()[nt]) / lr
         if not live:
             _load_policy(policy, state)
         sent = policy.step(g, density, lr=lr, weights=w, scale=scale)
@@ -135,17 +135,17 @@ def compute(spec: TaskSpec, trainer, policy, state: dict, w: np.ndarray, images,
     if not live:
         trainer.set_momentum(state.get("momentum"))
     loss_sum, correct, seen = trainer.train(images, labels, batches, lr)
-    delta = w - trainer.get_flat()
+    delta = w - trainer.weights_view()
     if policy is None:  # dense
         return (SparseDelta.from_dense(delta), None if live else {"momentum": trainer.get_momentum()},
                 loss_sum, correct, seen)
     if not live:
         _load_policy(policy, state)
     sent = policy.step(delta, density, lr=lr, weights=w)
-    momentum = mask_momentum(trainer.get_momentum(), sent)
     if live:
-        trainer.set_momentum(momentum)
+        trainer.mask_momentum(sent.indices)
         return sent, None, loss_sum, correct, seen
+    momentum = mask_momentum(trainer.get_momentum(), sent)
     return sent, {"momentum": momentum, **_policy_state(policy)}, loss_sum, correct, seen
 
 
