@@ -82,7 +82,8 @@ def write_report(run_dir: str) -> dict:
                   f"next to {summary.get('mean_round_compute_ms', 0):.0f} ms of compute",
                   f"- divergence guard: {summary.get('rejected_deltas', 0)} deltas rejected, "
                   f"{summary.get('loss_spikes', 0)} loss spikes (lr x{summary.get('guard_lr_factor', 1.0):g}, "
-                  f"density x{summary.get('guard_density_factor', 1.0):g} after its actions)", ""]
+                  f"density x{summary.get('guard_density_factor', 1.0):g} after its actions), "
+                  f"{summary.get('losses_at_chance', 0)} losses back at chance level", ""]
     lines += ["| epoch | test accuracy | test loss | train loss | bytes up | wall s |",
               "|---:|---:|---:|---:|---:|---:|"]
     for e in epochs:

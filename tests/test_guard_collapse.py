@@ -126,11 +126,16 @@ def test_a_quiet_collapse_to_chance_is_no_spike(quiet):
     (summary, rounds), _ = quiet
     tail = [r["loss"] for r in rounds[-40:]]
     print(f"\nquiet collapse: off -> test accuracy {summary['test_accuracy']:.3f}, best loss "
-          f"{min(r['loss'] for r in rounds):.3g}, last 40 losses {min(tail):.3g}-{max(tail):.3g}")
+          f"{min(r['loss'] for r in rounds):.3g}, last 40 losses {min(tail):.3g}-{max(tail):.3g}, "
+          f"{summary['losses_at_chance']} judged at chance")
     assert summary["test_accuracy"] <= 0.2
     assert summary["loss_spikes"] == 0  # the spike rule saw nothing: the lr was never halved
     assert summary["guard_lr_factor"] == 1.0
     assert abs(sum(tail) / len(tail) - math.log(10)) < 0.1  # it sat at chance, ln 10
+    # the chance rule saw it, judgment after judgment, and said so (no limit: the run went on)
+    assert summary["losses_at_chance"] >= 20
+    with open(os.path.join(summary["run_dir"], "report.md"), encoding="utf-8") as fh:
+        assert f"{summary['losses_at_chance']} losses back at chance level" in fh.read()
 
 
 def test_the_chance_rule_stops_a_quiet_collapse(quiet):

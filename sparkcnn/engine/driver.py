@@ -36,7 +36,7 @@ from sparkcnn.ps import ParameterServer
 log = logging.getLogger(__name__)
 
 COUNTERS = ("state_resets", "duplicates_dropped", "rejected_deltas", "replica_resyncs", "stale_states",
-            "loss_spikes", "stale_dropped")
+            "loss_spikes", "losses_at_chance", "stale_dropped")
 
 
 class RoundDriver:
@@ -194,6 +194,7 @@ class RoundDriver:
                 chance = (f"{g.judged:.4g}, at or above chance level (ln {self.spec.num_classes} = "
                           f"{g.chance_loss:.4g}) after {g.best:.4g}")
                 log.warning("%s: training loss %s", tag, chance)
+                self.counters["losses_at_chance"] += 1
                 if limit and g.chance_in_a_row >= limit:
                     raise Diverged(f"{tag}: training loss {chance}, {g.chance_in_a_row} judgments in a row: "
                                    f"the run collapsed (guard.max_spikes_in_a_row={limit})")
