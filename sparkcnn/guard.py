@@ -79,7 +79,7 @@ class DivergenceGuard:
         self.learned, self.band = float(learned), float(band)
         self.best = math.inf    # the lowest loss judged sound
         self.chance_in_a_row = 0  # judged losses at chance (the chance rule) since the last below it
-        self.judgments = 0      # pooled losses judged (not kept in a checkpoint)
+        self.at_chance_now = False  # whether the last check_loss call judged a loss at chance
 
     def check_norm(self, norm: float, steps: int = 1) -> str | None:
         """None if a delta of L2 norm ``norm`` over ``steps`` local steps may be applied, else why not.
@@ -103,7 +103,9 @@ class DivergenceGuard:
         losses that spiked since the last that did not.
 
         ``samples``: the exchange's training samples; its loss is pooled with the
-        next exchanges' until they hold ``loss_samples`` (None: judge it alone)."""
+        next exchanges' until they hold ``loss_samples`` (None: judge it alone).
+        ``at_chance_now`` says whether this call judged a loss at chance (the chance rule)."""
+        self.at_chance_now = False
         if not math.isfinite(loss):
             self.spikes += 1
             self.in_a_row += 1
@@ -116,10 +118,9 @@ class DivergenceGuard:
                 return False
             loss, self._pool = self._pool[0] / self._pool[1], [0.0, 0]
         self.judged = float(loss)
-        self.judgments += 1
         spike = (len(self._losses) >= self.warmup
                  and loss > self.loss_spike_factor * statistics.median(self._losses))
-        chance = self.at_chance(loss)
+        chance = self.at_chance_now = self.at_chance(loss)
         self.chance_in_a_row = self.chance_in_a_row + 1 if chance else 0
         if spike:
             self.spikes += 1

@@ -188,9 +188,9 @@ class RoundDriver:
         A loss back at chance level after the model had learned (the guard's chance rule) takes
         no action; ``guard.max_spikes_in_a_row`` of them in a row stop the run (exit 3).
         ``samples``: the exchange's; the guard pools exchanges to ``guard.loss_samples``."""
-        g, limit, judged_before = self.guard, self.cfg.guard.max_spikes_in_a_row, self.guard.judgments
+        g, limit = self.guard, self.cfg.guard.max_spikes_in_a_row
         if not g.check_loss(loss, samples):
-            if g.chance_in_a_row and g.judgments != judged_before:
+            if g.at_chance_now:
                 chance = (f"{g.judged:.4g}, at or above chance level (ln {self.spec.num_classes} = "
                           f"{g.chance_loss:.4g}) after {g.best:.4g}")
                 log.warning("%s: training loss %s", tag, chance)

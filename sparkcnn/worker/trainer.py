@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from sparkcnn.buffers import aligned_copy, aligned_empty, as_tensor, shareable
+from sparkcnn.compression.feedback import mask_momentum
 from sparkcnn.protocol import TaskContextInfo, TaskSpec
 from sparkcnn.worker import devices
 
@@ -152,7 +153,7 @@ class Trainer:
 
         self._gradient = tf.function(flat_gradient, reduce_retracing=True)
         self._gradient_at = gradient_at
-        self._gradient_at_for: dict[tuple, object] = {}  # (x dtype, x shape, y dtype) -> its call (and train's)
+        self._direct_calls: dict[tuple, object] = {}  # (tf.function, batch dtypes and shapes) -> its call
         self._batch_bufs: list = [None, None]  # the per-step form's images and labels, aligned (_batch)
         # (array, tensor) of the TF calls' inputs (_tensor): the gradient call's weights, images
         # and labels, then set_flat's weights and set_momentum's momentum
@@ -202,8 +203,7 @@ class Trainer:
         if self._momentum_buf is None:
             self._momentum_buf = aligned_empty(int(self.offsets[-1]), np.float32)
         np.copyto(self._momentum_buf, np.asarray(self._get_momentum()))
-        self._momentum_buf[indices] = 0.0
-        self.set_momentum(self._momentum_buf)
+        self.set_momentum(mask_momentum(self._momentum_buf, indices))
 
     def train(self, images: np.ndarray, labels: np.ndarray, batches: list[np.ndarray], lr: float):
         """Run one SGD step per batch; returns (summed loss·samples, correct, samples).
@@ -213,7 +213,7 @@ class Trainer:
         converted on the way, the calling thread spent 0.65 ms of each ~10.4 ms step (fmnist_cnn,
         one core), the step waiting meanwhile."""
         self.opt.learning_rate.assign(lr)
-        step = self._concrete_train_step(images, labels)
+        step = self._direct_batch_call(self.train_step, images, labels)
         loss_sum, correct, seen = 0.0, 0, 0
         for idx in batches:
             args = (self._tensor(1, self._batch(0, images, idx)), self._tensor(2, self._batch(1, labels, idx)))
@@ -224,17 +224,6 @@ class Trainer:
             correct += int(c)
             seen += len(idx)
         return loss_sum, correct, seen
-
-    def _concrete_train_step(self, images: np.ndarray, labels: np.ndarray):
-        """The traced ``train_step`` for these arrays' dtypes and trailing shapes, called directly."""
-        key = ("train", images.dtype.str, images.shape[1:], labels.dtype.str)
-        step = self._gradient_at_for.get(key)
-        if step is None:
-            tf = self.tf
-            step = self._gradient_at_for[key] = _direct_concrete(self.train_step.get_concrete_function(
-                tf.TensorSpec([None, *images.shape[1:]], tf.as_dtype(images.dtype)),
-                tf.TensorSpec([None], tf.as_dtype(labels.dtype))))
-        return step
 
     def gradient(self, images: np.ndarray, labels: np.ndarray, idx: np.ndarray, at: np.ndarray | None = None):
         """Flat gradient (zeros at non-trainable entries; read-only), loss and correct count for one
@@ -248,7 +237,7 @@ class Trainer:
             args = (self._tensor(0, np.asarray(at, np.float32)), self._tensor(1, self._batch(0, images, idx)),
                     self._tensor(2, self._batch(1, labels, idx)))
             t = time.thread_time()
-            out = fn(args)
+            out = fn(*args)
             self.tf_thread_s += time.thread_time() - t
         # read-only, no copy: the array keeps the tensor alive (``.numpy()`` would copy P entries)
         flat = np.asarray(out)
@@ -279,8 +268,8 @@ class Trainer:
         return buf
 
     def _concrete_gradient_at(self, images: np.ndarray, labels: np.ndarray):
-        """The traced ``gradient_at`` for these arrays' dtypes and shapes, as a function of the
-        tuple of its three tensors, called directly. Each call of the polymorphic function
+        """The traced ``gradient_at`` for these arrays' dtypes and shapes, called directly
+        (:meth:`_direct_batch_call`). Each call of the polymorphic function
         matches its arguments against its traces first: at one step per exchange that cost
         ~1 ms of a ~49 ms step (fmnist_cnn, one core: 49.4-51.0 ms per call that way,
         48.5-49.5 ms this way). The concrete function's own call binds its arguments against
@@ -289,17 +278,22 @@ class Trainer:
         last_images, last_labels, call = self._last_call
         if images is last_images and labels is last_labels:  # the block's arrays, every step
             return call
-        key = (images.dtype.str, images.shape[1:], labels.dtype.str)
-        call = self._gradient_at_for.get(key)
+        call = self._direct_batch_call(self._gradient_at, images, labels,
+                                       (self.tf.TensorSpec([int(self.offsets[-1])], self.tf.float32),))
+        self._last_call = (images, labels, call)
+        return call
+
+    def _direct_batch_call(self, fn, images: np.ndarray, labels: np.ndarray, lead: tuple = ()):
+        """The ``tf.function`` ``fn`` traced for batches of these arrays (dtypes and trailing shapes,
+        the batch dimension open) after the inputs ``lead`` (TensorSpecs), called directly
+        (:func:`_direct_concrete`); made once per function and key."""
+        key = (fn, images.dtype.str, images.shape[1:], labels.dtype.str)
+        call = self._direct_calls.get(key)
         if call is None:
             tf = self.tf
-            fn = self._gradient_at.get_concrete_function(
-                tf.TensorSpec([int(self.offsets[-1])], tf.float32),
-                tf.TensorSpec([None, *images.shape[1:]], tf.as_dtype(images.dtype)),
-                tf.TensorSpec([None], tf.as_dtype(labels.dtype)))
-            direct = _direct_concrete(fn)
-            call = self._gradient_at_for[key] = lambda args: direct(*args)  # noqa: E731
-        self._last_call = (images, labels, call)
+            call = self._direct_calls[key] = _direct_concrete(fn.get_concrete_function(
+                *lead, tf.TensorSpec([None, *images.shape[1:]], tf.as_dtype(images.dtype)),
+                tf.TensorSpec([None], tf.as_dtype(labels.dtype))))
         return call
 
     @functools.cached_property
