@@ -106,6 +106,7 @@ class CompressionConfig:
     value_dtype: str = "float16"    # wire dtype of values: float16 (2 B) | float32 (4 B)
     dense_below: int = 16384        # tensors with fewer elements (biases, BatchNorm) travel dense
     density_down: float = 0.0       # downlink density; 0 = dense model broadcast
+    initial_density_down: float = 0.0  # downlink density at the start of the warm-up; 0 = initial_density
     momentum: str = "correction"    # correction (DGC masking) | sparsification_aware
     clip_norm: float = 2.0          # per-step form: DGC local gradient clipping, each block's gradient
                                     # L2 norm capped at clip_norm / sqrt(num_blocks); 0 = off. Without it
@@ -123,6 +124,8 @@ class CompressionConfig:
                "one of float16, float32", self.value_dtype)
         _check(self.dense_below >= 0, f"{p}.dense_below", ">= 0", self.dense_below)
         _check(0 <= self.density_down <= 1, f"{p}.density_down", "in [0, 1]", self.density_down)
+        _check(0 <= self.initial_density_down <= 1, f"{p}.initial_density_down", "in [0, 1]",
+               self.initial_density_down)
         _check(self.momentum in ("correction", "sparsification_aware"), f"{p}.momentum",
                "one of correction, sparsification_aware", self.momentum)
         _check(self.clip_norm >= 0, f"{p}.clip_norm", ">= 0", self.clip_norm)

@@ -68,6 +68,7 @@ CONFIG_KEYS = {
     "initialDensity": "compression.initial_density",
     "densityWarmupEpochs": "compression.warmup_epochs",
     "densityDown": "compression.density_down",
+    "initialDensityDown": "compression.initial_density_down",
     "compressionMomentum": "compression.momentum",
     "engineMode": "engine.mode",
     "transport": "engine.transport",
@@ -135,6 +136,10 @@ class _ClassifierParams(_SparkCNNParams, HasLabelCol, HasSeed):
     densityDown = Param(Params._dummy(), "densityDown",
                         "downlink density; 0 = dense weights (compression.density_down)",
                         typeConverter=TypeConverters.toFloat)
+    initialDensityDown = Param(Params._dummy(), "initialDensityDown",
+                               "downlink density at the start of the warm-up; 0 = initialDensity "
+                               "(compression.initial_density_down)",
+                               typeConverter=TypeConverters.toFloat)
     compressionMomentum = Param(Params._dummy(), "compressionMomentum",
                                 "correction | sparsification_aware (compression.momentum)",
                                 typeConverter=TypeConverters.toString)
@@ -181,9 +186,9 @@ class SparkCNNClassifier(Estimator, _ClassifierParams, DefaultParamsReadable, De
                  probabilityCol="probability", rawPredictionCol="rawPrediction", configFile="",
                  modelName=None, epochs=None, batchSize=None, lr=None, lrSchedule=None, lrWarmupEpochs=None,
                  momentum=None, weightDecay=None, stepsPerRound=None, compression=None, density=None,
-                 initialDensity=None, densityWarmupEpochs=None, densityDown=None, compressionMomentum=None,
-                 engineMode=None, transport=None, numBlocks=None, imageShape=None, classes=None, outDir=None,
-                 seed=None, inferenceBatchSize=256):
+                 initialDensity=None, densityWarmupEpochs=None, densityDown=None, initialDensityDown=None,
+                 compressionMomentum=None, engineMode=None, transport=None, numBlocks=None, imageShape=None,
+                 classes=None, outDir=None, seed=None, inferenceBatchSize=256):
         super().__init__()
         self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
@@ -192,9 +197,9 @@ class SparkCNNClassifier(Estimator, _ClassifierParams, DefaultParamsReadable, De
                   probabilityCol="probability", rawPredictionCol="rawPrediction", configFile="",
                   modelName=None, epochs=None, batchSize=None, lr=None, lrSchedule=None, lrWarmupEpochs=None,
                   momentum=None, weightDecay=None, stepsPerRound=None, compression=None, density=None,
-                  initialDensity=None, densityWarmupEpochs=None, densityDown=None, compressionMomentum=None,
-                  engineMode=None, transport=None, numBlocks=None, imageShape=None, classes=None, outDir=None,
-                  seed=None, inferenceBatchSize=256):
+                  initialDensity=None, densityWarmupEpochs=None, densityDown=None, initialDensityDown=None,
+                  compressionMomentum=None, engineMode=None, transport=None, numBlocks=None, imageShape=None,
+                  classes=None, outDir=None, seed=None, inferenceBatchSize=256):
         """Set any of the constructor's Params (None leaves one unchanged)."""
         return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
@@ -255,6 +260,7 @@ class SparkCNNClassifier(Estimator, _ClassifierParams, DefaultParamsReadable, De
     def setInitialDensity(self, value): return self._set(initialDensity=value)
     def setDensityWarmupEpochs(self, value): return self._set(densityWarmupEpochs=value)
     def setDensityDown(self, value): return self._set(densityDown=value)
+    def setInitialDensityDown(self, value): return self._set(initialDensityDown=value)
     def setCompressionMomentum(self, value): return self._set(compressionMomentum=value)
     def setEngineMode(self, value): return self._set(engineMode=value)
     def setTransport(self, value): return self._set(transport=value)
@@ -279,6 +285,7 @@ class SparkCNNClassifier(Estimator, _ClassifierParams, DefaultParamsReadable, De
     def getInitialDensity(self): return self.getOrDefault(self.initialDensity)
     def getDensityWarmupEpochs(self): return self.getOrDefault(self.densityWarmupEpochs)
     def getDensityDown(self): return self.getOrDefault(self.densityDown)
+    def getInitialDensityDown(self): return self.getOrDefault(self.initialDensityDown)
     def getCompressionMomentum(self): return self.getOrDefault(self.compressionMomentum)
     def getEngineMode(self): return self.getOrDefault(self.engineMode)
     def getTransport(self): return self.getOrDefault(self.transport)

@@ -43,6 +43,7 @@ def test_exponent_numbers_that_yaml_reads_as_strings_are_numbers(tmp_path):
     (["train.epochz=3"], r"unknown config key 'train\.epochz'"),
     (["trainer.epochs=3"], r"unknown config key 'trainer'"),
     (["compression.density=1.5"], r"compression\.density must be in \(0, 1\], got 1\.5"),
+    (["compression.initial_density_down=-0.1"], r"compression\.initial_density_down must be in \[0, 1\], got -0\.1"),
     (["train.epochs=three"], r"train\.epochs must be an integer, got 'three'"),
     (["train.epochs=2.5"], r"train\.epochs must be an integer"),
     (["engine.mode=turbo"], r"engine\.mode must be one of sync, async, got 'turbo'"),

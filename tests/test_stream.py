@@ -528,3 +528,27 @@ def test_a_lagging_replica_gets_the_downlinks_it_misses_unless_a_copy_is_lighter
         assert (dense, got) == ((False, retained) if lighter else (True, [])), (back, lighter)
     lighter = [s[1] for s in seen[:3]]
     assert all(lighter) if density_down == 0.05 else not all(lighter)  # both cases are exercised
+
+
+def test_the_downlink_warm_up_starts_at_its_own_initial_density(tiny_cfg):
+    """``compression.initial_density_down`` starts the downlink's density warm-up below the
+    uplink's (left at 0 it follows ``initial_density``): the first downlink carries about that
+    share of the model, and after the warm-up both runs send at ``density_down``."""
+    from sparkcnn.train import train
+
+    def first_and_late(**kw):
+        cfg = _cfg(tiny_cfg, engine__master="inprocess", compression__dense_below=0,
+                   compression__initial_density=0.5, compression__warmup_epochs=1, **kw)
+        summary = train(cfg)
+        rounds = [r for r in read_jsonl(os.path.join(summary["run_dir"], "metrics.jsonl")) if r["kind"] == "round"]
+        first = min(rounds, key=lambda r: r["round"])
+        size = first["dense_bytes"] // 4 // first["blocks"]  # the model's entries
+        late = [r["nnz_down"] / size for r in rounds if r["epoch"] == 1]
+        return first["nnz_down"] / size, max(late), summary["test_accuracy"]
+
+    same, same_late, acc = first_and_late()
+    own, own_late, own_acc = first_and_late(compression__initial_density_down=0.1)
+    # the first push sends about half the model: the first downlink all of it, or a tenth of the model
+    assert same > 0.35 and 0.05 < own < 0.15, (same, own)
+    assert max(same_late, own_late) < 0.08  # density_down (0.05) after the warm-up, in both runs
+    assert min(acc, own_acc) > 0.6

@@ -86,11 +86,11 @@ class RoundDriver:
         return self.ps.version if self.shards is None else self.shards.version
 
     # -- schedule ---------------------------------------------------------------------------
-    def _warmed_density(self, epoch: float, target: float) -> float:
-        """``target`` after the exponential density warm-up (``compression.initial_density``,
-        ``warmup_epochs``), the same for the uplink and the downlink."""
+    def _warmed_density(self, epoch: float, target: float, initial: float | None = None) -> float:
+        """``target`` after the exponential density warm-up from ``initial`` (default
+        ``compression.initial_density``) over ``warmup_epochs``."""
         c = self.cfg.compression
-        return density_at(epoch, initial=max(c.initial_density, target), target=target,
+        return density_at(epoch, initial=max(initial or c.initial_density, target), target=target,
                           warmup_epochs=c.warmup_epochs)
 
     def schedule(self, epoch: float) -> tuple[float, float]:
@@ -104,7 +104,8 @@ class RoundDriver:
     def downlink_density(self, epoch: float) -> float:
         """``compression.density_down`` after the density warm-up: early updates are large and
         dense, and a view that lags them slows training most."""
-        return min(1.0, self._warmed_density(epoch, self.cfg.compression.density_down))
+        c = self.cfg.compression
+        return min(1.0, self._warmed_density(epoch, c.density_down, c.initial_density_down))
 
     # -- downlink ---------------------------------------------------------------------------
     def order_weights(self) -> dict:
