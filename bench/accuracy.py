@@ -55,7 +55,8 @@ from bench._common import ROOT, config_of, emit, ensure_data, run_children  # no
 
 SPARSE = ["compression.method=threshold", "compression.density=0.001", "compression.initial_density=0.25",
           "compression.warmup_epochs=3", "compression.dense_below=1000"]  # only biases travel dense
-BIDIR = ["compression.density_down=0.01"]
+# the downlink's warm-up from 0.05: each replica takes one downlink per push of every block
+BIDIR = ["compression.density_down=0.01", "compression.initial_density_down=0.05"]
 # async: one block per job, jobs sized to ~0.5 s (about 10 steps here, as in sync)
 ASYNC = ["engine.mode=async", "scheduler.target_job_seconds=0.5"]
 VARIANTS = {
