@@ -102,8 +102,10 @@ class RoundDriver:
         return lr, density
 
     def downlink_density(self, epoch: float) -> float:
-        """``compression.density_down`` after the density warm-up: early updates are large and
-        dense, and a view that lags them slows training most."""
+        """``compression.density_down`` after the density warm-up, which starts at
+        ``initial_density_down`` (0: ``initial_density``): early updates are large and dense,
+        and a view that lags them slows training most; but a replica takes a downlink per push
+        of every block, so a start below the uplink's keeps a slow link's downlink in step."""
         c = self.cfg.compression
         return min(1.0, self._warmed_density(epoch, c.density_down, c.initial_density_down))
 
