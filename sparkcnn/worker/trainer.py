@@ -216,10 +216,7 @@ class Trainer:
         step = self._direct_batch_call(self.train_step, images, labels)
         loss_sum, correct, seen = 0.0, 0, 0
         for idx in batches:
-            args = (self._tensor(1, self._batch(0, images, idx)), self._tensor(2, self._batch(1, labels, idx)))
-            t = time.thread_time()
-            loss, c = step(*args)
-            self.tf_thread_s += time.thread_time() - t
+            loss, c = self._tf_call(step, *self._batch_tensors(images, labels, idx))
             loss_sum += float(loss) * len(idx)
             correct += int(c)
             seen += len(idx)
@@ -233,16 +230,25 @@ class Trainer:
             out = self._gradient(images[idx], labels[idx])
         else:
             fn = self._concrete_gradient_at(images, labels)
-            # the labels too: tf.constant of 64 ints went through TF's weak-tensor wrapper, ~0.2 ms
-            args = (self._tensor(0, np.asarray(at, np.float32)), self._tensor(1, self._batch(0, images, idx)),
-                    self._tensor(2, self._batch(1, labels, idx)))
-            t = time.thread_time()
-            out = fn(*args)
-            self.tf_thread_s += time.thread_time() - t
+            out = self._tf_call(fn, self._tensor(0, np.asarray(at, np.float32)),
+                                *self._batch_tensors(images, labels, idx))
         # read-only, no copy: the array keeps the tensor alive (``.numpy()`` would copy P entries)
         flat = np.asarray(out)
         p = flat.size - 2
         return flat[:p], float(flat[p]) * len(idx), int(flat[p + 1]), len(idx)
+
+    def _tf_call(self, fn, *tensors):
+        """``fn(*tensors)``, the calling thread's CPU in it added to ``tf_thread_s``."""
+        t = time.thread_time()
+        out = fn(*tensors)
+        self.tf_thread_s += time.thread_time() - t
+        return out
+
+    def _batch_tensors(self, images: np.ndarray, labels: np.ndarray, idx: np.ndarray) -> tuple:
+        """The batch ``idx`` as the tensors of slots 1 and 2, gathered into the aligned buffers
+        (:meth:`_batch`). The labels too: tf.constant of 64 ints went through TF's weak-tensor
+        wrapper, ~0.2 ms."""
+        return self._tensor(1, self._batch(0, images, idx)), self._tensor(2, self._batch(1, labels, idx))
 
     def _tensor(self, slot: int, a: np.ndarray):
         """A tensor of ``a`` (:func:`~sparkcnn.buffers.as_tensor`), kept for the next call while
