@@ -136,6 +136,26 @@ def run_one(name: str, argv: list[str], out: str) -> dict:
     return entry
 
 
+def write_record(path: str, record: dict) -> None:
+    """Write ``run_all.json``. A folder filled by several ``--only`` invocations keeps the entries
+    of the earlier ones that this one did not rerun, each invocation's provenance in
+    ``invocations`` (oldest first), so that the record lists every benchmark the folder holds."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            before = json.load(fh)
+    except (OSError, ValueError):
+        before = None
+    if isinstance(before, dict) and isinstance(before.get("benchmarks"), list):
+        rerun = {e["name"] for e in record["benchmarks"]}
+        kept = [e for e in before["benchmarks"] if isinstance(e, dict) and e.get("name") not in rerun]
+        earlier = before.get("invocations") or [before.get("provenance")]
+        record = {**record, "benchmarks": kept + record["benchmarks"],
+                  "archived": [*before.get("archived", []), *record["archived"]],
+                  "invocations": [*earlier, record["provenance"]]}
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(record, fh, indent=2)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the short form of each benchmark, in a temp folder")
@@ -169,9 +189,8 @@ def main(argv=None) -> int:
     os.makedirs(out, exist_ok=True)
     started = provenance()
     entries = [run_one(name, args, out) for name, args in plan.items() if not only or name in only]
-    with open(os.path.join(out, "run_all.json"), "w", encoding="utf-8") as fh:
-        json.dump({"quick": a.quick, "benchmarks": entries, "archived": moved, "provenance": started}, fh,
-                  indent=2)
+    record = {"quick": a.quick, "benchmarks": entries, "archived": moved, "provenance": started}
+    write_record(os.path.join(out, "run_all.json"), record)
     from bench import render
 
     doc = os.path.join(ROOT, "BENCHMARKS.md") if publish else os.path.join(out, "BENCHMARKS.md")

@@ -90,3 +90,23 @@ def test_results_carry_no_path_of_the_machine():
     assert portable_path(os.path.join(ROOT, "bench", "costmodel.py")) == os.path.join("bench", "costmodel.py")
     assert portable_path("/somewhere/else/data") == "<tmp>/data"
     assert not any(os.path.isabs(a) for a in _STARTED["command"][1:])
+
+
+def test_a_folder_filled_over_several_invocations_lists_every_benchmark(tmp_path):
+    import json
+
+    path = str(tmp_path / "run_all.json")
+    first = {"quick": False, "archived": [], "provenance": {"git_commit": "a"},
+             "benchmarks": [{"name": "accuracy", "exit": 0}, {"name": "psload", "exit": 1}]}
+    ra.write_record(path, first)
+    assert json.loads(open(path).read()) == first  # a fresh folder: the record as it is
+    ra.write_record(path, {"quick": False, "archived": [], "provenance": {"git_commit": "b"},
+                           "benchmarks": [{"name": "psload", "exit": 0}, {"name": "links", "exit": 0}]})
+    merged = json.loads(open(path).read())
+    assert merged["benchmarks"] == [{"name": "accuracy", "exit": 0}, {"name": "psload", "exit": 0},
+                                    {"name": "links", "exit": 0}]  # the rerun replaces its earlier entry
+    assert merged["provenance"] == {"git_commit": "b"}
+    assert merged["invocations"] == [{"git_commit": "a"}, {"git_commit": "b"}]
+    ra.write_record(path, {"quick": False, "archived": [], "provenance": {"git_commit": "c"},
+                           "benchmarks": [{"name": "peers", "exit": 0}]})
+    assert [p["git_commit"] for p in json.loads(open(path).read())["invocations"]] == ["a", "b", "c"]
