@@ -51,7 +51,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import ROOT, config_of, emit, ensure_data, run_children  # noqa: E402
+from bench._common import ROOT, config_of, emit, ensure_data, log, run_children  # noqa: E402
 
 SPARSE = ["compression.method=threshold", "compression.density=0.001", "compression.initial_density=0.25",
           "compression.warmup_epochs=3", "compression.dense_below=1000"]  # only biases travel dense
@@ -129,16 +129,37 @@ def run_isolated(data: str, name: str, overrides: list[str], epochs: int, out_di
                            "--epochs", str(epochs), "--out-dir", out_dir, "--overrides", json.dumps(overrides)],
                           capture_output=True, text=True, env=env, timeout=4 * 3600)
     if proc.returncode != 0:
-        raise RuntimeError(f"bench/accuracy.py: {name} failed (exit {proc.returncode}): "
-                           f"{proc.stderr.strip().splitlines()[-1:]}")
+        last = (proc.stderr.strip().splitlines() or [""])[-1]
+        if last.startswith(f"{DIVERGED}:"):  # the guard stopped a collapse: a result, as in-process
+            raise Collapsed(last[len(DIVERGED) + 1:].strip())
+        raise RuntimeError(f"bench/accuracy.py: {name} failed (exit {proc.returncode}): {[last]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+DIVERGED = "sparkcnn.errors.Diverged"  # how a child's traceback names the guard's stop
+
+
+class Collapsed(Exception):
+    """A run the divergence guard stopped (sparkcnn.errors.Diverged), in this process or a child."""
+
+
 def run_seeds(data: str, name: str, overrides: list[str], epochs: int, out_dir: str, seeds: int) -> dict:
-    """``name`` over ``seeds`` seeds (``run.seed`` 42, 43, ...), aggregated."""
+    """``name`` over ``seeds`` seeds (``run.seed`` 42, 43, ...), aggregated. A seed the guard
+    stopped is kept as a collapsed run (its reason, no accuracy) and the others still run: a
+    collapse is a result of the table, not a failure of the bench."""
+    from sparkcnn.errors import Diverged
+
     run = run_isolated if _own_process(overrides) else run_variant
-    return _aggregate(name, [run(data, name, [*overrides, f"run.seed={42 + i}"], epochs, out_dir)
-                             for i in range(seeds)])
+    out = []
+    for i in range(seeds):
+        seeded = [*overrides, f"run.seed={42 + i}"]
+        try:
+            out.append(run(data, name, seeded, epochs, out_dir))
+        except (Diverged, Collapsed) as e:
+            log("%s seed %d collapsed: %s", name, 42 + i, e)
+            out.append({"name": name, "overrides": seeded, "epochs": epochs, "seed": 42 + i,
+                        "collapsed": str(e)})
+    return _aggregate(name, out)
 
 
 def run_variant(data: str, name: str, overrides: list[str], epochs: int, out_dir: str) -> dict:
@@ -245,19 +266,34 @@ def _aggregate(name: str, seeds: list[dict]) -> dict:
     one value) of what the table reports."""
     import numpy as np
 
-    def stat(key):
-        vals = [r[key] for r in seeds if r.get(key) is not None]
+    def stat(key):  # over the seeds that ran to the end
+        vals = [r[key] for r in seeds if r.get(key) is not None and "collapsed" not in r]
         if not vals:
             return None, None
         return float(np.mean(vals)), (float(np.std(vals, ddof=1)) if len(vals) > 1 else None)
 
+    done = [r for r in seeds if "collapsed" not in r]
     out = {"name": name, "overrides": seeds[0]["overrides"][:-1], "seeds": [r["seed"] for r in seeds],
-           "runs": seeds, "accuracy_per_epoch_mean": np.mean([r["accuracy_per_epoch"] for r in seeds], 0).tolist(),
-           "reached_0_90": sum(r["time_to_0_90_s"] is not None for r in seeds)}
+           "runs": seeds, "collapsed": len(seeds) - len(done),
+           "accuracy_per_epoch_mean": (np.mean([r["accuracy_per_epoch"] for r in done], 0).tolist() if done else []),
+           "reached_0_90": sum(r["time_to_0_90_s"] is not None for r in done)}
     for key in ("test_accuracy", "wall_s", "time_to_0_88_s", "time_to_0_90_s", "images_per_s", "bytes_up", "bytes_down",
                 "steady_uplink_ratio", "steady_downlink_ratio", "exposed_comm_ms_per_step"):
         out[f"{key}_mean"], out[f"{key}_std"] = stat(key)
     return out
+
+
+def _v(row: dict, key: str) -> float:
+    """A row's aggregate for a check: NaN when no seed ran to the end, so that the check fails."""
+    value = row.get(key)
+    return float("nan") if value is None else value
+
+
+def _summary(row: dict) -> str:
+    """A seed-table row in one line: mean +- sample sd, and how many seeds collapsed."""
+    mean, sd = row["test_accuracy_mean"], row["test_accuracy_std"] or 0
+    text = f"{mean:.4f} +- {sd:.4f}" if mean is not None else "no seed ran to the end"
+    return text + (f" ({row['collapsed']} of {len(row['seeds'])} seeds collapsed)" if row["collapsed"] else "")
 
 
 def _stream_checks(by: dict) -> dict:
@@ -265,14 +301,14 @@ def _stream_checks(by: dict) -> dict:
     with model-parameter sparsification within 0.7 points and steady downlink compression >= 100x."""
     checks, asgd = {}, by.get("stream-asgd")
     if asgd:
-        checks["stream-asgd mean>=0.905"] = asgd["test_accuracy_mean"] >= 0.905
+        checks["stream-asgd mean>=0.905"] = _v(asgd, "test_accuracy_mean") >= 0.905
     for name, pts in (("stream-gs-asgd", 0.005), ("stream-gs-asgd-ms", 0.007), ("stream-gs-asgd-ms-round", 0.007),
                       ("stream-gs-asgd-samomentum", 0.007)):
         if name in by and asgd:
             checks[f"{name} mean within {100 * pts:g}pt of stream-asgd"] = (
-                asgd["test_accuracy_mean"] - by[name]["test_accuracy_mean"] <= pts)
+                _v(asgd, "test_accuracy_mean") - _v(by[name], "test_accuracy_mean") <= pts)
         if name in by and "density_down" in " ".join(by[name]["overrides"]):
-            checks[f"{name} steady_downlink_ratio>=100"] = by[name]["steady_downlink_ratio_mean"] >= 100
+            checks[f"{name} steady_downlink_ratio>=100"] = _v(by[name], "steady_downlink_ratio_mean") >= 100
     return checks
 
 
@@ -313,16 +349,14 @@ def main(argv=None) -> dict:
         if name not in VARIANTS:
             raise SystemExit(f"bench/accuracy.py: unknown variant {name!r} (known: {', '.join(VARIANTS)})")
         runs.append(run_seeds(data, name, VARIANTS[name], epochs, out_dir, a.seeds))
-        print(f"# {name}: {runs[-1]['test_accuracy_mean']:.4f} +- {runs[-1]['test_accuracy_std'] or 0:.4f}",
-              file=sys.stderr, flush=True)
+        print(f"# {name}: {_summary(runs[-1])}", file=sys.stderr, flush=True)
     stream = []
     names = list(STREAM_VARIANTS) if a.stream == "all" else list(filter(None, a.stream.split(",")))
     for name in names:
         if name not in STREAM_VARIANTS:
             raise SystemExit(f"bench/accuracy.py: unknown stream variant {name!r} (known: {', '.join(STREAM_VARIANTS)})")
         stream.append(run_seeds(data, name, STREAM_VARIANTS[name], epochs, out_dir, a.seeds))
-        print(f"# {name}: {stream[-1]['test_accuracy_mean']:.4f} +- {stream[-1]['test_accuracy_std'] or 0:.4f}",
-              file=sys.stderr, flush=True)
+        print(f"# {name}: {_summary(stream[-1])}", file=sys.stderr, flush=True)
     sweep = []
     if not (a.quick or a.no_sweep):
         for d, h in SWEEP:
@@ -350,19 +384,20 @@ def main(argv=None) -> dict:
     for mode in ("sync", "async"):
         dense = by.get(f"{mode}-dense")
         if mode == "sync" and dense:
-            checks["sync-dense>=0.91"] = dense["test_accuracy_mean"] >= 0.91
+            checks["sync-dense>=0.91"] = _v(dense, "test_accuracy_mean") >= 0.91
         for v in (f"{mode}-sparse", f"{mode}-sparse-bidir"):
             if v in by:
-                checks[f"{v} steady_uplink_ratio>=270"] = by[v]["steady_uplink_ratio_mean"] >= 270
+                checks[f"{v} steady_uplink_ratio>=270"] = _v(by[v], "steady_uplink_ratio_mean") >= 270
                 if dense:
                     checks[f"{v} within 0.5pt of {mode}-dense"] = (
-                        dense["test_accuracy_mean"] - by[v]["test_accuracy_mean"] <= 0.005)
+                        _v(dense, "test_accuracy_mean") - _v(by[v], "test_accuracy_mean") <= 0.005)
         bidir = by.get(f"{mode}-sparse-bidir")
         if bidir:
-            checks[f"{mode}-sparse-bidir steady_downlink_ratio>=100"] = bidir["steady_downlink_ratio_mean"] >= 100
+            checks[f"{mode}-sparse-bidir steady_downlink_ratio>=100"] = _v(bidir, "steady_downlink_ratio_mean") >= 100
             if mode == "async" and dense:
-                checks["async-sparse-bidir faster than async-dense"] = bidir["wall_s_mean"] < dense["wall_s_mean"]
+                checks["async-sparse-bidir faster than async-dense"] = _v(bidir, "wall_s_mean") < _v(dense, "wall_s_mean")
     checks.update(_stream_checks({r["name"]: r for r in stream}))
+    checks.update({f"{r['name']} no seed collapsed": r["collapsed"] == 0 for r in runs + stream})
     out = {"bench": "accuracy", "quick": a.quick, "model": "fmnist_cnn", "blocks": 2, "std_ddof": 1, "runs": runs,
            "reference": reference, "sweep": sweep, "momentum_forms": momentum, "stream": stream, "checks": checks}
     emit(out)

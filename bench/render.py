@@ -199,7 +199,9 @@ def seed_table(acc: dict | None, fig) -> str:
     body = []
     for r in rows:
         name, seeds = _name(r), r.get("seeds")
-        label = f"{NAMES.get(name, name)} (`{name}`" + (f", {_plural(len(seeds), 'seed')})" if isinstance(seeds, list) else ")")
+        collapsed = r.get("collapsed") if isinstance(r.get("collapsed"), int) else 0
+        label = (f"{NAMES.get(name, name)} (`{name}`" + (f", {_plural(len(seeds), 'seed')}" if isinstance(seeds, list) else "")
+                 + (f", {collapsed} collapsed" if collapsed else "") + ")")
         body.append([label, _h(r), _pm(*_stat(r, "test_accuracy"), 4), _pm(*_stat(r, "wall_s"), 1),
                      _pm(*_stat(r, "time_to_0_88_s"), 1) + _reached(r, "time_to_0_88_s"),
                      _pm(*_stat(r, "time_to_0_90_s"), 1) + _reached(r, "time_to_0_90_s"),
@@ -209,7 +211,9 @@ def seed_table(acc: dict | None, fig) -> str:
             _table(["Variant", "H", "Final accuracy", "Wall (s)", "To 0.88 (s)", "To 0.90 (s)", "Bytes up (MB)",
                     "Bytes down (MB)", "Uplink ratio", "Downlink ratio"], body), "",
             "H: local steps per exchange with the driver (≈: async jobs sized by time to about that many). "
-            f"Final accuracy: test accuracy after the last epoch; rows over seeds give {spread}. "
+            f"Final accuracy: test accuracy after the last epoch; rows over seeds give {spread}"
+            + (", over the seeds that ran to the end (k collapsed: the divergence guard stopped k of them). "
+               if any(r.get("collapsed") for r in rows) else ". ") +
             "Wall: seconds of the whole run, evaluation included. To 0.88 / 0.90: seconds to the first epoch end "
             "at that test accuracy, over the seeds that reached it ((k/n) when only k of n did). Bytes: MB "
             "(10^6 bytes) all blocks sent to (up) and received from (down) the driver. Ratios: dense bytes / "

@@ -104,3 +104,49 @@ def test_a_result_is_written_into_a_folder_not_made_yet(tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert json.loads(out.read_text()) == printed and printed["cells"] == 1 and "provenance" in printed
     assert [p.name for p in out.parent.iterdir()] == ["links.json"]  # no temporary file left
+
+
+def test_a_seed_the_guard_stops_is_a_collapsed_row_not_a_failed_bench(monkeypatch):
+    from sparkcnn.errors import Diverged
+
+    def here(data, name, overrides, epochs, out_dir):
+        seed = int(overrides[-1].split("=")[1])
+        if seed == 43:
+            raise Diverged("exchange 367: training loss 2.772, at or above chance level")
+        return {**_run(seed, 0.90 + (seed - 42) / 100), "overrides": overrides}
+
+    def child(data, name, overrides, epochs, out_dir):
+        raise accuracy.Collapsed("exchange 12: the run collapsed")
+
+    monkeypatch.setattr(accuracy, "run_variant", here)
+    monkeypatch.setattr(accuracy, "run_isolated", child)
+    row = accuracy.run_seeds("d", "stream-gs-asgd", accuracy.STREAM_VARIANTS["stream-gs-asgd"], 1, "o", 3)
+    assert row["seeds"] == [42, 43, 44] and row["collapsed"] == 1
+    assert row["runs"][1]["collapsed"].startswith("exchange 367")
+    assert row["test_accuracy_mean"] == pytest.approx(0.91)  # the two seeds that ran to the end
+    assert row["test_accuracy_std"] == pytest.approx(statistics.stdev([0.90, 0.92]))
+    assert accuracy._summary(row) == "0.9100 +- 0.0141 (1 of 3 seeds collapsed)"
+    n8 = accuracy.run_seeds("d", "stream-gs-asgd-ms-n8", accuracy.STREAM_VARIANTS["stream-gs-asgd-ms-n8"], 1, "o", 2)
+    assert n8["collapsed"] == 2 and n8["test_accuracy_mean"] is None and n8["accuracy_per_epoch_mean"] == []
+    assert accuracy._summary(n8) == "no seed ran to the end (2 of 2 seeds collapsed)"
+    checks = accuracy._stream_checks({"stream-asgd": {**row, "name": "stream-asgd"}, "stream-gs-asgd-ms": n8})
+    assert checks["stream-gs-asgd-ms mean within 0.7pt of stream-asgd"] is False  # no accuracy: not met
+    render = importlib.import_module("bench.render")
+    text = render.seed_table({"std_ddof": 1, "stream": [row, n8]}, lambda *a: "")
+    assert "(`stream-gs-asgd`, 3 seeds, 1 collapsed)" in text and "(`stream-gs-asgd-ms-n8`, 2 seeds, 2 collapsed)" in text
+    assert "over the seeds that ran to the end" in text
+    whole = render.seed_table({"std_ddof": 1, "stream": [accuracy._aggregate("v", [_run(0, 0.9)])]}, lambda *a: "")
+    assert "collapsed" not in whole  # the legend says it only where a row has a collapsed seed
+
+
+def test_a_child_run_the_guard_stopped_is_told_from_a_failed_one(monkeypatch):
+    import subprocess
+
+    for tail, expected in (("Traceback ...\nsparkcnn.errors.Diverged: exchange 5: the run collapsed\n",
+                            accuracy.Collapsed),
+                           ("Traceback ...\nValueError: something else\n", RuntimeError)):
+        monkeypatch.setattr(accuracy.subprocess, "run", lambda argv, _t=tail, **kw: subprocess.CompletedProcess(
+            argv, 1, "", _t))
+        with pytest.raises(expected) as e:
+            accuracy.run_isolated("d", "stream-gs-asgd-ms-n8", ["engine.master=local[8]"], 1, "o")
+        assert ("exchange 5" in str(e.value)) if expected is accuracy.Collapsed else ("ValueError" in str(e.value))
