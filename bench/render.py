@@ -299,6 +299,9 @@ def links_section(ln: dict | None, fig) -> str:
                "yes" if _get(v, "passed") is True else "no"]
               for k, v in _items(_get(ln, "checks")) if isinstance(v, dict) and "ratio" in v]
     bed = _get(ln, "testbed") or {}
+    n = _get(ln, "reps")
+    reps = (f"each cell the median of {n} repetitions, run in turn across the rates" if isinstance(n, int) and n > 1
+            else "one repetition")
     out += [measured(ln, "links"), "",
             fig("links.png", "Time to 0.88 test accuracy per link rate", _draw_links, rates), "",
             _table(["Link", "Variant", "Images/s", "Time to 0.88 (s)", "Test accuracy", "kB up per step",
@@ -306,7 +309,7 @@ def links_section(ln: dict | None, fig) -> str:
             _table(["Target", "Measured", "Target", "Holds"], checks) if checks else "", "",
             f"{_g(bed.get('hosts'))} hosts of {_g(bed.get('cores_per_host'))} core each in their own network namespaces, "
             f"each behind its own link (shaped in both directions: {bed.get('shaping') or DASH}); the driver and the "
-            f"master on the bridge. {_g(_get(ln, 'epochs'))} epochs per cell, one seed, one repetition; time to 0.88 "
+            f"master on the bridge. {_g(_get(ln, 'epochs'))} epochs per cell, one seed; {reps}; time to 0.88 "
             "is read at epoch ends (— where no epoch reached it). Exposed communication: ms per local step the "
             "tasks waited for the driver's replies (stream)."]
     return "\n".join(x for x in out if x is not None)

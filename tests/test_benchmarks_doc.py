@@ -353,3 +353,16 @@ def test_the_held_out_link_validation_renders_its_cells_fit_and_verdict(results)
     assert "| 20mbit | Sync SGD (jobs), H = 10 | held out | 210 | 250 | 19.0 % | cpu + wire | — |" in doc
     assert "3.46 ns per byte" in doc and "1 epoch on 12000 training rows" in doc
     assert "Largest held-out error: 19.0 % (target 25 %): holds." in doc
+
+
+def test_the_links_section_says_how_many_repetitions_each_cell_is_the_median_of(results):
+    cell = {"images_per_s": 5316.0, "time_to_0_88_s": 25.2, "test_accuracy": 0.8975, "bytes_up_per_step": 16500.0,
+            "bytes_down_per_step": 20000.0, "exposed_comm_ms_per_step": 0.4}
+    links = {"rates": {"unshaped": {"stream-gs-asgd-ms": cell}, "100mbit": {"stream-gs-asgd-ms": cell}},
+             "checks": {}, "epochs": 5, "testbed": {"hosts": 2, "cores_per_host": 1, "shaping": "tbf"}}
+    for reps, said in ((5, "each cell the median of 5 repetitions, run in turn across the rates"),
+                       (1, "one repetition")):
+        (results / "links.json").write_text(json.dumps({**links, "reps": reps}))
+        doc = section(render.render(str(results))["benchmarks"], "## Links: separate hosts behind shaped links")
+        assert f"5 epochs per cell, one seed; {said}; time to 0.88" in doc
+        assert "| 100mbit | GS-ASGD + MS, H = 1 | 5316 | 25.2 | 0.8975 | 16.5 | 20.0 | 0.4 |" in doc
