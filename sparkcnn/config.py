@@ -205,6 +205,8 @@ class GuardConfig:
     action: str = "halve_lr"        # on a spike: halve_lr | raise_density | stop (exit 3)
     max_spikes_in_a_row: int = 3    # judged losses spiking in a row despite the action: stop (exit 3);
                                     # 0 = never (a collapsed run then goes on at chance level)
+    max_chance_in_a_row: int = 10   # judged losses back at chance level in a row: stop (exit 3); 0 = never.
+                                    # More than the spikes': a sound overshoot can pass slowly through ln C
 
     def validate(self, p: str) -> None:
         _check(self.max_norm_factor > 1, f"{p}.max_norm_factor", "> 1", self.max_norm_factor)
@@ -214,6 +216,7 @@ class GuardConfig:
         _check(self.action in ("halve_lr", "raise_density", "stop"), f"{p}.action",
                "one of halve_lr, raise_density, stop", self.action)
         _check(self.max_spikes_in_a_row >= 0, f"{p}.max_spikes_in_a_row", ">= 0", self.max_spikes_in_a_row)
+        _check(self.max_chance_in_a_row >= 0, f"{p}.max_chance_in_a_row", ">= 0", self.max_chance_in_a_row)
 
 
 @dataclass(frozen=True)

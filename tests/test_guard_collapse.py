@@ -106,6 +106,8 @@ def test_max_spikes_in_a_row_is_checked():
 
     with pytest.raises(BadInput, match=r"guard\.max_spikes_in_a_row must be >= 0, got -1"):
         config.load(None, ["guard.max_spikes_in_a_row=-1"])
+    with pytest.raises(BadInput, match=r"guard\.max_chance_in_a_row must be >= 0, got -2"):
+        config.load(None, ["guard.max_chance_in_a_row=-2"])
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +117,7 @@ def quiet(spark, tiny_data, tmp_path_factory):
 
     off_dir = tmp_path_factory.mktemp("quiet-off")
     summary = train(config.load(None, [f"data.path={tiny_data}", f"run.out_dir={off_dir}", *QUIET,
-                                       "guard.max_spikes_in_a_row=0"]), progress=None)
+                                       "guard.max_chance_in_a_row=0"]), progress=None)
     on_dir = tmp_path_factory.mktemp("quiet-on")
     with pytest.raises(Diverged) as caught:
         train(config.load(None, [f"data.path={tiny_data}", f"run.out_dir={on_dir}", *QUIET]), progress=None)
@@ -143,7 +145,7 @@ def test_the_chance_rule_stops_a_quiet_collapse(quiet):
     print(f"quiet collapse: on -> {err}")
     assert err.exit_code == 3 and str(err).count("\n") == 0
     assert "at or above chance level (ln 10 = 2.303)" in str(err)
-    assert "3 judgments in a row: the run collapsed" in str(err)
+    assert "10 judgments in a row: the run collapsed (guard.max_chance_in_a_row=10)" in str(err)
     assert len(rounds) < 40  # stopped in the first epoch of four (19 rounds each)
 
 
@@ -187,3 +189,32 @@ def test_an_overshoot_above_chance_that_recovers_is_not_a_collapse():
         counts.append(g.chance_in_a_row)
     assert max(counts) == 1 and g.spikes == 0 and g.best == 1.19
     assert [g.check_loss(x) or g.chance_in_a_row for x in (2.31, 2.33, 2.30)] == [1, 2, 3]  # a collapse
+
+
+def test_a_slow_pass_through_chance_goes_on_and_a_stay_at_chance_stops(tiny_cfg):
+    """The driver's stop, on the pooled losses of the seed table's sparsification-aware momentum
+    on 8 blocks: 3 judgments at ln 10 after 1.272, which stopped one seed of 3 when 3 in a row
+    were enough; with the stop off that seed ended its epoch at 0.705. A collapse stays there."""
+    from sparkcnn.engine.inprocess import LocalBackend
+    from sparkcnn.train import build_engine
+
+    def driver(*overrides):
+        cfg = tiny_cfg.replace(guard__loss_samples=0, **dict(overrides))
+        backend = LocalBackend("t-chance")
+        return build_engine(cfg, backend, backend.run_id)[0].driver
+
+    learned = [2.1, 1.8, 1.5, 1.35, 1.272, 1.30]
+    d = driver()
+    for i, loss in enumerate([*learned, 2.2912, 2.30, 2.35, 2.12, 1.62, 1.30]):  # through ln 10, and back
+        d.check_loss(f"exchange {i}", loss)
+    assert d.counters["losses_at_chance"] == 3 and d.guard.chance_in_a_row == 0
+    stays = [2.30 + 0.01 * (i % 3) for i in range(10)]
+    with pytest.raises(Diverged, match=r"exchange 9: training loss 2\.3.*10 judgments in a row: the run "
+                                       r"collapsed \(guard\.max_chance_in_a_row=10\)") as caught:
+        for i, loss in enumerate(stays):
+            d.check_loss(f"exchange {i}", loss)
+    assert caught.value.exit_code == 3 and d.counters["losses_at_chance"] == 13
+    never = driver(("guard__max_chance_in_a_row", 0))
+    for i, loss in enumerate([*learned, *stays, *stays]):
+        never.check_loss(f"exchange {i}", loss)
+    assert never.counters["losses_at_chance"] == 20 and never.guard.chance_in_a_row == 20

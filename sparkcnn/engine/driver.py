@@ -189,7 +189,7 @@ class RoundDriver:
     def check_loss(self, tag: str, loss: float, samples: int | None = None) -> None:
         """Loss spike: act as ``guard.action`` says (halve the lr, raise the density, or stop).
         A loss back at chance level after the model had learned (the guard's chance rule) takes
-        no action; ``guard.max_spikes_in_a_row`` of them in a row stop the run (exit 3).
+        no action; ``guard.max_chance_in_a_row`` of them in a row stop the run (exit 3).
         ``samples``: the exchange's; the guard pools exchanges to ``guard.loss_samples``."""
         g, limit = self.guard, self.cfg.guard.max_spikes_in_a_row
         if not g.check_loss(loss, samples):
@@ -198,9 +198,10 @@ class RoundDriver:
                           f"{g.chance_loss:.4g}) after {g.best:.4g}")
                 log.warning("%s: training loss %s", tag, chance)
                 self.counters["losses_at_chance"] += 1
-                if limit and g.chance_in_a_row >= limit:
+                at_most = self.cfg.guard.max_chance_in_a_row
+                if at_most and g.chance_in_a_row >= at_most:
                     raise Diverged(f"{tag}: training loss {chance}, {g.chance_in_a_row} judgments in a row: "
-                                   f"the run collapsed (guard.max_spikes_in_a_row={limit})")
+                                   f"the run collapsed (guard.max_chance_in_a_row={at_most})")
             return
         action, judged = self.cfg.guard.action, g.judged  # the pooled mean, not this exchange's
         log.warning("%s: loss %.4g is a spike; action %s", tag, judged, action)
