@@ -757,9 +757,11 @@ def _plot(path: str, draw, *data) -> None:
 
 
 def _draw_accuracy(ax, rows, keras):
-    for r in rows:
+    # the colour cycle holds 10: rows beyond it change line style, so no two lines look alike
+    for i, r in enumerate(rows):
         acc = r.get("accuracy_per_epoch_mean") or r.get("accuracy_per_epoch") or []
-        ax.plot(range(1, len(acc) + 1), acc, marker=".", label=f"{NAMES.get(_name(r), _name(r))}, H = {_h(r)}")
+        ax.plot(range(1, len(acc) + 1), acc, marker=".", linestyle=("-", ":", "-.")[i // 10 % 3],
+                label=f"{NAMES.get(_name(r), _name(r))}, H = {_h(r)}")
     if isinstance(keras, dict) and keras.get("accuracy_per_epoch"):
         acc = keras["accuracy_per_epoch"]
         ax.plot(range(1, len(acc) + 1), acc, "k--", label="Keras model.fit")

@@ -366,3 +366,19 @@ def test_the_links_section_says_how_many_repetitions_each_cell_is_the_median_of(
         doc = section(render.render(str(results))["benchmarks"], "## Links: separate hosts behind shaped links")
         assert f"5 epochs per cell, one seed; {said}; time to 0.88" in doc
         assert "| 100mbit | GS-ASGD + MS, H = 1 | 5316 | 25.2 | 0.8975 | 16.5 | 20.0 | 0.4 |" in doc
+
+
+def test_no_two_lines_of_the_accuracy_figure_look_alike():
+    """The seed table has 12 rows and Keras: more than the 10 colours of the cycle."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [{"name": f"v{i}", "steps_per_round": 1, "accuracy_per_epoch_mean": [0.8, 0.85 + i / 1000]}
+            for i in range(12)]
+    fig, ax = plt.subplots()
+    render._draw_accuracy(ax, rows, {"accuracy_per_epoch": [0.84, 0.9]})
+    looks = {(line.get_color(), line.get_linestyle()) for line in ax.lines}
+    plt.close(fig)
+    assert len(ax.lines) == 13 and len(looks) == 13
