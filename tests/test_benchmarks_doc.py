@@ -368,6 +368,16 @@ def test_the_links_section_says_how_many_repetitions_each_cell_is_the_median_of(
         assert "| 100mbit | GS-ASGD + MS, H = 1 | 5316 | 25.2 | 0.8975 | 16.5 | 20.0 | 0.4 |" in doc
 
 
+def test_the_balance_bench_sizes_its_async_runs_by_jobs_not_seconds():
+    """7 jobs at 1.5 s each on a fast machine left 1 after the warm-up and drain: too few."""
+    balance = importlib.import_module("bench.balance")
+    # 20 jobs of 1.5 s at 3,000 images/s are 90,000 samples: 3 passes over 30,720
+    assert balance.epochs_for(20, 1.5, 3000.0, 30720) == 3
+    assert balance.epochs_for(20, 1.5, 1000.0, 30720) == 1  # a slower machine: one pass is enough
+    assert balance.epochs_for(20, 1.5, 3000.0, 90000) == 1
+    assert balance.epochs_for(20, 1.5, 3000.0, 89999) == 2
+
+
 def test_no_two_lines_of_the_accuracy_figure_look_alike():
     """The seed table has 12 rows and Keras: more than the 10 colours of the cycle."""
     import matplotlib
