@@ -29,6 +29,9 @@ plus the first rounds or jobs).
   unbalanced run) so that each leaves at least ``ASYNC_RECORDS`` (balanced) or
   ``SOLO_RECORDS`` (solo) job records at ``--target-job-s``; on a fast machine
   one pass gave too few jobs to measure a steady rate.
+- Every run records its test accuracy; the async and solo runs train only when
+  within ``ACCURACY_GATE`` of the unbalanced sync run's (``trained``), and a
+  run that did not train gets no efficiency: its target fails.
 - ``balance_efficiency`` = balanced / solo_sum (target >= 0.9) and
   ``unbalanced_efficiency`` = unbalanced / solo_sum. ``concurrent`` gives each
   executor's rate within the balanced run itself (both training at once on
@@ -63,6 +66,7 @@ SLOW = 2.0  # worker 1's slow-down factor
 # job records each async run leaves: the balanced one skips 2 per block and 2 of drain, the solo one
 # its first job per block; 7 records, 1 left after skipping, was too few to measure (a fast machine)
 ASYNC_RECORDS, SOLO_RECORDS = 20, 12
+ACCURACY_GATE = 0.05  # an async run this far below the unbalanced sync run's test accuracy did not train
 
 
 def epochs_for(records: int, target_s: float, fastest_images_per_s: float, samples: int) -> int:
@@ -129,8 +133,9 @@ def measure_sync(bench: Bench, data: str, balance: bool) -> dict:
     for t in range(1, engine.rounds_per_epoch):
         recs.append(engine.run_round(t))
     wall = time.perf_counter() - t0
+    acc = engine.driver.evaluate(0)["test_accuracy"]
     engine.backend.close()  # unpersist the block placement RDDs
-    out = {"images_per_s": sum(r["samples"] for r in recs) / wall, "rounds": len(recs),
+    out = {"images_per_s": sum(r["samples"] for r in recs) / wall, "rounds": len(recs), "test_accuracy": acc,
            "round_wall_ms": 1000 * wall / len(recs),
            "round_overhead_ms": 1000 * sum(r["round_overhead_s"] for r in recs) / len(recs),
            "idle_fraction": sum(r["idle_fraction"] for r in recs) / len(recs)}
@@ -143,21 +148,22 @@ def measure_sync(bench: Bench, data: str, balance: bool) -> dict:
 
 def run_async(bench: Bench, data: str, run_id: str, target_s: float, epochs: int, threads: int = 0,
               blocks: int = BLOCKS):
-    """``AsyncEngine.run()`` over ``epochs`` passes of ``data``; the engine and its timed job records."""
+    """``AsyncEngine.run()`` over ``epochs`` passes of ``data``; the engine, its timed job records
+    and its test accuracy."""
     sink = TimedSink()
     engine = bench.engine(data, run_id, ["engine.mode=async", f"scheduler.target_job_seconds={target_s}",
                                          f"engine.threads={threads}", f"data.num_blocks={blocks}"], sink=sink,
                           epochs=epochs)
-    engine.run()
+    run = engine.run()
     engine.backend.close()  # unpersist the block placement RDDs
-    return engine, sink.rounds()
+    return engine, sink.rounds(), run["test_accuracy"]
 
 
-def summarize_async(bench: Bench, engine, rows: list) -> dict:
+def summarize_async(bench: Bench, engine, rows: list, accuracy: float) -> dict:
     rate = steady_rate(rows, skip_first=2 * engine.num_blocks, skip_last=2)
     steady = [r for _, r in rows[rate["first"]:rate["last"] + 1]][1:]
     return {"images_per_s": rate["images_per_s"], "jobs": rate["records"], "window_s": rate["window_s"],
-            "records": len(rows), "epochs": engine.cfg.train.epochs,
+            "records": len(rows), "epochs": engine.cfg.train.epochs, "test_accuracy": accuracy,
             "job_wall_ms": 1000 * sum(r["wall_s"] for r in steady) / len(steady),
             "round_overhead_ms": 1000 * sum(r["round_overhead_s"] for r in steady) / len(steady),
             "mean_staleness": sum(r["staleness"] for r in steady) / len(steady),
@@ -205,17 +211,22 @@ def main(argv=None) -> dict:
                                                     blocks=a.async_blocks))
             solo_epochs = epochs_for(SOLO_RECORDS, a.target_job_s, fastest, solo_samples)
             log("solo: async, one job at a time, %d epoch(s)", solo_epochs)
-            _, solo_rows = run_async(bench, solo_data, "bench-balance-solo", a.target_job_s, solo_epochs,
+            _, solo_rows, solo_acc = run_async(bench, solo_data, "bench-balance-solo", a.target_job_s, solo_epochs,
                                                threads=1)
         finally:
             spark.stop()
     solo = rates_by_executor(bench, [r for _, r in solo_rows[BLOCKS:]])  # leave out the default-sized first jobs
     solo_sum = sum(e["images_per_s"] for e in solo.values())
     concurrent_sum = sum(e["images_per_s"] for e in bal["by_executor"].values())
-    efficiency = bal["images_per_s"] / solo_sum
+    reference = unb["test_accuracy"]
+    trained = {"balanced": bal["test_accuracy"] >= reference - ACCURACY_GATE,
+               "solo": solo_acc >= reference - ACCURACY_GATE}
+    efficiency = bal["images_per_s"] / solo_sum if all(trained.values()) else None
     out.update({
         "fastest_images_per_s": fastest, "async_records_min": ASYNC_RECORDS, "solo_records_min": SOLO_RECORDS,
-        "solo_epochs": solo_epochs, "solo_records": len(solo_rows),
+        "solo_epochs": solo_epochs, "solo_records": len(solo_rows), "solo_test_accuracy": solo_acc,
+        "accuracy_gate": f"async and solo runs within {ACCURACY_GATE} of the unbalanced sync run's test accuracy",
+        "trained": trained,
         "unbalanced_images_per_s": unb["images_per_s"],
         "balanced_images_per_s": bal["images_per_s"],
         "solo_sum_images_per_s": solo_sum,
@@ -238,7 +249,7 @@ def main(argv=None) -> dict:
         "unbalanced": unb, "balanced": bal, "sync_balanced": sync_bal,
     })
     out["targets"] = {"balance_efficiency": ">= 0.9"}
-    out["targets_met"] = {"balance_efficiency": efficiency >= 0.9}
+    out["targets_met"] = {"balance_efficiency": efficiency is not None and efficiency >= 0.9}
     out["bench_wall_s"] = time.perf_counter() - t_start
     emit(out)
     return out

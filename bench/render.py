@@ -556,8 +556,9 @@ def balance_section(bal: dict | None, thr: dict | None, fig) -> str:
                  ("Async, jobs sized by time", "balanced", "balanced_images_per_s"),
                  ("Sum of each executor alone", "solo", "solo_sum_images_per_s")]
         solo = bal.get("solo_sum_images_per_s")
-        body = [[label, _f(bal.get(k), 1), _f(bal[k] / solo, 1, 100, " %") if _num(bal.get(k)) and _num(solo) and solo
-                 else DASH, _f(_get(bal, part, "idle_fraction"), 1, 100, " %"),
+        trained = all((bal.get("trained") or {}).values())  # a run that did not train gets no share
+        body = [[label, _f(bal.get(k), 1), _f(bal[k] / solo, 1, 100, " %")
+                 if trained and _num(bal.get(k)) and _num(solo) and solo else DASH, _f(_get(bal, part, "idle_fraction"), 1, 100, " %"),
                  _f(_get(bal, part, "round_overhead_ms"), 1)] for label, part, k in modes]
         out += [measured(bal, "balance"), "",
                 _table(["Mode", "Images/s", "Of solo sum", "Idle", "Overhead per round or job (ms)"], body), "",
@@ -565,6 +566,13 @@ def balance_section(bal: dict | None, thr: dict | None, fig) -> str:
                 f"{_g(_get(bal, 'solo_speed_ratio'))}x. Of solo sum: images/s over the sum of each executor's rate "
                 "when it trains alone (a perfectly balanced run with free communication). Idle: the share of "
                 "executor time spent waiting; overhead: job wall minus the slowest task.", "",
+                *([f"Test accuracy: sync same H {_f(_get(bal, 'unbalanced', 'test_accuracy'), 4)}, "
+                   f"async {_f(_get(bal, 'balanced', 'test_accuracy'), 4)} "
+                   f"({_g(_get(bal, 'balanced', 'epochs'))} passes, {_g(_get(bal, 'balanced', 'records'))} jobs), "
+                   f"solo {_f(bal.get('solo_test_accuracy'), 4)} ({_g(bal.get('solo_records'))} jobs); "
+                   f"{_g(bal.get('accuracy_gate'))}: "
+                   + ("met." if trained else "**not met**, so no share of the solo sum."), ""]
+                  if "trained" in bal else []),
                 fig("balance.png", "Images/s by mode, one executor slowed", _draw_balance, modes, bal)]
     rows = throughput_rows(thr)
     if rows:

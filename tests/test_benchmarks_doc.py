@@ -368,6 +368,25 @@ def test_the_links_section_says_how_many_repetitions_each_cell_is_the_median_of(
         assert "| 100mbit | GS-ASGD + MS, H = 1 | 5316 | 25.2 | 0.8975 | 16.5 | 20.0 | 0.4 |" in doc
 
 
+def test_the_balance_section_gives_each_runs_accuracy_and_no_share_to_a_run_that_did_not_train(results):
+    bal = json.loads((results / "balance.json").read_text())
+    bal["balanced"].update({"test_accuracy": 0.7714, "epochs": 3, "records": 23})
+    bal["unbalanced"]["test_accuracy"] = 0.7601
+    bal.update({"solo_test_accuracy": 0.7420, "solo_records": 14, "trained": {"balanced": True, "solo": True},
+                "accuracy_gate": "async and solo runs within 0.05 of the unbalanced sync run's test accuracy"})
+    (results / "balance.json").write_text(json.dumps(bal))
+    doc = section(render.render(str(results))["benchmarks"], "## Load balance and overlap")
+    said = ("Test accuracy: sync same H 0.7601, async 0.7714 (3 passes, 23 jobs), solo 0.7420 (14 jobs); "
+            "async and solo runs within 0.05 of the unbalanced sync run's test accuracy: ")
+    assert said + "met." in doc
+    share = f"{bal['balanced_images_per_s'] / bal['solo_sum_images_per_s'] * 100:.1f} %"
+    assert share in doc
+    bal["trained"]["solo"] = False
+    (results / "balance.json").write_text(json.dumps(bal))
+    doc = section(render.render(str(results))["benchmarks"], "## Load balance and overlap")
+    assert said + "**not met**, so no share of the solo sum." in doc and share not in doc
+
+
 def test_the_balance_bench_sizes_its_async_runs_by_jobs_not_seconds():
     """7 jobs at 1.5 s each on a fast machine left 1 after the warm-up and drain: too few."""
     balance = importlib.import_module("bench.balance")
