@@ -41,6 +41,37 @@ def test_momentum_summary_pairs_the_forms_by_setting_and_blocks():
     assert rows[1]["correction"]["sd"] is None and "samomentum_minus_correction_points" not in rows[1]
 
 
+def test_momentum_summary_gives_training_loss_and_leaves_out_a_seed_the_guard_stopped():
+    def run(f, seed, acc, losses):
+        return {"setting": "lr_x4", "blocks": 8, "form": f, "seed": seed, "test_accuracy": acc,
+                "train_loss_per_epoch": losses, "mean_staleness": 7.0, "bytes_up": 100, "bytes_down": 300,
+                "pushes": 4}
+
+    runs = [run("correction", 42, 0.80, [0.9, 0.5]), run("correction", 43, 0.82, [0.8, 0.3]),
+            run("sparsification_aware", 42, 0.76, [1.0, 0.7]),
+            {"setting": "lr_x4", "blocks": 8, "form": "sparsification_aware", "seed": 43, "test_accuracy": None,
+             "stopped": "exchange 9: training loss 9.1 diverged", "wall_s": 3.0}]
+    (row,) = momentum.summarise(runs)
+    assert row["correction"]["final_train_loss"] == pytest.approx(0.4)
+    assert row["correction"]["stopped"] == 0 and row["correction"]["mean_staleness"] == 7.0
+    sa = row["sparsification_aware"]
+    assert sa["seeds"] == 1 and sa["stopped"] == 1 and sa["final_train_loss"] == pytest.approx(0.7)
+    assert row["samomentum_minus_correction_points"] == pytest.approx(-5.0)
+    runs[2]["test_accuracy"] = None
+    (row,) = momentum.summarise(runs)
+    assert row["sparsification_aware"] == {"mean": None, "sd": None, "seeds": 0, "stopped": 2}
+    assert "samomentum_minus_correction_points" not in row
+
+
+def test_samomentum_moves_the_weights_less_than_momentum_correction_at_the_same_lr():
+    """The two policies on one synthetic gradient stream, against dense momentum SGD."""
+    small = {**momentum.DISPLACEMENT, "size": 20_000}
+    mc, sa = (momentum.displacement(f, small) for f in momentum.FORMS)
+    assert 0.5 < mc["along"] < 1.0  # most of the step applied; the rest waits in the residual
+    assert sa["along"] < 0.5 * mc["along"]  # an entry sent rarely gains no momentum
+    assert momentum.displacement("correction", small) == mc  # one stream per seed
+
+
 def test_momentum_section_renders_the_committed_ablation():
     import os
 
