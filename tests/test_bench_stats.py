@@ -181,3 +181,50 @@ def test_a_child_run_the_guard_stopped_is_told_from_a_failed_one(monkeypatch):
         with pytest.raises(expected) as e:
             accuracy.run_isolated("d", "stream-gs-asgd-ms-n8", ["engine.master=local[8]"], 1, "o")
         assert ("exchange 5" in str(e.value)) if expected is accuracy.Collapsed else ("ValueError" in str(e.value))
+
+
+def _momentum_json(sa8: float, sa8_loss: float) -> dict:
+    def cell(mean, loss, stopped=0):
+        return {"mean": mean, "sd": 0.001, "seeds": 2 - stopped, "stopped": stopped, "final_train_loss": loss,
+                "bytes_per_push": 40000.0}
+
+    return {"epochs": 3, "seeds": 2, "settings": {"project": [], "lr_x4": ["train.lr=0.2"]},
+            "summary": [{"setting": "project", "blocks": 2, "correction": cell(0.88, 0.40),
+                         "sparsification_aware": cell(0.877, 0.41), "samomentum_minus_correction_points": -0.3},
+                        {"setting": "project", "blocks": 8, "correction": cell(0.7529, 0.70),
+                         "sparsification_aware": cell(sa8, sa8_loss),
+                         "samomentum_minus_correction_points": round(100 * (sa8 - 0.7529), 2)},
+                        {"setting": "lr_x4", "blocks": 8, "correction": cell(0.80, 0.55, stopped=1),
+                         "sparsification_aware": {"mean": None, "sd": None, "seeds": 0, "stopped": 2}}],
+            "displacement": {"stream": {"size": 100000, "steps": 1000, "density": 0.001, "lr": 0.05,
+                                        "momentum": 0.9, "mean_sd": 0.1, "noise_sd": 1.0, "seed": 0},
+                             "correction": {"along": 0.733}, "sparsification_aware": {"along": 0.186}}}
+
+
+def test_the_readme_line_gives_the_measured_reason_when_samomentum_misses_its_target():
+    render = importlib.import_module("bench.render")
+    line = render.momentum_finding(_momentum_json(0.7354, 0.80))
+    assert line.startswith("- **Sparsification-aware momentum, 8 blocks:** -1.75 points against momentum "
+                           "correction after 3 epochs (0.7354 against 0.7529), so `correction` is the default.")
+    assert "it trains slower (last epoch's training loss 0.800 against 0.700)" in line
+    assert "moves the weights 0.186 of dense momentum SGD's way, correction 0.733; at 4x the lr the guard " \
+        "stopped every seed." in line
+    mo = _momentum_json(0.7354, 0.80)
+    mo["summary"][2]["sparsification_aware"] = {"mean": 0.7601, "sd": 0.002, "stopped": 0}
+    assert render.momentum_finding(mo).endswith("at 4x the lr it reaches 0.7601, 0.72 points against correction "
+                                                "at the project's lr.")
+    assert render.momentum_finding(_momentum_json(0.7354, 0.60)).count("not slower training (") == 1
+    assert render.momentum_finding(_momentum_json(0.7520, 0.80)).endswith(
+        "(0.7520 against 0.7529): meets the target (within 0.3 points, or better).")
+    assert render.momentum_finding(None) is None
+
+
+def test_the_momentum_section_shows_training_loss_stopped_seeds_and_the_displacement():
+    render = importlib.import_module("bench.render")
+    text = render.momentum_section(_momentum_json(0.7354, 0.80), lambda *a: "")
+    assert "| `project` | 8 | 0.7529 ± 0.0010 | 0.7354 ± 0.0010 | -1.75 |" in text
+    assert "| 0.700 / 0.800 | 40.0 / 40.0 |" in text
+    assert "| `lr_x4` | 8 | 0.8000 ± 0.0010 (1 stopped) | all 2 seeds stopped by the guard | — |" in text
+    assert ("fixed mean plus noise 10 times the spread of the means). What the server applied, projected on the "
+            "displacement of dense momentum SGD on the same stream: momentum correction 0.733, SAMomentum 0.186.") \
+        in text
