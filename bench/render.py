@@ -460,7 +460,8 @@ def momentum_section(mo: dict | None, fig) -> str:
             fig("momentum.png", "Final test accuracy by number of blocks, momentum correction and SAMomentum",
                 _draw_momentum, rows), "",
             _table(["Setting", "N", "Momentum correction", "SAMomentum", "SAMomentum − correction (points)",
-                    "Correction by epoch", "SAMomentum by epoch", "Last epoch's training loss (correction / SAMomentum)",
+                    "Correction by epoch", "SAMomentum by epoch",
+                    "Last epoch's training loss (correction / SAMomentum)",
                     "kB per push (correction / SAMomentum)"], body),
             "", verdict, "", displacement_sentence(mo), "",
             f"GS-ASGD + MS on the stream at one step per exchange (uplink density 0.001 after a 1-epoch "
@@ -501,7 +502,7 @@ def momentum_finding(mo: dict | None) -> str | None:
         return None
     mc, sa = row["correction"], row["sparsification_aware"]
     x4 = rows.get(("lr_x4", n)) or {}
-    sa4 = _get(x4, "sparsification_aware", "mean")
+    sa4, mc4 = _get(x4, "sparsification_aware", "mean"), _get(x4, "correction", "mean")
     d = _get(mo, "displacement") or {}
     gap, gap4 = row["samomentum_minus_correction_points"], 100 * (sa4 - mc["mean"]) if _num(sa4) else None
     head = (f"- **Sparsification-aware momentum, {_g(n)} blocks:** {_f(gap, 2)} points against momentum "
@@ -512,13 +513,16 @@ def momentum_finding(mo: dict | None) -> str | None:
     losses = (sa.get("final_train_loss"), mc.get("final_train_loss"))
     slower = all(_num(x) for x in losses) and losses[0] > losses[1]
     said = f"last epoch's training loss {_f(losses[0], 3)} against {_f(losses[1], 3)}"
+    if gap4 is not None:
+        at4 = (f"; at 4x the lr it reaches {_f(sa4, 4)}, {_f(abs(gap4), 2)} points "
+               f"{'above' if gap4 >= 0 else 'below'} correction at the project's lr"
+               + (f", while correction at 4x the lr reaches {_f(mc4, 4)}." if _num(mc4) else "."))
+    else:
+        at4 = "; at 4x the lr the guard stopped every seed." if _get(x4, "sparsification_aware", "stopped") else "."
     return (head + ", so `correction` is the default. Measured reason: "
             + (f"it trains slower ({said}); " if slower else f"not slower training ({said}); ")
             + f"at the same lr it moves the weights {_f(_get(d, 'sparsification_aware', 'along'), 3)} of dense "
-            f"momentum SGD's way, correction {_f(_get(d, 'correction', 'along'), 3)}"
-            + (f"; at 4x the lr it reaches {_f(sa4, 4)}, {_f(gap4, 2)} points against correction at the "
-               "project's lr." if gap4 is not None else
-               "; at 4x the lr the guard stopped every seed." if _get(x4, "sparsification_aware", "stopped") else "."))
+            f"momentum SGD's way, correction {_f(_get(d, 'correction', 'along'), 3)}" + at4)
 
 
 def cifar_table(cif: dict | None) -> str:

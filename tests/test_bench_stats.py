@@ -211,8 +211,11 @@ def test_the_readme_line_gives_the_measured_reason_when_samomentum_misses_its_ta
         "stopped every seed." in line
     mo = _momentum_json(0.7354, 0.80)
     mo["summary"][2]["sparsification_aware"] = {"mean": 0.7601, "sd": 0.002, "stopped": 0}
-    assert render.momentum_finding(mo).endswith("at 4x the lr it reaches 0.7601, 0.72 points against correction "
-                                                "at the project's lr.")
+    assert render.momentum_finding(mo).endswith("at 4x the lr it reaches 0.7601, 0.72 points above correction "
+                                                "at the project's lr, while correction at 4x the lr reaches 0.8000.")
+    mo["summary"][2]["sparsification_aware"]["mean"] = 0.7401
+    assert "at 4x the lr it reaches 0.7401, 1.28 points below correction at the project's lr" in \
+        render.momentum_finding(mo)
     assert render.momentum_finding(_momentum_json(0.7354, 0.60)).count("not slower training (") == 1
     assert render.momentum_finding(_momentum_json(0.7520, 0.80)).endswith(
         "(0.7520 against 0.7529): meets the target (within 0.3 points, or better).")
