@@ -17,7 +17,8 @@ regularisation and both forms get the same gradient. ``dgs`` and ``lr_x4`` run a
 Why a form trains slower, measured two ways:
 
 - ``train_loss_per_epoch``: each run's mean training loss over the pushes of each epoch
-  (from its metrics), beside its test accuracy: a form that trains slower has both worse.
+  (its epoch records' ``train_loss``), beside its test accuracy: a form that trains slower
+  has both worse.
 - ``displacement``: the two policies themselves, fed one synthetic gradient stream (per
   entry a fixed mean plus noise ten times larger, one tensor of ``DISPLACEMENT["size"]``
   entries, ``steps`` steps at the case's uplink density) with what the server applies summed
@@ -78,12 +79,10 @@ try:
 except Diverged as e:  # the guard stopped it: a result of the setting, not a failure of the bench
     print(json.dumps({"stopped": str(e).splitlines()[0], "test_accuracy": None}))
     sys.exit(0)
-rounds = [r for r in read_jsonl(os.path.join(s["run_dir"], "metrics.jsonl")) if r["kind"] == "round"]
-losses = {}
-for r in rounds:
-    losses.setdefault(r["epoch"], []).append(r["loss"])
+records = list(read_jsonl(os.path.join(s["run_dir"], "metrics.jsonl")))
+rounds = [r for r in records if r["kind"] == "round"]
 print(json.dumps({"test_accuracy": s["test_accuracy"], "accuracy_per_epoch": s["accuracy_per_epoch"],
-                  "train_loss_per_epoch": [sum(v) / len(v) for _, v in sorted(losses.items())],
+                  "train_loss_per_epoch": [r["train_loss"] for r in records if r["kind"] == "epoch"],
                   "mean_staleness": sum(r["staleness"] for r in rounds) / max(1, len(rounds)),
                   "pushes": len(rounds), "bytes_up": sum(r["bytes_up"] for r in rounds),
                   "bytes_down": sum(r["bytes_down"] for r in rounds),
