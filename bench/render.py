@@ -727,6 +727,7 @@ def headline(acc: dict | None, thr: dict | None, doc_link: str, mo: dict | None 
     best_case, best = max(h1, key=lambda lm: lm[1]["efficiency_vs_limit"], default=(DASH, {}))
     up = {n: _stat(by.get(n, {}), "bytes_up")[0] for n in ("stream-gs-asgd", "stream-asgd")}
     fewer = up["stream-asgd"] / up["stream-gs-asgd"] if all(_num(v) and v for v in up.values()) else None
+    finding = momentum_finding(mo)
     return "\n".join([
         "",
         f"- **GS-ASGD + model-parameter sparsification, H = 1:** final test accuracy "
@@ -736,7 +737,7 @@ def headline(acc: dict | None, thr: dict | None, doc_link: str, mo: dict | None 
         f"({best_case}, {_f(best.get('images_per_s'), 1)} images/s).",
         f"- **Uplink bytes, H = 1:** GS-ASGD sends {_f(up['stream-gs-asgd'], 1, 1e-6)} MB, ASGD "
         f"{_f(up['stream-asgd'], 1, 1e-6)} MB ({_f(fewer, 1)}x fewer).",
-        *([momentum_finding(mo)] if momentum_finding(mo) else []),
+        *([finding] if finding else []),
         "",
         f"Every table, figure and the machine they were measured on: [{os.path.basename(doc_link)}]({doc_link}).",
         "", ""])
