@@ -34,7 +34,7 @@ os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[5]))
 tf.config.threading.set_inter_op_parallelism_threads(1)
-from sparkcnn.blockstore import read_block
+from sparkcnn.worker.blockstore import read_block
 from sparkcnn.protocol import TaskSpec
 from sparkcnn.worker.trainer import Trainer, batch_indices
 data, blocks, block, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -367,7 +367,7 @@ def parent_pid(pid: int) -> int | None:
 
 def spark_backend(spark, run_id: str, pool: str | None = None):
     """A SparkBackend for one engine on the bench's shared session."""
-    from sparkcnn.engine.backend import SparkBackend
+    from sparkcnn.backends.backend import SparkBackend
 
     return SparkBackend(spark, run_id, pool=pool)
 

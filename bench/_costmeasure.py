@@ -176,7 +176,7 @@ def apply_rows(layout: tuple, repeat: int) -> list[dict]:
     """The driver's ``apply_deltas`` seconds for n payloads of each kind (0.001, 0.01, dense)."""
     from bench.scale import best_of, random_delta
     from sparkcnn.compression import SparseDelta, decode, encode
-    from sparkcnn.engine.apply import apply_deltas
+    from sparkcnn.server.apply import apply_deltas
     from sparkcnn.ps import ParameterServer
 
     rng = np.random.default_rng(0)
@@ -221,12 +221,12 @@ class Setup:
     def __init__(self, name: str, stack: ExitStack):
         self.name, self.roots = name, (lambda: ())
         if name == "local":
-            from sparkcnn.engine.session import get_or_create_spark
+            from sparkcnn.backends.session import get_or_create_spark
 
             self.spark = get_or_create_spark("local[2]", "sparkcnn-costmodel")
             stack.callback(self.spark.stop)
         else:
-            from sparkcnn.engine.standalone import StandaloneCluster, session
+            from sparkcnn.testing.standalone import StandaloneCluster, session
 
             cluster = stack.enter_context(StandaloneCluster(workers=2, cores_per_worker=1).start(timeout=180))
             self.spark = session(cluster, "sparkcnn-costmodel", timeout=180)

@@ -181,7 +181,7 @@ def main(argv=None) -> dict:
                          "keeps a job queued)")
     a = ap.parse_args(argv)
     t_start = time.perf_counter()
-    from sparkcnn.engine.standalone import StandaloneCluster, session
+    from sparkcnn.testing.standalone import StandaloneCluster, session
 
     data = ensure_data()
     rounds = 8 if a.quick else 12  # sync rounds of H steps per block: the fixed sample count

@@ -24,9 +24,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--blocks", type=int, default=2)
     a = ap.parse_args(argv)
     data = ensure_data()
-    from sparkcnn import blockstore
-    from sparkcnn.engine.backend import SparkBackend
-    from sparkcnn.engine.session import get_or_create_spark
+    from sparkcnn.worker import blockstore
+    from sparkcnn.backends.backend import SparkBackend
+    from sparkcnn.backends.session import get_or_create_spark
 
     backend = SparkBackend(get_or_create_spark("local[2]", "sparkcnn-bench-blocks"), "bench-blocks")
     train_dir = os.path.abspath(os.path.join(data, "train"))

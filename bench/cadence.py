@@ -36,7 +36,7 @@ SEED = 42
 
 def _every_push():
     """The exchange core with a downlink after every applied push."""
-    from sparkcnn.engine.exchange import ExchangeCore
+    from sparkcnn.server.exchange import ExchangeCore
 
     real = ExchangeCore.__init__
 

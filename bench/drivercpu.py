@@ -45,7 +45,9 @@ CASE = "async_h1_sparse"
 
 def parts() -> list:
     """(owner, attribute, name): the handler's parts, each timed on the thread that runs it."""
-    from sparkcnn.engine import driver, psservice, stream
+    from sparkcnn.server import driver
+    from sparkcnn.transport import service as psservice
+    from sparkcnn.transport import stream
     from sparkcnn.ps import ParameterServer
 
     return [(stream.StreamEngine, "push", "push"), (driver.RoundDriver, "apply", "apply"),

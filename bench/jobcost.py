@@ -72,7 +72,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--jobs", type=int, default=60)
     ap.add_argument("--step-ms", type=float, default=45.0, help="one fmnist_cnn step on one core (ms)")
     a = ap.parse_args(argv)
-    from sparkcnn.engine.session import get_or_create_spark
+    from sparkcnn.backends.session import get_or_create_spark
 
     spark = get_or_create_spark("local[2]", "sparkcnn-jobcost")
     jvm_pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())

@@ -84,7 +84,7 @@ class BadLinks(ValueError):
 
 def rate_bytes_per_s(rate: str) -> float:
     """A rate as ``bench/links.py`` names it (``100mbit``, ``1gbit``) in bytes/s."""
-    from sparkcnn.engine.testbed import parse_rate
+    from sparkcnn.testing.testbed import parse_rate
 
     return parse_rate(rate) / 8
 

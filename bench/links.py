@@ -1,6 +1,6 @@
 """The seeds' speed-up in time: the same training on separate hosts behind links of different rates.
 
-A 2-host test bed (:mod:`sparkcnn.engine.testbed`: two network namespaces of one Spark worker
+A 2-host test bed (:mod:`sparkcnn.testing.testbed`: two network namespaces of one Spark worker
 with one core each, the driver and master on a bridge, each host's link shaped in both
 directions by tbf) trains ``fmnist_cnn`` on Fashion-MNIST, 2 blocks, with these variants
 (``VARIANTS``, the settings of bench/accuracy.py's stream rows and its sync reference):
@@ -134,8 +134,8 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=1, help="repetitions per cell (medians are judged)")
     p.add_argument("--out", help="also write the JSON here")
     args = p.parse_args(argv)
-    from sparkcnn.engine import standalone
-    from sparkcnn.engine.testbed import TestBed, parse_rate, unavailable_reason
+    from sparkcnn.testing import standalone
+    from sparkcnn.testing.testbed import TestBed, parse_rate, unavailable_reason
 
     rates = [r.strip() for r in args.rates.split(",") if r.strip()]
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]

@@ -61,7 +61,7 @@ def record_deltas(data: str, density: float, count: int, out_dir: str) -> list[d
     from unittest import mock
 
     from sparkcnn import config
-    from sparkcnn.engine.exchange import ExchangeCore
+    from sparkcnn.server.exchange import ExchangeCore
     from sparkcnn.train import train
 
     cfg = config.load(None, [f"data.path={data}", f"run.out_dir={out_dir}", "run.name=psload-record",
@@ -277,7 +277,7 @@ class _Marks:
 
 
 def _load_backend(deltas_path: str, rate: float):
-    from sparkcnn.engine.inprocess import LocalBackend
+    from sparkcnn.backends.inprocess import LocalBackend
     from sparkcnn.protocol import StreamTotals
 
     class LoadBackend(LocalBackend):

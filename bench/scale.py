@@ -6,7 +6,7 @@ Keys:
   codec_bytes_per_nonzero  whole payload / nnz, one 1 M-entry tensor with a
                            uniformly random support, float16 values, by density
   driver_apply_s           seconds of the engine's apply path for N payloads,
-                           sparkcnn.engine.apply.apply_deltas: decode and validate
+                           sparkcnn.server.apply.apply_deltas: decode and validate
                            each, the divergence guard on each norm, the weighted
                            sum and ParameterServer.apply (``W -= G``), by model
                            size then N (density 0.001, small tensors dense as in
@@ -57,7 +57,7 @@ from sparkcnn.compression import SparseDelta, Sparsifier, decode_batch, encode  
 from sparkcnn.compression.delta import Layout  # noqa: E402
 from sparkcnn.compression import native  # noqa: E402
 from sparkcnn.compression.sparse_sum import DEFAULT_THREADS  # noqa: E402
-from sparkcnn.engine.apply import apply_deltas  # noqa: E402
+from sparkcnn.server.apply import apply_deltas  # noqa: E402
 from sparkcnn.guard import DivergenceGuard  # noqa: E402
 from sparkcnn.ps import ParameterServer  # noqa: E402
 
@@ -254,7 +254,7 @@ def measure_sparsify_share(density: float = 0.001, steps: int = 10, reps: int = 
     tf.config.threading.set_inter_op_parallelism_threads(1)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from bench._common import DATA, ensure_data
-    from sparkcnn.blockstore import read_block
+    from sparkcnn.worker.blockstore import read_block
     from sparkcnn.compression import ErrorFeedback, Sparsifier, encode
     from sparkcnn.protocol import TaskSpec
     from sparkcnn.worker.trainer import Trainer, batch_indices

@@ -77,8 +77,8 @@ def main(argv=None) -> dict:
     t_start = time.perf_counter()
 
     from sparkcnn import config
-    from sparkcnn.engine.backend import SparkBackend
-    from sparkcnn.engine.session import get_or_create_spark
+    from sparkcnn.backends.backend import SparkBackend
+    from sparkcnn.backends.session import get_or_create_spark
     from sparkcnn.train import build_engine
 
     data = ensure_data()

@@ -121,7 +121,7 @@ EXTRA: list[str] = []  # --set overrides, applied to every engine of the run
 def _engine(data: str, run_id: str, overrides: list[str], sink=None):
     """Engine on the shared local[2] session, blocks loaded and models built in the workers."""
     from sparkcnn import config
-    from sparkcnn.engine.session import get_or_create_spark
+    from sparkcnn.backends.session import get_or_create_spark
     from sparkcnn.train import build_engine
 
     cfg = config.load(None, [f"data.path={data}", f"data.num_blocks={BLOCKS}", f"train.batch_size={BATCH}",
@@ -138,7 +138,7 @@ def _limit_task(spec, steps: int):
     def fn(block, ctx):
         import time as _time
 
-        from sparkcnn import blockstore
+        from sparkcnn.worker import blockstore
         from sparkcnn.worker.round import local_root
         from sparkcnn.worker.trainer import batch_indices, get_trainer
 

@@ -61,8 +61,8 @@ def main(argv=None) -> dict:
     if unknown:
         raise SystemExit(f"bench/tinyasync.py: --variants {','.join(unknown)}: not one of {', '.join(VARIANTS)}")
     from sparkcnn import config
-    from sparkcnn.engine.backend import SparkBackend
-    from sparkcnn.engine.session import get_or_create_spark
+    from sparkcnn.backends.backend import SparkBackend
+    from sparkcnn.backends.session import get_or_create_spark
     from sparkcnn.train import train
 
     out = {"base": BASE, "runs_per_variant": a.runs, "collapsed_at_or_below": COLLAPSED, "variants": {}}

@@ -89,7 +89,7 @@ def _scoring_setup(a):
 
 
 def _scoring_spark():
-    from sparkcnn.engine import session
+    from sparkcnn.backends import session
 
     return session.get_or_create_spark(app_name="sparkcnn-score")
 

@@ -151,7 +151,7 @@ def prediction_udf(data: bytes, input_shape, column: str, batch_size: int = 256,
         model = None
         for batch in batches:
             if model is None:  # first batch: the worker's cached model, loaded at most once
-                from sparkcnn.engine.backend import spark_task_context
+                from sparkcnn.backends.backend import spark_task_context
                 from sparkcnn.worker.devices import bind
 
                 ctx = spark_task_context()

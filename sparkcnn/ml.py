@@ -481,7 +481,7 @@ def read_bytes(spark, path: str) -> bytes:
 
 
 def _hadoop(spark, path: str):
-    from sparkcnn.engine.session import is_connect
+    from sparkcnn.backends.session import is_connect
 
     if is_connect(spark):
         raise BadInput(f"{path}: a Spark Connect session saves and loads models on local paths only")

@@ -160,7 +160,7 @@ class ParameterServer:
         ``update`` is a dense vector (cast to float32) or a SparseDelta; both
         give bit-identical ``W`` for the same entries. Updates reach the
         server only through the codec, whose decoder refuses non-finite
-        values (:func:`sparkcnn.engine.apply.apply_deltas`), and through the
+        values (:func:`sparkcnn.server.apply.apply_deltas`), and through the
         divergence guard, which refuses exploding ones; so this method checks
         shapes, not values.
         """

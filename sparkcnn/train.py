@@ -69,18 +69,18 @@ def set_flat_weights(model, flat: np.ndarray) -> None:
 
 def make_backend(cfg, run_id: str, spark=None):
     """The backend a run uses: ``spark`` if given, else the active or launcher's session; a Spark
-    Connect session gets :class:`~sparkcnn.engine.connect.ConnectBackend` (the stream only)."""
-    from sparkcnn.engine.backend import SparkBackend
-    from sparkcnn.engine.gpus import check_session
-    from sparkcnn.engine.session import get_or_create_spark, is_connect
+    Connect session gets :class:`~sparkcnn.backends.connect.ConnectBackend` (the stream only)."""
+    from sparkcnn.backends.backend import SparkBackend
+    from sparkcnn.backends.gpus import check_session
+    from sparkcnn.backends.session import get_or_create_spark, is_connect
 
     if cfg.engine.master == "inprocess":  # no Spark: every block runs in this process (tests, debugging)
-        from sparkcnn.engine.inprocess import LocalBackend
+        from sparkcnn.backends.inprocess import LocalBackend
 
         return LocalBackend(run_id)
     spark = spark if spark is not None else get_or_create_spark(cfg.engine.master, app_name=f"sparkcnn {run_id}")
     if is_connect(spark):
-        from sparkcnn.engine.connect import ConnectBackend
+        from sparkcnn.backends.connect import ConnectBackend
 
         if cfg.engine.transport == "jobs":
             raise BadInput("engine.transport=jobs runs an RDD job per exchange, which Spark Connect does not "
@@ -96,7 +96,7 @@ def resolve_transport(cfg, backend):
     session (the only transport there, said in one log line), else the jobs transport."""
     if cfg.engine.transport != "auto":
         return cfg
-    from sparkcnn.engine.connect import ConnectBackend
+    from sparkcnn.backends.connect import ConnectBackend
 
     if isinstance(backend, ConnectBackend):
         log.info("engine.transport unset: training over Spark Connect on the stream transport")
@@ -133,8 +133,8 @@ def build_engine(cfg, backend, run_id: str, sink=None, progress=None, run_dir: s
     Placing the blocks is the run's warm-up (data to the executors, TF import, model
     build): its time is ``engine.warmup_s``.
     """
-    from sparkcnn.engine.asynchronous import AsyncEngine
-    from sparkcnn.engine.sync import SyncEngine
+    from sparkcnn.transport.jobs_async import AsyncEngine
+    from sparkcnn.transport.jobs_sync import SyncEngine
     from sparkcnn.models import build_model
 
     cfg = resolve_transport(cfg, backend)
@@ -143,14 +143,14 @@ def build_engine(cfg, backend, run_id: str, sink=None, progress=None, run_dir: s
     spec = build_spec(cfg, run_id, train_f, test_f, model)
     t0 = time.perf_counter()
     if cfg.engine.transport == "stream":  # before its barrier placement, which would wait for slots
-        from sparkcnn.engine.stream import check_limits
+        from sparkcnn.transport.stream import check_limits
 
         check_limits(backend, spec.num_blocks, cfg.engine.mode == "sync")
     rows = backend.place("train", train_f, spec.num_blocks, spec, spread=cfg.engine.transport == "stream")
     if spec.test_blocks:
         backend.place("test", test_f, spec.test_blocks, spec)
     if cfg.engine.transport == "stream":
-        from sparkcnn.engine.stream import StreamEngine as cls
+        from sparkcnn.transport.stream import StreamEngine as cls
     else:
         cls = AsyncEngine if cfg.engine.mode == "async" else SyncEngine
     engine = cls(cfg, backend, spec, rows, flat_weights(model), sink=sink, progress=progress, run_dir=run_dir)

@@ -61,7 +61,7 @@ def main(spec_path: str) -> int:
     # is honoured by spark-submit, not by a context created from plain Python)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if spec.get("cluster"):
-        from sparkcnn.engine.standalone import FAST_START_JAVA_OPTS, StandaloneCluster, session
+        from sparkcnn.testing.standalone import FAST_START_JAVA_OPTS, StandaloneCluster, session
 
         cluster = StandaloneCluster.attach(spec["cluster"])
         # executors register within seconds on a quiet machine, minutes on a loaded 2-core one
@@ -69,7 +69,7 @@ def main(spec_path: str) -> int:
                         conf={"spark.executor.extraJavaOptions": FAST_START_JAVA_OPTS,
                               "spark.scheduler.mode": "FAIR", **spec.get("conf", {})})
     else:
-        from sparkcnn.engine.session import get_or_create_spark
+        from sparkcnn.backends.session import get_or_create_spark
 
         spark = get_or_create_spark(spec["master"], app_name="sparkcnn-cluster-tests", conf=spec.get("conf"))
     sc = spark.sparkContext

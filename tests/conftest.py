@@ -13,7 +13,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 @pytest.fixture(scope="session")
 def spark():
-    from sparkcnn.engine.session import get_or_create_spark
+    from sparkcnn.backends.session import get_or_create_spark
 
     session = get_or_create_spark("local[2]", app_name="sparkcnn-tests")
     yield session
@@ -47,7 +47,7 @@ def standalone_cluster():
     """A standalone master and 2 workers of 1 core on 127.0.0.1, shared by the cluster tests
     that leave it intact (tests that kill workers start their own). One SparkContext per
     process: drive it from a subprocess (``spark-submit``, or ``session`` after ``attach``)."""
-    from sparkcnn.engine.standalone import StandaloneCluster
+    from sparkcnn.testing.standalone import StandaloneCluster
 
     with StandaloneCluster(workers=2, cores_per_worker=1).start(timeout=180) as cluster:
         yield cluster

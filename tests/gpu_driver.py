@@ -9,7 +9,7 @@ only ever Spark's bookkeeping and the tasks' ``CUDA_VISIBLE_DEVICES``. The appli
 :data:`APPS` run one after another in this process, each a SparkSession opened by sparkcnn's
 ``get_or_create_spark`` with the GPU settings as a caller's (``spark.python.worker.reuse`` left
 to sparkcnn), each training a small sync run on the jobs transport (2 blocks, 2 rounds). Per
-application ``out`` receives the settings the session got, the ``sparkcnn.engine.gpus`` log
+application ``out`` receives the settings the session got, the ``sparkcnn.backends.gpus`` log
 lines, the run's exit status and error line, its phases' seconds, and the assignment table: one
 row per round and block from the run's ``metrics.jsonl`` (executor id, Python worker pid, the
 addresses of the task context, and the ``CUDA_VISIBLE_DEVICES`` its TensorFlow ran with).
@@ -87,13 +87,13 @@ def run_app(name: str, cluster, data: str, root: str) -> dict:
     from pyspark import SparkContext
 
     from sparkcnn import config
-    from sparkcnn.engine.session import get_or_create_spark
-    from sparkcnn.engine.standalone import FAST_START_JAVA_OPTS, wait_for_executors
+    from sparkcnn.backends.session import get_or_create_spark
+    from sparkcnn.testing.standalone import FAST_START_JAVA_OPTS, wait_for_executors
     from sparkcnn.errors import SparkCNNError
     from sparkcnn.train import train
 
     lines = _Lines()
-    logging.getLogger("sparkcnn.engine.gpus").addHandler(lines)
+    logging.getLogger("sparkcnn.backends.gpus").addHandler(lines)
     t0 = time.monotonic()
     conf = {"spark.driver.host": cluster.host, "spark.driver.bindAddress": cluster.host,
             "spark.ui.enabled": "false", "spark.executor.extraJavaOptions": FAST_START_JAVA_OPTS,
@@ -128,7 +128,7 @@ def run_app(name: str, cluster, data: str, root: str) -> dict:
         if spark is not None:
             spark.stop()
             phase("stop")
-        logging.getLogger("sparkcnn.engine.gpus").removeHandler(lines)
+        logging.getLogger("sparkcnn.backends.gpus").removeHandler(lines)
     out.update(log=lines.lines, run_dir_exists=os.path.isdir(run_dir), seconds=round(time.monotonic() - t0, 1),
                table=assignment(run_dir) if out["exit"] == 0 else [])
     return out
@@ -161,7 +161,7 @@ def main() -> int:
     """On its own: tiny data and the cluster in a temporary directory; prints the tables as JSON."""
     from sparkcnn.data.prepare import prepare
     from sparkcnn.data.synthetic import make_fake_fashion
-    from sparkcnn.engine.standalone import StandaloneCluster
+    from sparkcnn.testing.standalone import StandaloneCluster
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     tmp = tempfile.mkdtemp(prefix="sparkcnn-fake-gpus-")
@@ -180,7 +180,7 @@ def main() -> int:
 if __name__ == "__main__":
     sys.path.insert(0, REPO)  # this repository's sparkcnn, as the executors get (spark.executorEnv.PYTHONPATH)
     if sys.argv[1:2] and sys.argv[1].endswith(".json"):
-        from sparkcnn.engine.standalone import StandaloneCluster
+        from sparkcnn.testing.standalone import StandaloneCluster
 
         logging.basicConfig(level=logging.INFO, stream=sys.stderr)
         with open(sys.argv[1], encoding="utf-8") as fh:

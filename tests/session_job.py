@@ -8,7 +8,7 @@ prints a line ``SESSION {json}`` with the settings the tests look at.
 import json
 import sys
 
-from sparkcnn.engine.session import get_or_create_spark
+from sparkcnn.backends.session import get_or_create_spark
 
 KEYS = ("spark.master", "spark.app.name", "spark.scheduler.mode", "spark.python.worker.reuse",
         "spark.sparkcnn.probe")

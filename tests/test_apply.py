@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkcnn.compression import SparseDelta, Sparsifier, decode, encode, sparse_sum, weighted_sum
-from sparkcnn.engine.apply import Applied, apply_deltas
+from sparkcnn.server.apply import Applied, apply_deltas
 from sparkcnn.guard import DivergenceGuard
 from sparkcnn.ps import ParameterServer
 from tests.native_env import compiled
@@ -151,7 +151,7 @@ def test_arguments_must_match_the_payloads():
 
 def test_import_purity():
     code = (
-        "import sys, sparkcnn.engine.apply\n"
+        "import sys, sparkcnn.server.apply\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'tensorflow', 'keras', 'py4j'))\n"
         "assert not bad, bad\n"
     )
@@ -165,7 +165,7 @@ def test_a_lone_sparse_payload_is_applied_in_place_bitwise(factor):
     rng = np.random.default_rng(4)
     data = payload(rng, density=0.001)
     ps, W0 = make_ps(), make_ps().W.copy()
-    with mock.patch("sparkcnn.engine.apply.decode_batch", side_effect=AssertionError("batched")):
+    with mock.patch("sparkcnn.server.apply.decode_batch", side_effect=AssertionError("batched")):
         assert apply_deltas(ps, [data], [64], [factor]) == Applied((0,), {})
     assert ps.version == 1
     assert np.array_equal(bits(ps.W), bits(expected_W(W0, [data], [64], [factor], [0])))

@@ -91,7 +91,7 @@ def no_spark(monkeypatch):
     def refuse(*args, **kwargs):
         pytest.fail("a bad-input command tried to start Spark")
 
-    monkeypatch.setattr("sparkcnn.engine.session.get_or_create_spark", refuse)
+    monkeypatch.setattr("sparkcnn.backends.session.get_or_create_spark", refuse)
 
 
 @pytest.fixture()

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from sparkcnn.engine.standalone import StandaloneCluster, _alive, _processes, port_open
+from sparkcnn.testing.standalone import StandaloneCluster, _alive, _processes, port_open
 
 pytestmark = pytest.mark.cluster
 
@@ -24,7 +24,7 @@ CHAOS = "SPARKCNN_CHAOS_SLOW"
 CLIENT = r"""
 import json, os, subprocess, sys, threading, time
 from pyspark import TaskContext
-from sparkcnn.engine.standalone import EXECUTOR, FAST_START_JAVA_OPTS, StandaloneCluster, session
+from sparkcnn.testing.standalone import EXECUTOR, FAST_START_JAVA_OPTS, StandaloneCluster, session
 
 def executor_jvm():
     # walk up from this Python worker to the executor JVM that forked it

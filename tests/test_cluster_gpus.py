@@ -30,7 +30,7 @@ TIMEOUT_S = 600  # the driver's four applications: ~1-2 min quiet, several on a 
 @pytest.fixture(scope="module")
 def apps(tiny_data, tmp_path_factory):
     """The driver's report by application name; the cluster is stopped whatever happens."""
-    from sparkcnn.engine.standalone import StandaloneCluster
+    from sparkcnn.testing.standalone import StandaloneCluster
 
     root = tmp_path_factory.mktemp("fake-gpus")
     t0 = time.monotonic()

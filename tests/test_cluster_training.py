@@ -26,7 +26,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from sparkcnn.engine.inprocess import LocalBackend
+from sparkcnn.backends.inprocess import LocalBackend
 from sparkcnn.metrics import read_jsonl
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -241,7 +241,7 @@ def cluster_runs(request, tiny_data, tmp_path_factory):
     """Standalone cluster (2 workers, 1 core each); one driver trains the 4-block sync run, during
     which worker 0 (worker and executor JVMs) is SIGKILLed. (Async on a cluster: route (a) in
     tests/test_dist.py, on hosts of their own.)"""
-    from sparkcnn.engine.standalone import StandaloneCluster, free_ports
+    from sparkcnn.testing.standalone import StandaloneCluster, free_ports
 
     if _selected(request, "local_runs"):
         request.getfixturevalue("local_driver")  # start it first: it trains beside this one

@@ -46,7 +46,7 @@ def test_make_dist_builds_a_wheel_and_a_py_files_zip(dist, executor_python, tmp_
         names = z.namelist()
         assert names == [n for n in whl.namelist() if n.startswith("sparkcnn/")]  # the package alone
         assert any(n.endswith(".dist-info/entry_points.txt") for n in whl.namelist())
-    for module in ("__init__", "__main__", "cli", "train", "engine/tasks", "worker/round"):
+    for module in ("__init__", "__main__", "cli", "train", "transport/tasks", "worker/round"):
         assert f"sparkcnn/{module}.py" in names
     assert not any("__pycache__" in n or n.startswith("tests/") for n in names)
     # the zip alone makes sparkcnn importable where it is not installed
@@ -127,7 +127,7 @@ def route_a_cluster(request):
     """Where route (a) runs: a 2-host test bed (two network namespaces behind links shaped to
     1 Gbit/s, the driver and master on the bridge), or, where this machine cannot build one,
     the loopback cluster; (cluster, test bed or None)."""
-    from sparkcnn.engine.testbed import TestBed, unavailable_reason
+    from sparkcnn.testing.testbed import TestBed, unavailable_reason
 
     why = unavailable_reason()
     if why:
@@ -144,7 +144,7 @@ def _submit(cluster, python: str, dist: str, data: str, root, extra_conf: dict |
     Site settings of the test's cluster (the driver and executor interpreter, the driver's
     address, no UI, an event log) come from a ``spark-defaults.conf``, as on a real cluster,
     so the command runs as the README gives it; ``args`` are more ``--set`` overrides."""
-    from sparkcnn.engine.standalone import FAST_START_JAVA_OPTS
+    from sparkcnn.testing.standalone import FAST_START_JAVA_OPTS
 
     conf_dir, events, runs = root / "conf", root / "events", root / "runs"
     conf_dir.mkdir()
@@ -230,7 +230,7 @@ def test_spark_submit_py_files_on_separate_hosts(route_a_cluster, executor_pytho
 # the driver of the audit hook's own check on the cluster: no TensorFlow, no sparkcnn on executors
 AUDIT_CLIENT = r"""
 import json, os, sys
-from sparkcnn.engine.standalone import FAST_START_JAVA_OPTS, StandaloneCluster, session
+from sparkcnn.testing.standalone import FAST_START_JAVA_OPTS, StandaloneCluster, session
 
 cluster = StandaloneCluster.attach(os.environ["SPARKCNN_CLUSTER"])
 spark = session(cluster, "audit-hook", conf={"spark.executor.extraJavaOptions": FAST_START_JAVA_OPTS,

@@ -226,7 +226,7 @@ def test_entrypoint_driver_and_executor_as_kubernetes_starts_them(tmp_path):
     has SPARK_HOME set: the entrypoint finds Spark in the pyspark package of ``python3``."""
     import pyspark
 
-    from sparkcnn.engine.standalone import FAST_START_JAVA_OPTS, StandaloneCluster, _alive
+    from sparkcnn.testing.standalone import FAST_START_JAVA_OPTS, StandaloneCluster, _alive
 
     app, info_path, props = tmp_path / "app.py", tmp_path / "driver.json", tmp_path / "spark.properties"
     app.write_text(K8S_DRIVER_APP)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sparkcnn.compression import codec
-from sparkcnn.engine.backend import SparkBackend
+from sparkcnn.backends.backend import SparkBackend
 from sparkcnn.metrics import read_jsonl
 
 pytestmark = pytest.mark.spark
@@ -118,7 +118,7 @@ def test_pipelined_sync_on_spark(spark, tiny_cfg):
 
 def test_balanced_sync_sizes_steps_per_executor(tiny_cfg):
     """scheduler.balance: a block on a 3x slower executor gets about a third of the steps."""
-    from sparkcnn.engine.inprocess import LocalBackend
+    from sparkcnn.backends.inprocess import LocalBackend
     from sparkcnn.train import build_engine
 
     cfg = tiny_cfg.replace(scheduler__balance=True, train__steps_per_round=6)
@@ -159,7 +159,7 @@ class _CountingBackend:
 def test_dense_weights_travel_as_one_broadcast_per_version_and_old_ones_are_destroyed(tiny_cfg, pipeline):
     """Dense downlink: W reaches the tasks as a broadcast (not inline in the job's closure),
     made once per version; sync keeps only what the rounds in flight can read."""
-    from sparkcnn.engine.inprocess import LocalBackend
+    from sparkcnn.backends.inprocess import LocalBackend
     from sparkcnn.train import build_engine
 
     cfg = tiny_cfg.replace(engine__pipeline=pipeline, train__steps_per_round=2)

@@ -1,4 +1,4 @@
-"""The driver's GPU checks (``sparkcnn.engine.gpus``): refused settings in one line, the one log line
+"""The driver's GPU checks (``sparkcnn.backends.gpus``): refused settings in one line, the one log line
 of accepted ones, and the Python worker reuse a session gets. A worker's binding is
 ``tests/test_devices.py``; Spark placing fake GPUs on a cluster, ``tests/test_cluster_gpus.py``."""
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from sparkcnn.engine import gpus
+from sparkcnn.backends import gpus
 from sparkcnn.errors import BadInput
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,10 +69,10 @@ def test_local_cluster_masters_have_executors():
 
 @pytest.mark.spark
 def test_a_session_without_gpus_is_checked_with_one_cpu_line(spark, caplog):
-    with caplog.at_level(logging.INFO, logger="sparkcnn.engine.gpus"):
+    with caplog.at_level(logging.INFO, logger="sparkcnn.backends.gpus"):
         p = gpus.check_session(spark)
     assert (p.executor, p.task, p.reuse) == (0, 0.0, True)
-    assert [r.getMessage() for r in caplog.records if r.name == "sparkcnn.engine.gpus"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "sparkcnn.backends.gpus"] == [
         "GPUs: none assigned (spark.task.resource.gpu.amount unset): TensorFlow trains on the CPU"]
 
 

@@ -195,7 +195,7 @@ def test_a_slow_pass_through_chance_goes_on_and_a_stay_at_chance_stops(tiny_cfg)
     """The driver's stop, on the pooled losses of the seed table's sparsification-aware momentum
     on 8 blocks: 3 judgments at ln 10 after 1.272, which stopped one seed of 3 when 3 in a row
     were enough; with the stop off that seed ended its epoch at 0.705. A collapse stays there."""
-    from sparkcnn.engine.inprocess import LocalBackend
+    from sparkcnn.backends.inprocess import LocalBackend
     from sparkcnn.train import build_engine
 
     def driver(*overrides):

@@ -19,8 +19,8 @@ def _loaded_after(module: str) -> list[str]:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("module", ["sparkcnn.protocol", "sparkcnn.engine.driver", "sparkcnn.ps",
-                                    "sparkcnn.compression", "sparkcnn.scheduler", "sparkcnn.engine.apply"])
+@pytest.mark.parametrize("module", ["sparkcnn.protocol", "sparkcnn.server.driver", "sparkcnn.ps",
+                                    "sparkcnn.compression", "sparkcnn.scheduler", "sparkcnn.server.apply"])
 def test_driver_side_imports_no_tensorflow_and_no_worker(module):
     loaded = _loaded_after(module)
     bad = [m for m in loaded if m.split(".")[0] in HEAVY or m.startswith("sparkcnn.worker")]
@@ -28,7 +28,7 @@ def test_driver_side_imports_no_tensorflow_and_no_worker(module):
 
 
 def test_round_driver_is_spark_free():
-    loaded = _loaded_after("sparkcnn.engine.driver")
+    loaded = _loaded_after("sparkcnn.server.driver")
     assert not [m for m in loaded if m.split(".")[0] in ("pyspark", "py4j")]
 
 

@@ -16,7 +16,7 @@ CLIENT = r"""
 import json, os, sys
 import numpy as np
 from sparkcnn.data.parquet_io import read_split_numpy
-from sparkcnn.engine.standalone import FAST_START_JAVA_OPTS, StandaloneCluster, session
+from sparkcnn.testing.standalone import FAST_START_JAVA_OPTS, StandaloneCluster, session
 from sparkcnn.ml import SparkCNNClassifier
 
 data, out_dir, conf = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])

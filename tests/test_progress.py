@@ -3,7 +3,7 @@
 import io
 import re
 
-from sparkcnn.engine.inprocess import LocalBackend
+from sparkcnn.backends.inprocess import LocalBackend
 from sparkcnn.metrics import ProgressBar
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from sparkcnn.engine.inprocess import LocalBackend
+from sparkcnn.backends.inprocess import LocalBackend
 from sparkcnn.errors import Diverged
 from sparkcnn.train import build_engine
 

@@ -120,7 +120,7 @@ def test_flipped_byte_in_checkpoint_is_refused(runs, tmp_path):
 def test_ctrl_c_checkpoints_the_rounds_done_and_resume_finishes(tiny_cfg):
     """Ctrl-C between rounds: a checkpoint holds exactly the recorded rounds; --resume completes
     the run with no round missing or repeated."""
-    from sparkcnn.engine.inprocess import LocalBackend
+    from sparkcnn.backends.inprocess import LocalBackend
     from sparkcnn.train import train
 
     class CtrlCAfter:
@@ -154,7 +154,7 @@ def test_ctrl_c_checkpoints_the_rounds_done_and_resume_finishes(tiny_cfg):
 def test_resume_before_any_checkpoint_starts_the_run_over(tiny_cfg):
     """A driver that died before its first checkpoint: --resume reruns the same run id from
     round 0, and the metrics file holds each round once."""
-    from sparkcnn.engine.inprocess import LocalBackend
+    from sparkcnn.backends.inprocess import LocalBackend
     from sparkcnn.train import train
 
     class CrashAt:

@@ -59,7 +59,7 @@ def cluster():
     """2 workers of 1 core whose environment offers no TensorFlow: ``python3`` on their PATH is
     the machine's, not the project's, and it is their executors' default Python; no PYTHONPATH
     (a developer's, naming a checkout, would reach the Python workers' path)."""
-    from sparkcnn.engine.standalone import StandaloneCluster
+    from sparkcnn.testing.standalone import StandaloneCluster
 
     machine = {"PATH": _path_without(os.path.dirname(sys.executable)), "PYSPARK_PYTHON": "python3",
                "PYTHONPATH": ""}
@@ -74,7 +74,7 @@ def route_b(cluster, dist, tiny_data, tmp_path_factory):
     the archive are removed after the module's tests, the logs kept."""
     import pyspark
 
-    from sparkcnn.engine.standalone import FAST_START_JAVA_OPTS
+    from sparkcnn.testing.standalone import FAST_START_JAVA_OPTS
 
     root = tmp_path_factory.mktemp("route-b")
     (root / "dist").mkdir()

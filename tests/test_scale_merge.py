@@ -9,7 +9,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.scale import merge_payloads, random_delta  # noqa: E402
 from sparkcnn.compression import decode, encode  # noqa: E402
-from sparkcnn.engine.apply import apply_deltas  # noqa: E402
+from sparkcnn.server.apply import apply_deltas  # noqa: E402
 from sparkcnn.ps import ParameterServer  # noqa: E402
 
 LAYOUT = (3 * 3 * 8, 8, 20_000, 10)  # two small tensors sent whole, one sparse, a bias

@@ -1,5 +1,5 @@
 """The seams hold: the driver side imports no worker module, and the worker side no pyspark, at
-import and at call time. ``engine.master=inprocess`` (``sparkcnn.engine.inprocess``), which runs
+import and at call time. ``engine.master=inprocess`` (``sparkcnn.backends.inprocess``), which runs
 the workers' code in the driver's process by design, is exempt on the driver side; the worker
 side is called through it here."""
 
@@ -61,13 +61,13 @@ def _common(tiny_data, tmp_path, master: str) -> list[str]:
 @pytest.mark.spark
 def test_the_driver_side_runs_without_the_worker_modules(tiny_data, tmp_path):
     """Every driver-side module imports, and the jobs (sync, async) and stream transports train on
-    local Spark, with ``sparkcnn.worker`` and ``sparkcnn.blockstore`` unimportable in the driver."""
+    local Spark, with ``sparkcnn.worker`` and ``sparkcnn.worker.blockstore`` unimportable in the driver."""
     common = _common(tiny_data, tmp_path, "local[2]")
     cases = [[*common, "engine.transport=jobs", "engine.mode=sync", "train.steps_per_round=5"],
              [*common, "engine.transport=jobs", "engine.mode=async", "train.steps_per_round=5"],
              [*common, "engine.transport=stream", "engine.mode=async", "train.steps_per_round=2"]]
-    out = _run("sparkcnn.worker,sparkcnn.blockstore", "sparkcnn.",
-               "sparkcnn.worker,sparkcnn.blockstore,sparkcnn.engine.inprocess", cases)
+    out = _run("sparkcnn.worker,sparkcnn.worker.blockstore", "sparkcnn.",
+               "sparkcnn.worker,sparkcnn.worker.blockstore,sparkcnn.backends.inprocess", cases)
     assert out["imported"] > 40 and out["loaded"] == []
     assert len(out["accuracy"]) == 3 and all(a > 0.3 for a in out["accuracy"].values()), out
 
@@ -78,6 +78,6 @@ def test_the_worker_side_runs_without_pyspark(tiny_data, tmp_path):
     common = _common(tiny_data, tmp_path, "inprocess")
     cases = [[*common, "engine.transport=jobs", "engine.mode=sync", "train.steps_per_round=5"],
              [*common, "engine.transport=stream", "engine.mode=async", "train.steps_per_round=2"]]
-    out = _run("pyspark,py4j", "sparkcnn.worker,sparkcnn.blockstore", "-", cases)
+    out = _run("pyspark,py4j", "sparkcnn.worker,sparkcnn.worker.blockstore", "-", cases)
     assert out["imported"] >= 5 and out["loaded"] == []
     assert len(out["accuracy"]) == 2 and all(a > 0.3 for a in out["accuracy"].values()), out

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 import pyspark
-from sparkcnn.engine import backend as backends
-from sparkcnn.engine import session as B
-from sparkcnn.engine.inprocess import LocalBackend
+from sparkcnn.backends import backend as backends
+from sparkcnn.backends import session as B
+from sparkcnn.backends.inprocess import LocalBackend
 from sparkcnn.protocol import TaskContextInfo
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,7 +72,7 @@ def test_spark_backend_jobs_hand_tasks_their_context(spark):
 
 @pytest.mark.spark
 def test_an_active_session_is_used_as_it_is(spark, caplog):
-    with caplog.at_level(logging.WARNING, logger="sparkcnn.engine.backend"):
+    with caplog.at_level(logging.WARNING, logger="sparkcnn.backends.backend"):
         assert B.get_or_create_spark("local[3]", conf={"spark.scheduler.mode": "FIFO"}) is spark
     assert spark.sparkContext.master == "local[2]"
     assert spark.sparkContext.getConf().get("spark.scheduler.mode") == "FAIR"

@@ -12,8 +12,8 @@ import pytest
 from sparkcnn.compression import codec
 from sparkcnn.compression.delta import SparseDelta
 from sparkcnn.compression.sparsify import Sparsifier
-from sparkcnn.engine.apply import apply_deltas
-from sparkcnn.engine.shard import RangeShard, ShardDisagrees
+from sparkcnn.server.apply import apply_deltas
+from sparkcnn.transport.shard import RangeShard, ShardDisagrees
 from sparkcnn.errors import BadInput
 from sparkcnn.protocol import Answer, Piece, PieceRef, ShardStep
 from sparkcnn.ps import ParameterServer

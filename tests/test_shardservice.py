@@ -18,8 +18,8 @@ import pytest
 from sparkcnn.compression import codec
 from sparkcnn.compression.delta import SparseDelta
 from sparkcnn.compression.sparsify import Sparsifier
-from sparkcnn.engine.apply import apply_deltas
-from sparkcnn.engine.shardservice import ShardProcess
+from sparkcnn.server.apply import apply_deltas
+from sparkcnn.transport.shardservice import ShardProcess
 from sparkcnn.protocol import Answer, Piece, PieceRef, ShardInit, ShardReply, ShardStep
 from sparkcnn.ps import ParameterServer
 from sparkcnn.shards import shard_ranges, split_delta, sum_squares

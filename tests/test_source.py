@@ -47,7 +47,7 @@ def _struct_df(spark, x, y):
 
 def _placed(spark, frame, blocks, run_id):
     """Place ``frame`` in ``blocks`` blocks; each block's (rows, pixel sum, label counts) read back."""
-    from sparkcnn.engine.backend import SparkBackend
+    from sparkcnn.backends.backend import SparkBackend
     from sparkcnn.models import build_model
     from sparkcnn.train import build_spec
 
@@ -58,7 +58,7 @@ def _placed(spark, frame, blocks, run_id):
     sizes = backend.place("train", frame, blocks, spec)
 
     def probe(block, ctx):
-        from sparkcnn import blockstore
+        from sparkcnn.worker import blockstore
         from sparkcnn.worker.round import local_root
 
         x, y = blockstore.get_block(local_root(spec, ctx), spec.run_id, "train", blocks, block)

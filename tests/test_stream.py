@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from sparkcnn.engine.psservice import PSService
+from sparkcnn.transport.service import PSService
 from sparkcnn.errors import BadInput
 from sparkcnn.metrics import read_jsonl
 from sparkcnn.protocol import Done, Push, Reply, StreamPlan, StreamTicket
@@ -170,7 +170,7 @@ def test_stream_run_in_process(tiny_cfg, tmp_path, monkeypatch):
     gc.unfreeze()
     cfg = _cfg(tiny_cfg, engine__master="inprocess")
     seen = {}
-    import sparkcnn.engine.stream as stream_mod
+    import sparkcnn.transport.stream as stream_mod
 
     real = stream_mod.PSService
 
@@ -226,7 +226,7 @@ def test_stream_run_in_process(tiny_cfg, tmp_path, monkeypatch):
 
 @pytest.mark.spark
 def test_stream_on_spark_names_its_stages_and_checks_slots(spark, tiny_cfg):
-    from sparkcnn.engine.backend import SparkBackend
+    from sparkcnn.backends.backend import SparkBackend
     from sparkcnn.train import train
 
     cfg = _cfg(tiny_cfg, train__epochs=1, train__steps_per_round=4)
@@ -267,8 +267,8 @@ def test_sync_stream_applies_rounds_together(spark, tiny_cfg, monkeypatch):
     and unfrozen after."""
     import gc
 
-    import sparkcnn.engine.stream as stream_mod
-    from sparkcnn.engine.backend import SparkBackend
+    import sparkcnn.transport.stream as stream_mod
+    from sparkcnn.backends.backend import SparkBackend
     from sparkcnn.train import train
 
     frozen = []
@@ -292,7 +292,7 @@ def test_sync_stream_applies_rounds_together(spark, tiny_cfg, monkeypatch):
 def test_stream_exactly_once_when_python_workers_die(spark, tiny_cfg):
     """Python workers killed mid-stage (chaos): Spark reruns the barrier stage, the pushes it
     had applied come back as duplicates and are dropped, each (block, seq) is applied once."""
-    from sparkcnn.engine.backend import SparkBackend
+    from sparkcnn.backends.backend import SparkBackend
     from sparkcnn.train import train
 
     cfg = _cfg(tiny_cfg, train__epochs=1, train__steps_per_round=3, chaos__kill_worker_probability=0.3,
@@ -307,8 +307,8 @@ def test_stream_exactly_once_when_python_workers_die(spark, tiny_cfg):
 
 def test_listener_closes_when_the_run_fails(tiny_cfg, monkeypatch):
     """A run that fails mid-stage leaves no listener behind."""
-    import sparkcnn.engine.stream as stream_mod
-    from sparkcnn.engine.driver import RoundDriver
+    import sparkcnn.transport.stream as stream_mod
+    from sparkcnn.server.driver import RoundDriver
     from sparkcnn.train import train
 
     seen = {}
@@ -419,7 +419,7 @@ def test_a_block_done_with_its_pass_gets_no_steps_in_the_stage(tiny_cfg):
     """As after a mid-epoch checkpoint that fell once block 0 had finished its pass: the stage
     plans no steps for it, so the epoch trains epochs x rows, not a pass more (which ran the
     schedule's lr to 0 before block 1 was done, and the server refused a scale of 0)."""
-    from sparkcnn.engine.inprocess import LocalBackend
+    from sparkcnn.backends.inprocess import LocalBackend
     from sparkcnn.train import build_engine
 
     cfg = _cfg(tiny_cfg, engine__master="inprocess", train__epochs=1, train__steps_per_round=1,
@@ -439,7 +439,7 @@ def test_a_stage_state_follows_the_last_push_and_only_the_last_applied_one_is_ke
     """No push carries the block state unless a checkpoint asks; each block's state at a stage's
     end comes as a StageState after its last push was answered, and is what the epoch's
     checkpoint holds. A state of another exchange changes nothing; a malformed one is refused."""
-    from sparkcnn.engine import stream as stream_mod
+    from sparkcnn.transport import stream as stream_mod
     from sparkcnn.protocol import StageState, StateArray
     from sparkcnn.streamwire import WireError
     from sparkcnn.train import train
@@ -499,7 +499,7 @@ def test_a_lagging_replica_gets_the_downlinks_it_misses_unless_a_copy_is_lighter
     carries the retained downlinks since its version when they chain from it and weigh less than
     a dense copy of U; a replica behind the retained ones, or one whose downlinks outweigh the
     copy, gets the copy."""
-    from sparkcnn.engine import stream as stream_mod
+    from sparkcnn.transport import stream as stream_mod
     from sparkcnn.train import train
 
     cfg = _cfg(tiny_cfg, engine__master="inprocess", compression__density_down=density_down,

@@ -35,7 +35,7 @@ def _shard_pids() -> list[int]:
                 cmd = f.read().split(b"\0")
         except OSError:
             continue
-        if b"sparkcnn.engine.shardservice" in cmd:
+        if b"sparkcnn.transport.shardservice" in cmd:
             out.append(int(os.path.basename(d)))
     return out
 
@@ -71,7 +71,7 @@ def test_shards_keep_one_servers_weights_in_process(tiny_cfg, both_ways):
 @pytest.mark.spark
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_shards_train_on_spark(spark, tiny_cfg, mode):
-    from sparkcnn.engine.backend import SparkBackend
+    from sparkcnn.backends.backend import SparkBackend
     from sparkcnn.train import train
 
     # Async at one step per exchange relies on the default DGC local gradient clipping on this tiny

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from sparkcnn.engine import testbed
-from sparkcnn.engine.standalone import _processes
+from sparkcnn.testing import testbed
+from sparkcnn.testing.standalone import _processes
 
 WHY = testbed.unavailable_reason()
 needs_bed = pytest.mark.skipif(WHY is not None, reason=WHY or "")
@@ -92,7 +92,7 @@ def test_test_bed_shapes_its_links_and_leaves_nothing_behind_when_a_run_fails():
 
 ORPHAN = """
 import os, signal, subprocess, sys
-from sparkcnn.engine.testbed import TestBed
+from sparkcnn.testing.testbed import TestBed
 bed = TestBed(hosts=2)
 bed._claim()
 bed._network()

@@ -4,7 +4,7 @@
     G = batch.sum({k: w_k, ...})             # Σ_k w_k · decode(payloads[k]), float32
 
 Decoding and summing are separate because the weights are known only after
-the guard has seen each payload's norm (engine/apply.py). Every element of
+the guard has seen each payload's norm (server/apply.py). Every element of
 ``G`` gets its float32 additions ``acc[i] += w_k · v`` in payload order,
 whatever the thread count and whether the compiled kernels run, so ``G`` is
 bitwise :func:`weighted_sum` of the decoded deltas, the numpy reference.
@@ -18,7 +18,7 @@ per delta is fastest on one thread but holds the GIL, so the numpy path uses
 it alone and the buffered add (which releases the GIL) when several threads
 each take a range of the output. With numba present (native.py) the sparse
 entries go through a compiled decoder and a chunked add instead. The whole
-engine apply of 256 such payloads (engine/apply.py: decode, guard, sum,
+engine apply of 256 such payloads (server/apply.py: decode, guard, sum,
 ``W -= G``) took 0.18 s with the compiled kernels and 2 threads, 0.21 s on
 one thread, 0.27 s on the numpy path (bench/scale.py, quiet 2-vCPU VM).
 """

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from sparkcnn import blockstore
+from sparkcnn.worker import blockstore
 from sparkcnn.data.frames import images_from_arrow
 from sparkcnn.protocol import TaskContextInfo, TaskSpec
 

@@ -15,7 +15,7 @@ calls :func:`bind` before it touches TensorFlow:
   another task. A task without a GPU in a process whose TensorFlow lists none runs on the CPU
   either way and passes.
 
-The driver arranges that this never fails (:mod:`sparkcnn.engine.gpus`: Python workers are not
+The driver arranges that this never fails (:mod:`sparkcnn.backends.gpus`: Python workers are not
 reused where an executor holds several GPU addresses), so the error means a setting the driver
 could not see. ``gpus=None`` (no Spark task: the in-process backend) leaves the process as it is.
 

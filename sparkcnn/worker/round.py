@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from sparkcnn import blockstore
+from sparkcnn.worker import blockstore
 from sparkcnn.compression import codec
 from sparkcnn.compression.delta import SparseDelta
 from sparkcnn.compression.feedback import make_policy, mask_momentum

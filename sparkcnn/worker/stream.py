@@ -34,7 +34,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
-from sparkcnn import blockstore
+from sparkcnn.worker import blockstore
 from sparkcnn.compression import codec
 from sparkcnn.compression.feedback import make_policy
 from sparkcnn.protocol import (

@@ -1,6 +1,6 @@
 """The parameter server as a network service on the driver: the one listener sparkcnn opens
 (with ``ps.shards`` > 1, each key-range shard process opens one more under the same rules and
-the same token: :mod:`sparkcnn.engine.shardservice`).
+the same token: :mod:`sparkcnn.transport.shardservice`).
 
 One Arrow Flight ``DoExchange`` stream per stream task (block); every message
 is a :mod:`sparkcnn.streamwire` buffer sent as Flight app metadata::

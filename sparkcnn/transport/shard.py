@@ -22,7 +22,7 @@ import numpy as np
 
 from sparkcnn.compression import codec
 from sparkcnn.compression.sparsify import Sparsifier
-from sparkcnn.engine.apply import apply_decoded, apply_deltas
+from sparkcnn.server.apply import apply_decoded, apply_deltas
 from sparkcnn.errors import CodecError
 from sparkcnn.protocol import DownlinkMsg, Piece, ShardReply, ShardStep
 from sparkcnn.ps import ParameterServer

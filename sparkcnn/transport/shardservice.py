@@ -1,7 +1,7 @@
-"""A key-range shard (:mod:`sparkcnn.engine.shard`) as its own process, a Flight endpoint on the
+"""A key-range shard (:mod:`sparkcnn.transport.shard`) as its own process, a Flight endpoint on the
 driver's address with the run's token, and the coordinator's handle on it.
 
-    python -m sparkcnn.engine.shardservice
+    python -m sparkcnn.transport.shardservice
     stdin    one JSON line (host, token, index, lo, hi, layout, density_down, selector, dense_below,
              value_dtype, keep_downlinks, timeout_s, max_message_bytes); then nothing until the
              coordinator is gone: at EOF the shard closes and exits, so a driver that dies,
@@ -14,7 +14,7 @@ driver's address with the run's token, and the coordinator's handle on it.
                                 entry that answers it is applied
 
 Every stream passes the same listener rules as the driver's service
-(:mod:`sparkcnn.engine.psservice`): the token, the size cap, typed messages.
+(:mod:`sparkcnn.transport.service`): the token, the size cap, typed messages.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import threading
 
 import numpy as np
 
-from sparkcnn.engine.psservice import PSService
-from sparkcnn.engine.shard import RangeShard
+from sparkcnn.transport.service import PSService
+from sparkcnn.transport.shard import RangeShard
 from sparkcnn.protocol import Piece, ShardCut, ShardInit, ShardReply, ShardState, ShardStep
 from sparkcnn.streamwire import decode, encode
 
@@ -120,7 +120,7 @@ class ShardProcess:
         import pyarrow.flight as flight
 
         self._pa, self.host, self.lo, self.hi, self.timeout_s = pa, host, lo, hi, timeout_s
-        self.proc = subprocess.Popen([sys.executable, "-m", "sparkcnn.engine.shardservice"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "sparkcnn.transport.shardservice"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
         cfg = dict(host=host, token=token, index=index, lo=lo, hi=hi, layout=list(layout), density_down=density_down,
                    selector=selector, dense_below=dense_below, value_dtype=value_dtype,

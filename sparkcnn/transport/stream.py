@@ -20,12 +20,12 @@ Checkpoints inside a stage (``checkpoint.every_rounds`` applied exchanges, at mo
 50 times the last one's cost) are consistent cuts: the replies ask every block still
 training for its state; a block's next push carries it, and its reply is held until all
 have arrived, so the server state written holds exactly the pushes up to each block's
-state push (:mod:`sparkcnn.engine.streamcut`). Each block's state at the stage's end (the
+state push (:mod:`sparkcnn.transport.streamcut`). Each block's state at the stage's end (the
 epoch-end cut) follows its last push once that push is answered, as a ``StageState`` of its
 own: carried on the push, its megabytes kept that push on a 100 Mbit/s link long enough to be
 dropped as stale, and the retrained push again. Spark still places, retries (a barrier stage restarts as a whole; pushes already applied
 come back as duplicates and are dropped by their key) and shows every stage. The service
-(:mod:`sparkcnn.engine.psservice`) is closed when the run ends or fails.
+(:mod:`sparkcnn.transport.service`) is closed when the run ends or fails.
 
 ``ps.shards`` > 1: K shard processes keep W and U by key range (:mod:`sparkcnn.shards`). The
 core decides each push from its header as above, and every decision goes to every shard as
@@ -45,11 +45,11 @@ import time
 from collections import deque
 from functools import partial
 
-from sparkcnn.engine import tasks
-from sparkcnn.engine.driver import DriverShorthands, RoundDriver
-from sparkcnn.engine.exchange import ExchangeCore
-from sparkcnn.engine.psservice import PSService
-from sparkcnn.engine.streamcut import StageCheckpoints
+from sparkcnn.transport import tasks
+from sparkcnn.server.driver import DriverShorthands, RoundDriver
+from sparkcnn.server.exchange import ExchangeCore
+from sparkcnn.transport.service import PSService
+from sparkcnn.transport.streamcut import StageCheckpoints
 from sparkcnn.errors import BadInput
 from sparkcnn.protocol import Answer, Push, Reply, RoundResult, StageState, StreamPlan, StreamTicket, steps_per_epoch
 from sparkcnn.staleness import resolve_rule
@@ -438,7 +438,7 @@ class StreamEngine(DriverShorthands, StageCheckpoints):
 
     def _start_shards(self):
         """ps.shards > 1: the shard processes, started from the driver's W and U (a restored run's)."""
-        from sparkcnn.engine.shardgroup import ShardCoordinator
+        from sparkcnn.transport.shardgroup import ShardCoordinator
 
         c, d = self.cfg.compression, self.driver
         return ShardCoordinator(self.cfg.ps.shards, self.service.host, self.service.token, d.ps,

@@ -2,13 +2,13 @@
 
 It holds the parameter server (``W``, ``U``, the version), the schedule (lr
 and both density warm-ups, with the guard's factors), the downlink and its
-broadcasts (through the injected :class:`~sparkcnn.engine.backend.Backend`),
+broadcasts (through the injected :class:`~sparkcnn.backends.backend.Backend`),
 the path every result takes to ``W``::
 
-    dedup (seq, block)  ->  decode + guard  ->  W -= Σ_k w_k S_k   (engine/apply.py, one call per exchange)
+    dedup (seq, block)  ->  decode + guard  ->  W -= Σ_k w_k S_k   (server/apply.py, one call per exchange)
 
 checkpoints and restore, records and evaluation. What an arrived result does
-(staleness, drop, λ(τ)/N, cursor, record) is :mod:`sparkcnn.engine.exchange`'s;
+(staleness, drop, λ(τ)/N, cursor, record) is :mod:`sparkcnn.server.exchange`'s;
 the transports decide only *when* exchanges happen.
 """
 
@@ -27,7 +27,7 @@ from sparkcnn.compression.plan import density as plan_density
 from sparkcnn.compression.plan import plan
 from sparkcnn.compression.sparsify import Sparsifier
 from sparkcnn.compression.warmup import density_at, lr_at
-from sparkcnn.engine.apply import Applied, apply_deltas
+from sparkcnn.server.apply import Applied, apply_deltas
 from sparkcnn.errors import Diverged
 from sparkcnn.guard import DivergenceGuard
 from sparkcnn.protocol import DownlinkMsg, RoundResult

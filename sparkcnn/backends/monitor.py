@@ -4,11 +4,11 @@ Feeds the async scheduler (:class:`~sparkcnn.scheduler.AsyncPolicy`) with
 
 - executors: one :class:`~sparkcnn.scheduler.ExecutorSample` per active executor
   (task slots, running, failed and completed tasks), from
-  :meth:`~sparkcnn.engine.backend.Backend.executor_samples` (on Spark: its own
+  :meth:`~sparkcnn.backends.backend.Backend.executor_samples` (on Spark: its own
   status store, what the Spark UI shows);
 - block speeds: images / compute seconds of each block's last task, with the
   executor holding the block's cached marker partition (where its next job runs),
-  from :meth:`~sparkcnn.engine.backend.Backend.block_homes`.
+  from :meth:`~sparkcnn.backends.backend.Backend.block_homes`.
 
 Live task slots are ``sum(cores)`` over active executors
 (:func:`~sparkcnn.scheduler.task_slots`): they shrink when an executor is lost
@@ -32,7 +32,7 @@ class LoadSample:
 
 
 class LoadMonitor:
-    """Samples a :class:`~sparkcnn.engine.backend.Backend`'s executors and keeps each
+    """Samples a :class:`~sparkcnn.backends.backend.Backend`'s executors and keeps each
     block's measured speed and home executor. Subclasses may override :meth:`_read` (tests)."""
 
     def __init__(self, backend, min_interval_s: float = 0.5, clock=time.monotonic):

@@ -35,7 +35,7 @@ import shutil
 import signal
 import subprocess
 
-from sparkcnn.engine.standalone import StandaloneCluster
+from sparkcnn.testing.standalone import StandaloneCluster
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import re
 import shlex
 import sys
 
-from sparkcnn.engine import gpus
+from sparkcnn.backends import gpus
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +36,11 @@ def get_or_create_spark(master: str = "", app_name: str = "sparkcnn", conf: dict
     ``PYSPARK_SUBMIT_ARGS`` and ``spark-defaults.conf`` gave the driver JVM are
     kept; only unset keys are filled in: ``spark.master`` (``SPARKCNN_MASTER``,
     else ``local[2]``), ``spark.app.name`` (``app_name``), FAIR scheduling, Python worker
-    reuse (off where executors hold several GPU addresses, :mod:`sparkcnn.engine.gpus`),
+    reuse (off where executors hold several GPU addresses, :mod:`sparkcnn.backends.gpus`),
     no console progress bar, and for local masters the workers' interpreter.
     ``master`` (``engine.master``) applies only when set, and then overrides the
     launcher; an active session keeps its master. ``conf``: our callers' explicit
-    settings, applied as given. GPU settings that :func:`sparkcnn.engine.gpus.check`
+    settings, applied as given. GPU settings that :func:`sparkcnn.backends.gpus.check`
     refuses fail here, before a new session starts.
     """
     from pyspark import SparkConf, SparkContext

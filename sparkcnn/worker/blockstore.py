@@ -1,7 +1,7 @@
 """Executor-side storage of data blocks and per-block state.
 
 A data block is one uint8 ``N×H×W×C`` image array and one int32 label array.
-Spark delivers it (see :meth:`sparkcnn.engine.backend.Backend.place`): the
+Spark delivers it (see :meth:`sparkcnn.backends.backend.Backend.place`): the
 placement job stores each block here on the executor that will train it, and a
 lost executor's blocks are rebuilt by Spark from the data's lineage.
 ``read_block`` reads a row range of a prepared split directly (benchmarks).

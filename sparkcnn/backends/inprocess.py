@@ -3,7 +3,7 @@
 Algorithm tests, ``engine.master=inprocess`` and benchmarks use it to run the
 engines without a cluster. It runs the executors' code (block placement, the
 task functions) in the driver's own process by design, which is why it lives
-apart from :mod:`sparkcnn.engine.backend`, whose driver side imports no worker
+apart from :mod:`sparkcnn.backends.backend`, whose driver side imports no worker
 module.
 """
 
@@ -14,7 +14,7 @@ import os
 import tempfile
 import threading
 
-from sparkcnn.engine.backend import Backend
+from sparkcnn.backends.backend import Backend
 from sparkcnn.protocol import TaskContextInfo
 from sparkcnn.scheduler import ExecutorSample
 
@@ -63,7 +63,7 @@ class LocalBackend(Backend):
 
     def place(self, split, frame, num_blocks, spec, spread=False):
         """Read a prepared split (``frame.df`` is its directory) into this process's block store."""
-        from sparkcnn import blockstore
+        from sparkcnn.worker import blockstore
         from sparkcnn.data.parquet_io import read_split_numpy
         from sparkcnn.worker.blocks import split_arrays
         from sparkcnn.worker.round import local_root

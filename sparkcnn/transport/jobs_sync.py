@@ -7,7 +7,7 @@ Round ``t`` with blocks ``k = 1..N`` and samples ``n_k``::
     W_{t+1} = W_t − G
 
 The job returns each block's payload unmerged; the driver's
-:class:`~sparkcnn.engine.driver.RoundDriver` deduplicates, decodes, guards and
+:class:`~sparkcnn.server.driver.RoundDriver` deduplicates, decodes, guards and
 applies them. With ``engine.pipeline`` round t+1 computes from the weights
 before round t is applied (bounded staleness 1) while the driver applies round t.
 """
@@ -22,9 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from sparkcnn.checkpoint import int_keys, json_keys
-from sparkcnn.engine import tasks
-from sparkcnn.engine.driver import DriverShorthands, RoundDriver, timed
-from sparkcnn.engine.exchange import ExchangeCore
+from sparkcnn.transport import tasks
+from sparkcnn.server.driver import DriverShorthands, RoundDriver, timed
+from sparkcnn.server.exchange import ExchangeCore
 from sparkcnn.protocol import RoundOrder, steps_per_epoch
 from sparkcnn.scheduler import pipeline_depth, size_sync_steps
 

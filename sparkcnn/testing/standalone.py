@@ -2,7 +2,7 @@
 
 The pip package has no ``start-master.sh`` but ships ``sbin/spark-daemon.sh``, which is
 enough: one master and ``workers`` workers, each its own JVM bound to 127.0.0.1 (or to the
-addresses of a test bed's hosts, :mod:`sparkcnn.engine.testbed`), with PID files, logs and
+addresses of a test bed's hosts, :mod:`sparkcnn.testing.testbed`), with PID files, logs and
 executor work dirs in one temporary directory. For cluster tests and
 benchmarks: fault injection with :meth:`StandaloneCluster.kill_worker`, a slowed executor
 with ``per_worker_env={1: {"SPARKCNN_CHAOS_SLOW": "2.0"}}`` (a worker hands its
@@ -103,7 +103,7 @@ class StandaloneCluster:
     a fresh temporary directory, removed by :meth:`stop`) holds PID files, logs, work dirs.
     ``host`` is the master's (and a driver's) address; ``worker_hosts[i]`` worker ``i``'s, and
     ``worker_prefix[i]`` a command its daemon runs under, e.g. ``ip netns exec <ns>`` to put
-    it on another host (:mod:`sparkcnn.engine.testbed`). ``worker_gpus[i]``: the GPU addresses
+    it on another host (:mod:`sparkcnn.testing.testbed`). ``worker_gpus[i]``: the GPU addresses
     worker ``i`` declares (fake ones: nothing checks that a device exists).
     """
 

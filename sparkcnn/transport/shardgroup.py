@@ -22,8 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from sparkcnn.engine.apply import Applied
-from sparkcnn.engine.shardservice import ShardProcess
+from sparkcnn.server.apply import Applied
+from sparkcnn.transport.shardservice import ShardProcess
 from sparkcnn.protocol import Answer, PieceRef, RoundResult, ShardInit, ShardStep
 from sparkcnn.shards import shard_ranges
 from sparkcnn.streamwire import encode
@@ -57,7 +57,7 @@ class ShardCoordinator:
         return tuple(p.location for p in self.procs)
 
     def apply(self, results: list[RoundResult], factor: float, guard=None) -> Applied:
-        """:func:`sparkcnn.engine.apply.apply_deltas` for the coordinator: the guard judges each
+        """:func:`sparkcnn.server.apply.apply_deltas` for the coordinator: the guard judges each
         result's declared norm; the good ones make one version, applied by the shards at ``step``."""
         rejected, good = {}, []
         for k, r in enumerate(results):

@@ -1,7 +1,7 @@
 """Training over Spark Connect: the stream transport's stages as barrier ``mapInArrow`` queries.
 
 A Connect client has no SparkContext, RDDs, broadcasts or status store; it sends DataFrame
-plans. :class:`ConnectBackend` is the :class:`~sparkcnn.engine.backend.Backend` built from
+plans. :class:`ConnectBackend` is the :class:`~sparkcnn.backends.backend.Backend` built from
 DataFrame operations alone:
 
     place(split, n)   packed chunks (worker.blocks.pack, as on a classic session), each tagged
@@ -34,7 +34,7 @@ import re
 import socket
 import uuid
 
-from sparkcnn.engine.backend import Backend
+from sparkcnn.backends.backend import Backend
 from sparkcnn.errors import BadInput
 from sparkcnn.protocol import EvalResult, StreamTotals
 from sparkcnn.scheduler import ExecutorSample
@@ -47,7 +47,7 @@ _LOCAL_MASTER = re.compile(r"local(?:-cluster)?\[(\*|\d+)")
 
 
 def _task_context():
-    from sparkcnn.engine.backend import spark_task_context
+    from sparkcnn.backends.backend import spark_task_context
 
     return spark_task_context()
 
@@ -146,7 +146,7 @@ class ConnectBackend(Backend):
         DataFrame (module docstring); returns block -> rows."""
         from pyspark.sql import functions as F
 
-        from sparkcnn.engine.backend import packed_chunks
+        from sparkcnn.backends.backend import packed_chunks
 
         shape = tuple(frame.shape)
         keys = F.array(*[F.lit(k).cast("bigint") for k in self._partition_keys(num_blocks)])

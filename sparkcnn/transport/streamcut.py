@@ -6,7 +6,7 @@ block's next push carries it, and its reply is held until all have arrived, so t
 state written holds exactly the pushes up to each block's state push. With ``ps.shards`` > 1
 the server state is a cut of every shard taken after every log entry sent so far.
 
-A mixin of :class:`sparkcnn.engine.stream.StreamEngine`, whose state it reads and writes.
+A mixin of :class:`sparkcnn.transport.stream.StreamEngine`, whose state it reads and writes.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from sparkcnn.engine import tasks
+from sparkcnn.transport import tasks
 from sparkcnn.protocol import Push, Reply, StageState
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ steps across rounds, which the jobs transport needs (one Spark job per exchange)
 
 Also refused in one line: a task amount above 1 (one model replica trains per task; no
 multi-GPU strategy here), and any task amount on a local master (local mode assigns tasks no
-resources, so they would wait forever). :mod:`sparkcnn.engine.session` fills in
+resources, so they would wait forever). :mod:`sparkcnn.backends.session` fills in
 :func:`reuse_setting` and runs :func:`check` before a session it opens starts;
 :func:`check_session` runs on whatever session a run gets, before any data work.
 """

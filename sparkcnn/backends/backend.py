@@ -4,10 +4,10 @@
 ``fn(block, ctx)`` once per block (``ctx``: the task's
 :class:`~sparkcnn.protocol.TaskContextInfo`) and returns the results;
 ``gather_blocks`` does the same through ``treeAggregate``; the load monitor reads
-``executor_samples`` and ``block_homes``. :class:`~sparkcnn.engine.inprocess.LocalBackend`
+``executor_samples`` and ``block_homes``. :class:`~sparkcnn.backends.inprocess.LocalBackend`
 runs in this process so algorithm tests need no cluster; :class:`SparkBackend`
 runs one Spark job per call, named in the Spark UI. Sessions are opened by
-:mod:`sparkcnn.engine.session`.
+:mod:`sparkcnn.backends.session`.
 """
 
 from __future__ import annotations

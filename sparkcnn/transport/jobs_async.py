@@ -4,10 +4,10 @@ A driver thread pool (threads reused) keeps every executor slot busy with
 single-block jobs; the pure :class:`~sparkcnn.scheduler.AsyncPolicy` picks the
 next block (stalest first, then locality), sizes its job to about
 ``scheduler.target_job_seconds`` and holds blocks back past
-``ps.max_staleness``. The :class:`~sparkcnn.engine.monitor.LoadMonitor` tells
+``ps.max_staleness``. The :class:`~sparkcnn.backends.monitor.LoadMonitor` tells
 it the live task slots (fewer when an executor is lost, more when one joins;
 ``engine.threads`` fixes them), each executor's load and each block's speed.
-Each result goes through the :class:`~sparkcnn.engine.driver.RoundDriver` as
+Each result goes through the :class:`~sparkcnn.server.driver.RoundDriver` as
 it arrives::
 
     ExchangeCore.accept: tau = version_now - base_version
@@ -29,10 +29,10 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from functools import partial
 
-from sparkcnn.engine import tasks
-from sparkcnn.engine.driver import DriverShorthands, RoundDriver, timed
-from sparkcnn.engine.exchange import ExchangeCore
-from sparkcnn.engine.monitor import LoadMonitor
+from sparkcnn.transport import tasks
+from sparkcnn.server.driver import DriverShorthands, RoundDriver, timed
+from sparkcnn.server.exchange import ExchangeCore
+from sparkcnn.backends.monitor import LoadMonitor
 from sparkcnn.protocol import RoundOrder, steps_per_epoch
 from sparkcnn.scheduler import AsyncPolicy, DecisionKind, task_slots
 from sparkcnn.staleness import resolve_rule
