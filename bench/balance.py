@@ -133,7 +133,7 @@ def measure_sync(bench: Bench, data: str, balance: bool) -> dict:
     for t in range(1, engine.rounds_per_epoch):
         recs.append(engine.run_round(t))
     wall = time.perf_counter() - t0
-    acc = engine.driver.evaluate(0)["test_accuracy"]
+    acc = engine.server.evaluate(0)["test_accuracy"]
     engine.backend.close()  # unpersist the block placement RDDs
     out = {"images_per_s": sum(r["samples"] for r in recs) / wall, "rounds": len(recs), "test_accuracy": acc,
            "round_wall_ms": 1000 * wall / len(recs),

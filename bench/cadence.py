@@ -35,16 +35,17 @@ SEED = 42
 
 
 def _every_push():
-    """The exchange core with a downlink after every applied push."""
-    from sparkcnn.server.exchange import ExchangeCore
+    """Runs laid out with a downlink after every applied push."""
+    import dataclasses
 
-    real = ExchangeCore.__init__
+    from sparkcnn.server.run import Run
 
-    def init(self, *a, **kw):
-        real(self, *a, **kw)
-        self.downlink_every = 1
+    real = Run.__init__
 
-    return mock.patch.object(ExchangeCore, "__init__", init)
+    def init(self, cfg, spec, weights, shape, **kw):
+        real(self, cfg, spec, weights, dataclasses.replace(shape, downlink_every=1), **kw)
+
+    return mock.patch.object(Run, "__init__", init)
 
 
 def _stop_session() -> None:

@@ -45,14 +45,16 @@ CASE = "async_h1_sparse"
 
 def parts() -> list:
     """(owner, attribute, name): the handler's parts, each timed on the thread that runs it."""
-    from sparkcnn.server import driver
-    from sparkcnn.transport import service as psservice
-    from sparkcnn.transport import stream
     from sparkcnn.ps import ParameterServer
+    from sparkcnn.server import downlink as downlink_mod
+    from sparkcnn.server.downlink import Downlink
+    from sparkcnn.server.exchange import Exchange
+    from sparkcnn.transport import service as psservice
+    from sparkcnn.transport.pushes import PushHandler
 
-    return [(stream.StreamEngine, "push", "push"), (driver.RoundDriver, "apply", "apply"),
-            (driver.RoundDriver, "send_downlink", "send_downlink"), (ParameterServer, "downlink", "downlink"),
-            (ParameterServer, "_select", "select"), (driver.codec, "encode", "encode"),
+    return [(PushHandler, "push", "push"), (Exchange, "apply", "apply"),
+            (Downlink, "send", "send_downlink"), (ParameterServer, "downlink", "downlink"),
+            (ParameterServer, "_select", "select"), (downlink_mod.codec, "encode", "encode"),
             (psservice.PSService, "serve_stream", "serve_stream")]
 
 

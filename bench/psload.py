@@ -57,11 +57,11 @@ OFFERED = 1050.0  # pushes/s offered by default: a little over the target, so th
 # -- recorded deltas -------------------------------------------------------------------------------
 def record_deltas(data: str, density: float, count: int, out_dir: str) -> list[dict]:
     """``count`` pushes of a real in-process run (jobs transport, async, one step per exchange, the
-    same model and compression): payload bytes, nnz, loss and correct counts, as the exchange core got them."""
+    same model and compression): payload bytes, nnz, loss and correct counts, as the run accepted them."""
     from unittest import mock
 
     from sparkcnn import config
-    from sparkcnn.server.exchange import ExchangeCore
+    from sparkcnn.server.run import Run
     from sparkcnn.train import train
 
     cfg = config.load(None, [f"data.path={data}", f"run.out_dir={out_dir}", "run.name=psload-record",
@@ -70,7 +70,7 @@ def record_deltas(data: str, density: float, count: int, out_dir: str) -> list[d
                              f"compression.density={density}", "compression.density_down=0.01",
                              "compression.warmup_epochs=0", "scheduler.target_job_seconds=0.001"])
     got: list[dict] = []
-    real = ExchangeCore.accept
+    real = Run.accept
 
     def keep(self, r, *a, **kw):
         if len(got) < count:
@@ -78,7 +78,7 @@ def record_deltas(data: str, density: float, count: int, out_dir: str) -> list[d
                         "correct": int(r.correct), "samples": int(r.samples)})
         return real(self, r, *a, **kw)
 
-    with mock.patch.object(ExchangeCore, "accept", keep):
+    with mock.patch.object(Run, "accept", keep):
         train(cfg)
     return got
 
@@ -164,8 +164,8 @@ def _worker(ticket: dict, block: int, n: int, deltas: list[dict], interval: floa
         k += 1
         push = Push(seq=seq, first_step=step, steps=1, samples=BATCH, base_version=have, have=have, attempt=0,
                     lr=reply.lr, density=reply.density, loss_sum=d["loss_sum"] * BATCH / d["samples"],
-                    correct=min(BATCH, d["correct"]), nnz=d["nnz"], compute_s=0.02, wait_s=0.0, down_bytes=0,
-                    state_reset=False, resync=False, pid=os.getpid(), executor="psload:0",
+                    correct=min(BATCH, d["correct"]), nnz=d["nnz"], compute_s=0.02, wait_s=0.0, view_bytes=0,
+                    state_reset=False, replica_resync=False, pid=os.getpid(), executor="psload:0",
                     payload=b"" if shards else d["payload"], state=(), sumsq=d["sumsq"] if shards else ())
         t0 = time.perf_counter()
         for (_, w, _), piece in zip(shards, d.get("pieces", ())):  # the pieces first, as a task sends them
@@ -231,25 +231,30 @@ class _Marks:
     process's CPU sampled every 50 ms on a thread (read at a time by interpolation)."""
 
     def __init__(self, engine):
+        from unittest import mock
+
+        from sparkcnn.transport.pushes import PushHandler
+
         self.rows: list[tuple[float, float]] = []
         self.shard_rows: list[tuple[float, list[float]]] = []
         self.engine, self._stop = engine, threading.Event()
-        real = engine.push
+        real = PushHandler.push
 
-        def push(session, p):
+        def push(handler, session, p):
             try:
-                return real(session, p)
+                return real(handler, session, p)
             finally:
                 self.rows.append((time.perf_counter(), time.process_time()))
 
-        engine.push = push
+        self._patch = mock.patch.object(PushHandler, "push", push)
+        self._patch.start()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
 
     def _sample(self) -> None:
         tick = os.sysconf("SC_CLK_TCK")
         while not self._stop.wait(0.05):
-            shards = self.engine.driver.shards
+            shards = self.engine.server.shards
             if shards is None:
                 continue
             cpu = []
@@ -263,6 +268,9 @@ class _Marks:
                     break
             if cpu:
                 self.shard_rows.append((time.perf_counter(), cpu))
+
+    def close(self) -> None:
+        self._patch.stop()
 
     def shard_cpu(self, t: float) -> list[float]:
         """Each shard's CPU seconds at ``t`` (linear between the samples around it)."""
@@ -291,7 +299,7 @@ def _load_backend(deltas_path: str, rate: float):
             env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
             procs = max(1, -(-universe // PER_PROCESS))
             t_start = time.perf_counter() + 2.0  # after every process has opened its streams
-            shards = self.engine.driver.shards
+            shards = self.engine.server.shards
             ticket = {"host": svc.host, "port": svc.port, "token": svc.token,
                       "shards": list(shards.locations) if shards is not None else []}
             jobs = [{"ticket": ticket, "workers": universe, "layout": list(self.engine.spec.layout),
@@ -338,7 +346,10 @@ def run_case(data_src: str, workers: int, pushes: int, rate: float, density: flo
     engine, _ = build_engine(cfg, backend, f"psload-{workers}")
     backend.engine = engine
     marks = _Marks(engine)
-    summary = engine.run()
+    try:
+        summary = engine.run()
+    finally:
+        marks.close()
     client = backend.client
     n = len(marks.rows)
     lo, hi = n // 10, n - n // 10 - 1

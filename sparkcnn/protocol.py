@@ -17,7 +17,7 @@ Imports the standard library only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 # block placement's chunk rows as Spark sees them (``mapInArrow`` on the driver; the executors
@@ -157,6 +157,42 @@ class RoundResult:
 
 
 @dataclass(frozen=True)
+class Arrival:
+    """A block's result as the server takes it, whichever transport carried it: the fields a
+    ``RoundResult`` (jobs) and a ``Push`` (stream) share, under one name each."""
+
+    block: int
+    seq: int                 # with the block, the exactly-once key
+    base_version: int        # the version its weights were at
+    payload: bytes           # codec bytes of the sent delta S (b"" with shards: its pieces went to them)
+    samples: int
+    steps: int
+    first_step: int          # the block's cursor at its first step
+    lr: float                # what it was trained with (the server applies with it too)
+    density: float
+    loss_sum: float
+    correct: int
+    nnz: int
+    state_reset: bool        # its state was gone: restarted from zero (counted)
+    state_stale: bool        # pipelined jobs: continued from the state one exchange older (counted)
+    replica_resync: bool     # its replica of U was reloaded from a dense copy (counted)
+    view_bytes: int          # dense weight bytes it read
+    executor: str
+    sumsq: tuple = ()        # with shards: ||S_k||^2 of each shard's piece
+    piece: tuple = ()        # with shards: (stream, ordinal), the pieces' key on the shards
+
+    @classmethod
+    def of_result(cls, r: "RoundResult") -> "Arrival":
+        return cls(**{f: getattr(r, f) for f in _ARRIVAL_FIELDS})
+
+    @classmethod
+    def of_push(cls, block: int, p: "Push", piece: tuple = ()) -> "Arrival":
+        """A stream task always continues from its own state: never a stale one."""
+        return cls(block=block, state_stale=False, piece=piece,
+                   **{f: getattr(p, f) for f in _ARRIVAL_FIELDS if f not in ("block", "state_stale", "piece")})
+
+
+@dataclass(frozen=True)
 class StreamTicket:
     """Where a stream task finds the driver's parameter server, and its per-run secret."""
 
@@ -221,9 +257,9 @@ class Push:
     nnz: int                 # entries in the payload
     compute_s: float         # seconds of training and encoding
     wait_s: float            # seconds the task waited for the previous reply (exposed communication)
-    down_bytes: int          # bytes of the previous reply's weights part
+    view_bytes: int          # bytes of the previous reply's weights part
     state_reset: bool        # the block's state was gone: restarted from zero (counted)
-    resync: bool             # the replica was reloaded from a dense copy since the last push (counted)
+    replica_resync: bool     # the replica was reloaded from a dense copy since the last push (counted)
     pid: int                 # the Python worker's process id
     executor: str            # "host:local dir" of the executor
     payload: bytes           # codec bytes of the sent delta S (b"" with shards: its pieces go to them)
@@ -353,3 +389,6 @@ class ShardState:
     U: bytes
     version: int
     view_version: int
+
+
+_ARRIVAL_FIELDS = tuple(f.name for f in fields(Arrival))

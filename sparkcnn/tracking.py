@@ -1,6 +1,6 @@
 """Trackers: sinks beside ``metrics.jsonl`` that send a run to MLflow or TensorBoard.
 
-The engine hands every round and epoch record to one sink (``RoundDriver.sink``);
+The engine hands every round and epoch record to one sink (its ``Run``'s records);
 :class:`FanOut` passes it to the JSONL file and to each tracker, so nothing in the
 training loop knows which trackers exist. A tracker's life::
 

@@ -153,9 +153,9 @@ def build_engine(cfg, backend, run_id: str, sink=None, progress=None, run_dir: s
         from sparkcnn.transport.stream import StreamEngine as cls
     else:
         cls = AsyncEngine if cfg.engine.mode == "async" else SyncEngine
-    engine = cls(cfg, backend, spec, rows, flat_weights(model), sink=sink, progress=progress, run_dir=run_dir)
-    engine.warmup_s = time.perf_counter() - t0
-    engine.frames = (train_f, test_f)
+    engine = cls(cfg, backend, spec, rows, flat_weights(model), progress=progress, run_dir=run_dir, warmup_started=t0)
+    if sink is not None:  # records go to ``sink`` (benchmarks); train() opens the run's own
+        engine.server.open_records(sink)
     return engine, model
 
 
@@ -267,15 +267,15 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
         _truncate_metrics(metrics_path, 0)
     try:
         engine, model = build_engine(cfg, backend, run_id, progress=progress, run_dir=run_dir, frames=frames)
-        start = 0
+        start, kept = 0, ((), ())
         if ckpt is not None:
             start = engine.restore(ckpt)
-            engine.driver.history, engine.driver.epoch_history = _truncate_metrics(
-                metrics_path, int(ckpt.state["records"]))
+            kept = _truncate_metrics(metrics_path, int(ckpt.state["records"]))
             log.info("resuming %s at round %s", run_id, start)
         else:
             atomic_write_text(runfs.join(run_dir, "config.yaml"), config_mod.dump(cfg))
-        sink = engine.driver.sink = tracking.FanOut(JsonlSink(metrics_path), *trackers).start(cfg, run_dir)
+        sink = tracking.FanOut(JsonlSink(metrics_path), *trackers).start(cfg, run_dir)
+        engine.server.open_records(sink, *kept)
         try:
             summary = engine.run(start_round=start)
         except BaseException as e:

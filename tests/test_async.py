@@ -42,7 +42,7 @@ def test_async_engine_trains_with_either_pool(tiny_cfg, pool):
     factory = SyncExecutor if pool == "synchronous" else None
     engine, _ = build_engine(cfg, backend, backend.run_id)
     if factory:
-        engine.pool_factory = factory
+        engine.inject(pool_factory=factory)
     summary = engine.run()
     assert summary["epochs"] == cfg.train.epochs
     assert engine.samples_done >= engine.total_samples
@@ -99,16 +99,17 @@ def test_lost_executor_shrinks_jobs_in_flight(tiny_cfg):
     cfg = _async_cfg(tiny_cfg).replace(scheduler__queue_depth=0)  # jobs in flight = live slots
     backend = LocalBackend("t-async-lost")
     engine, _ = build_engine(cfg, backend, backend.run_id)
-    monitor = engine.monitor = Losing(backend, min_interval_s=0)
+    monitor = Losing(backend, min_interval_s=0)
+    engine.inject(monitor=monitor)
     pools = []
-    engine.pool_factory = lambda n: pools.append(CountingPool(n)) or pools[-1]
+    engine.inject(pool_factory=lambda n: pools.append(CountingPool(n)) or pools[-1])
     summary = engine.run()
 
     seen = pools[0].seen
     assert any(n == 2 for lost, n in seen if not lost)  # two at once while both executors lived
     assert [n for lost, n in seen if lost] and all(n == 1 for lost, n in seen if lost)
     assert summary["epochs"] == cfg.train.epochs and engine.samples_done >= engine.total_samples
-    assert sorted(r["round"] for r in engine.history) == list(range(engine.next_seq))  # each job applied once
+    assert sorted(r["round"] for r in engine.history) == list(range(engine.orders.next_seq))  # each job applied once
     assert {r["block"] for r in engine.history} == set(range(cfg.data.num_blocks))
     assert all((r["executors"], r["slots"]) == (1, 1) for r in engine.history[2:])
     assert (engine.history[0]["executors"], engine.history[0]["slots"]) == (2, 2)
@@ -180,12 +181,12 @@ def test_queue_depth_keeps_one_job_waiting_beyond_the_slots(tiny_cfg):
     cfg = _async_cfg(tiny_cfg).replace(data__num_blocks=4, scheduler__queue_depth=1)
     backend = LocalBackend("t-async-queue")
     engine, _ = build_engine(cfg, backend, backend.run_id)
-    engine.monitor = TwoSlots(backend, min_interval_s=0)
+    engine.inject(monitor=TwoSlots(backend, min_interval_s=0))
     pools = []
-    engine.pool_factory = lambda n: pools.append(PeakPool(n)) or pools[-1]
+    engine.inject(pool_factory=lambda n: pools.append(PeakPool(n)) or pools[-1])
     engine.run()
     assert pools[0].peak == 3
-    assert sorted(r["round"] for r in engine.history) == list(range(engine.next_seq))
+    assert sorted(r["round"] for r in engine.history) == list(range(engine.orders.next_seq))
     assert all((r["slots"], r["inflight_limit"]) == (2, 3) for r in engine.history)
 
 

@@ -336,9 +336,9 @@ def test_the_checks_tell_good_names_from_bad():
     def names(code: str, fenced: bool = False) -> list[str]:
         return [t for t, after_set in tokens(code) if classify(t, fenced, after_set)]
 
-    good = ["sparkcnn.fit", "sparkcnn.ml.SparkCNNClassifier", "sparkcnn.server.driver", "server/driver.py",
+    good = ["sparkcnn.fit", "sparkcnn.ml.SparkCNNClassifier", "sparkcnn.server.run", "server/run.py",
             "sparkcnn/config.py", "protocol.py", "bench/psload.py", "transport/", "2026-12-06-final-3/",
-            "conf/fashion_mnist.yaml", "train.epochs", "chaos.*", "RoundDriver", "Config", "SparkSession",
+            "conf/fashion_mnist.yaml", "train.epochs", "chaos.*", "Run", "Config", "SparkSession",
             "SparkCNNModel.from_keras"]
     for token in good:
         kind = classify(token, False, False)
@@ -346,7 +346,8 @@ def test_the_checks_tell_good_names_from_bad():
     bad = {"sparkcnn.engine.driver": "no module sparkcnn.engine,", "sparkcnn.nofit": "nor a name 'nofit' in sparkcnn",
            "engine/driver.py": "no such file", "psservice.py": "no such file", "engine/": "no such folder",
            "2026-12-05-throughput-7/": "no such folder", "train.epoch": "has no field 'epoch'",
-           "NoSuchEngine": "no class or function", "RoundDriver.no_such_method": "defines no"}
+           "NoSuchEngine": "no class or function", "Run.no_such_method": "defines no",
+           "RoundDriver": "no class or function"}
     for token, why in bad.items():
         kind = classify(token, False, False)
         assert kind and why in (kind[1](token) or ""), (token, kind and kind[1](token))
@@ -365,7 +366,9 @@ def test_bad_names_report_their_line(tmp_path):
                    "--set ps.shardz=2\nfrom sparkcnn.engine import RoundDriver\n```\n", encoding="utf-8")
     assert bad_names("d.md", str(tmp_path)) == [
         "d.md:3: path `engine/driver.py`: no such file",
+        "d.md:4: class `RoundDriver`: no class or function of that name under sparkcnn/",
         "d.md:4: config key `train.epochz`: config section 'train' has no field 'epochz'",
         "d.md:7: config key `ps.shardz`: config section 'ps' has no field 'shardz'",
+        "d.md:8: class `RoundDriver`: no class or function of that name under sparkcnn/",
         "d.md:8: module `sparkcnn.engine.RoundDriver`: no module sparkcnn.engine, nor a name 'engine' in sparkcnn",
         "d.md:8: module `sparkcnn.engine`: no module sparkcnn.engine, nor a name 'engine' in sparkcnn"]

@@ -44,9 +44,9 @@ def _assert_replica_matches_server(engine, run_id):
     rep = Replica()
     rep.load_snapshot(live.version, live.U)  # a copy: the live replica stays where the worker left it
     dls = [Downlink(m.version, codec.decode(m.payload, engine.spec.layout), m.checksum_after, m.base_version, m.assign)
-           for m in engine.driver.downlinks]
+           for m in engine.server.downlink.messages]
     rep.apply(dls)
-    np.testing.assert_array_equal(rep.U, engine.driver.ps.U)
+    np.testing.assert_array_equal(rep.U, engine.server.ps.U)
 
 
 @pytest.mark.spark
@@ -59,7 +59,7 @@ def test_bidirectional_sparse_on_spark(spark, tiny_cfg):
     assert all(r["bytes_down"] < r["dense_bytes"] / 10 for r in steady)
     assert all(r["bytes_up"] < r["dense_bytes"] / 10 for r in steady)
     assert recs[-1]["loss"] < recs[0]["loss"]
-    ev = engine.driver.evaluate(0)
+    ev = engine.server.evaluate(0)
     assert ev["test_accuracy"] > 0.3
 
 

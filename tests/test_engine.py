@@ -51,13 +51,13 @@ def _engine(cfg, backend):
     from sparkcnn.train import build_engine
 
     engine, _ = build_engine(cfg, backend, backend.run_id)
-    return engine, engine.spec, engine.frames[0]
+    return engine, engine.spec
 
 
 def test_aggregated_delta_equals_numpy_reference(spark, tiny_cfg):
     cfg = tiny_cfg.replace(data__num_blocks=3)
     backend = RecordingBackend(spark, "t-agg")
-    engine, spec, _ = _engine(cfg, backend)
+    engine, spec = _engine(cfg, backend)
     before = engine.W.copy()
     engine.run_round(0)
     results = backend.last
@@ -80,7 +80,7 @@ def test_one_block_on_spark_equals_plain_keras(spark, tiny_cfg):
 
     H = 6
     cfg = tiny_cfg.replace(data__num_blocks=1, train__steps_per_round=H)
-    engine, spec, meta = _engine(cfg, SparkBackend(spark, "t-keras"))
+    engine, spec = _engine(cfg, SparkBackend(spark, "t-keras"))
     w0 = engine.W.copy()
     engine.run_round(0)
 
@@ -125,15 +125,15 @@ def test_balanced_sync_sizes_steps_per_executor(tiny_cfg):
     backend = LocalBackend("t-balance")
     engine, _ = build_engine(cfg, backend, backend.run_id)
     engine.run_round(0)
-    (key,) = engine.executor_speed  # one in-process executor
-    engine.executor_speed = {key: 100.0, "slow-executor": 100.0 / 3}
-    sized = engine._sized_steps(6)
+    (key,) = engine.balancer.speed  # one in-process executor
+    engine.balancer.speed.update({key: 100.0, "slow-executor": 100.0 / 3})
+    sized = engine.balancer.sized_steps(6)
     assert sized[key] > 6 > sized["slow-executor"]
     assert sized[key] == pytest.approx(3 * sized["slow-executor"], abs=1)
-    cursor = dict(engine.block_cursor)
+    cursor = dict(engine.balancer.cursor)
     rec = engine.run_round(1)
     assert rec["samples"] == sized[key] * cfg.train.batch_size * cfg.data.num_blocks
-    assert all(engine.block_cursor[k] == cursor[k] + sized[key] for k in cursor)
+    assert all(engine.balancer.cursor[k] == cursor[k] + sized[key] for k in cursor)
 
 
 class _CountingBackend:
@@ -173,6 +173,6 @@ def test_dense_weights_travel_as_one_broadcast_per_version_and_old_ones_are_dest
     assert all(r["bytes_down"] == engine.W.nbytes * r["blocks"] for r in rounds)
     live = [b for b in backend.made if b not in backend.destroyed]
     assert len(backend.made) == 6  # versions 0..5, one broadcast each
-    assert engine.driver.keep_broadcasts == (3 if pipeline else 2)  # rounds in flight + a spare
-    assert len(live) == engine.driver.keep_broadcasts + 1  # and the current one
+    assert engine.server.downlink.keep_broadcasts == (3 if pipeline else 2)  # rounds in flight + a spare
+    assert len(live) == engine.server.downlink.keep_broadcasts + 1  # and the current one
     assert backend.destroyed == backend.made[:len(backend.destroyed)]  # oldest first

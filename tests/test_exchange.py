@@ -63,8 +63,8 @@ def test_stale_results_are_dropped_and_their_steps_trained_again_once(spark, tin
 
 # -- the wire, fuzzed against the real engine ------------------------------------------------------
 _GOOD = Push(seq=0, first_step=0, steps=1, samples=32, base_version=0, have=0, attempt=0, lr=0.05, density=0.05,
-             loss_sum=1.0, correct=3, nnz=1, compute_s=0.01, wait_s=0.0, down_bytes=0, state_reset=False,
-             resync=False, pid=1, executor="fuzz:d", payload=b"x")
+             loss_sum=1.0, correct=3, nnz=1, compute_s=0.01, wait_s=0.0, view_bytes=0, state_reset=False,
+             replica_resync=False, pid=1, executor="fuzz:d", payload=b"x")
 # where _GOOD's fields sit in its wire message (streamwire's layout): the name, seq .. down_bytes
 # (7 ints, 3 floats, 2 ints, 2 floats, an int), the bools state_reset and resync, pid, executor
 # (u32 length + text), payload (u64 length + bytes), then the u32 count of state
@@ -114,7 +114,7 @@ def _send_all(svc, engine, messages: list[bytes], out: dict) -> None:
     import time
 
     deadline = time.monotonic() + 120
-    while not engine.plans and time.monotonic() < deadline:
+    while not engine.stage.plans and time.monotonic() < deadline:
         time.sleep(0.01)
     client = flight.FlightClient(f"grpc+tcp://{svc.host}:{svc.port}")
     opts = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {svc.token}".encode())], timeout=60)

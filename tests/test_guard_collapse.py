@@ -201,7 +201,7 @@ def test_a_slow_pass_through_chance_goes_on_and_a_stay_at_chance_stops(tiny_cfg)
     def driver(*overrides):
         cfg = tiny_cfg.replace(guard__loss_samples=0, **dict(overrides))
         backend = LocalBackend("t-chance")
-        return build_engine(cfg, backend, backend.run_id)[0].driver
+        return build_engine(cfg, backend, backend.run_id)[0].server
 
     learned = [2.1, 1.8, 1.5, 1.35, 1.272, 1.30]
     d = driver()

@@ -38,7 +38,7 @@ def _reply(**kw):
 def _push(**kw):
     return Push(**{**dict(seq=0, first_step=0, steps=1, samples=32, base_version=0, have=0, attempt=0, lr=0.1,
                           density=1.0, loss_sum=1.0, correct=3, nnz=1, compute_s=0.01, wait_s=0.0,
-                          down_bytes=0, state_reset=False, resync=False, pid=1, executor="h:d",
+                          view_bytes=0, state_reset=False, replica_resync=False, pid=1, executor="h:d",
                           payload=b"payload"), **kw})
 
 
@@ -170,6 +170,7 @@ def test_stream_run_in_process(tiny_cfg, tmp_path, monkeypatch):
     gc.unfreeze()
     cfg = _cfg(tiny_cfg, engine__master="inprocess")
     seen = {}
+    import sparkcnn.transport.pushes as pushes_mod
     import sparkcnn.transport.stream as stream_mod
 
     real = stream_mod.PSService
@@ -181,8 +182,8 @@ def test_stream_run_in_process(tiny_cfg, tmp_path, monkeypatch):
 
     stream_mod.PSService = spy
     frozen = []  # objects frozen whenever a push arrives
-    real_push = stream_mod.StreamEngine.push
-    monkeypatch.setattr(stream_mod.StreamEngine, "push",
+    real_push = pushes_mod.PushHandler.push
+    monkeypatch.setattr(pushes_mod.PushHandler, "push",
                         lambda self, *a: frozen.append(gc.get_freeze_count()) or real_push(self, *a))
     try:
         summary = train(cfg)
@@ -267,13 +268,13 @@ def test_sync_stream_applies_rounds_together(spark, tiny_cfg, monkeypatch):
     and unfrozen after."""
     import gc
 
-    import sparkcnn.transport.stream as stream_mod
+    import sparkcnn.transport.pushes as pushes_mod
     from sparkcnn.backends.backend import SparkBackend
     from sparkcnn.train import train
 
     frozen = []
-    real_push = stream_mod.StreamEngine.push
-    monkeypatch.setattr(stream_mod.StreamEngine, "push",
+    real_push = pushes_mod.PushHandler.push
+    monkeypatch.setattr(pushes_mod.PushHandler, "push",
                         lambda self, *a: frozen.append(gc.get_freeze_count()) or real_push(self, *a))
     cfg = _cfg(tiny_cfg, engine__mode="sync", train__steps_per_round=4)
     summary = train(cfg, backend=SparkBackend(spark, "t-stream-sync"))
@@ -308,7 +309,7 @@ def test_stream_exactly_once_when_python_workers_die(spark, tiny_cfg):
 def test_listener_closes_when_the_run_fails(tiny_cfg, monkeypatch):
     """A run that fails mid-stage leaves no listener behind."""
     import sparkcnn.transport.stream as stream_mod
-    from sparkcnn.server.driver import RoundDriver
+    from sparkcnn.server.exchange import Exchange
     from sparkcnn.train import train
 
     seen = {}
@@ -319,7 +320,7 @@ def test_listener_closes_when_the_run_fails(tiny_cfg, monkeypatch):
         return seen["svc"]
 
     calls = {"n": 0}
-    real_apply = RoundDriver.apply
+    real_apply = Exchange.apply
 
     def failing_apply(self, *a, **kw):
         calls["n"] += 1
@@ -328,7 +329,7 @@ def test_listener_closes_when_the_run_fails(tiny_cfg, monkeypatch):
         return real_apply(self, *a, **kw)
 
     monkeypatch.setattr(stream_mod, "PSService", spy)
-    monkeypatch.setattr(RoundDriver, "apply", failing_apply)
+    monkeypatch.setattr(Exchange, "apply", failing_apply)
     with pytest.raises(RuntimeError, match="injected apply failure"):
         train(_cfg(tiny_cfg, engine__master="inprocess", train__epochs=1))
     assert calls["n"] == 5 and not _listening(seen["svc"].port)
@@ -426,12 +427,12 @@ def test_a_block_done_with_its_pass_gets_no_steps_in_the_stage(tiny_cfg):
                train__lr_warmup_epochs=0.0)
     backend = LocalBackend("t-done-block")
     engine, _ = build_engine(cfg, backend, backend.run_id)
-    c, steps0 = engine.core, engine.pass_end[0]
+    c, steps0 = engine.server.cursors, engine.handler.pass_end[0]
     c.block_epoch[0], c.block_step[0], c.last_seq[0] = 1, 0, steps0 - 1
     c.samples_done = steps0 * cfg.train.batch_size
     summary = engine.run()
-    assert c.samples_done == c.n_train and c.block_epoch == {0: 1, 1: 1}
-    assert engine.plans[0].steps == 0 and engine.plans[1].steps == engine.pass_end[1]
+    assert c.samples_done == c.epoch_samples and c.block_epoch == {0: 1, 1: 1}
+    assert engine.stage.plans[0].steps == 0 and engine.stage.plans[1].steps == engine.handler.pass_end[1]
     assert summary["epochs"] == 1
 
 
@@ -439,15 +440,16 @@ def test_a_stage_state_follows_the_last_push_and_only_the_last_applied_one_is_ke
     """No push carries the block state unless a checkpoint asks; each block's state at a stage's
     end comes as a StageState after its last push was answered, and is what the epoch's
     checkpoint holds. A state of another exchange changes nothing; a malformed one is refused."""
-    from sparkcnn.transport import stream as stream_mod
+    from sparkcnn.transport import pushes as pushes_mod
+    from sparkcnn.transport import streamcut as streamcut_mod
     from sparkcnn.protocol import StageState, StateArray
     from sparkcnn.streamwire import WireError
     from sparkcnn.train import train
 
     cfg = _cfg(tiny_cfg, engine__master="inprocess")
     state_on_pushes, calls, checkpoints = [], [], []
-    real_push, real_state = stream_mod.StreamEngine.push, stream_mod.StreamEngine.stage_state
-    real_save = stream_mod.StreamEngine.save_checkpoint
+    real_push, real_state = pushes_mod.PushHandler.push, pushes_mod.PushHandler.stage_state
+    real_save = streamcut_mod.Cut.save
 
     def push(self, session, p):
         state_on_pushes.append(len(p.state))
@@ -457,27 +459,27 @@ def test_a_stage_state_follows_the_last_push_and_only_the_last_applied_one_is_ke
         if m is None:
             return real_state(self, session, m, refused)
         block = session.block
-        kept = self.final_states.get(block)
+        kept = self.stage.final.get(block)
         other = real_state(self, session, StageState(m.seq - 1, m.state))  # not its last applied exchange
-        unchanged = self.final_states.get(block) is kept and not other.refused
+        unchanged = self.stage.final.get(block) is kept and not other.refused
         try:
             real_state(self, session, StageState(m.seq, (StateArray("momentum", "float32", b"\0" * 8),)))
             malformed = "kept"
         except WireError as e:
             malformed = str(e)
         reply = real_state(self, session, m)
-        calls.append({"block": block, "seq": m.seq, "last_seq": self.core.last_seq[block],
+        calls.append({"block": block, "seq": m.seq, "last_seq": self.server.cursors.last_seq[block],
                       "names": sorted(a.name for a in m.state), "unchanged": unchanged, "malformed": malformed,
-                      "kept": self.final_states.get(block)})
+                      "kept": self.stage.final.get(block)})
         return reply
 
-    def save_checkpoint(self, next_epoch, states, read=True):
-        checkpoints.append((next_epoch, dict(states)))
-        return real_save(self, next_epoch, states, read)
+    def save_checkpoint(self, t0, states, read=True):
+        checkpoints.append((self.stage.epoch, dict(states)))
+        return real_save(self, t0, states, read)
 
-    monkeypatch.setattr(stream_mod.StreamEngine, "push", push)
-    monkeypatch.setattr(stream_mod.StreamEngine, "stage_state", stage_state)
-    monkeypatch.setattr(stream_mod.StreamEngine, "save_checkpoint", save_checkpoint)
+    monkeypatch.setattr(pushes_mod.PushHandler, "push", push)
+    monkeypatch.setattr(pushes_mod.PushHandler, "stage_state", stage_state)
+    monkeypatch.setattr(streamcut_mod.Cut, "save", save_checkpoint)
     summary = train(cfg)
     assert summary["epochs"] == 2 and state_on_pushes and not any(state_on_pushes)
     assert sorted((c["block"], c["seq"] == c["last_seq"]) for c in calls) == [(0, True), (0, True), (1, True),
@@ -499,29 +501,29 @@ def test_a_lagging_replica_gets_the_downlinks_it_misses_unless_a_copy_is_lighter
     carries the retained downlinks since its version when they chain from it and weigh less than
     a dense copy of U; a replica behind the retained ones, or one whose downlinks outweigh the
     copy, gets the copy."""
-    from sparkcnn.transport import stream as stream_mod
+    from sparkcnn.transport import pushes as pushes_mod
     from sparkcnn.train import train
 
     cfg = _cfg(tiny_cfg, engine__master="inprocess", compression__density_down=density_down,
                compression__density=max(0.01, density_down))  # heavy downlinks need heavy pushes
     seen = []
-    real = stream_mod.StreamEngine._push_async
+    real = pushes_mod.PushHandler._take
 
     def push_async(self, session, p):
         reply = real(self, session, p)
-        d = self.driver
-        if not seen and len(d.downlinks) >= 6:
-            dense = 4 * d.ps.U.size
-            for back in (1, 3, len(d.downlinks)):
-                have = d.downlinks[-back].base_version
+        dls, U = self.server.downlink.messages, self.server.ps.U
+        if not seen and len(dls) >= 6:
+            dense = 4 * U.size
+            for back in (1, 3, len(dls)):
+                have = dls[-back].base_version
                 r = self._reply(session, have=have, retrain=True)
-                seen.append((back, sum(len(m.payload) for m in d.downlinks[-back:]) < dense, bool(r.dense),
-                             [m.version for m in r.downlinks], [m.version for m in d.downlinks[-back:]]))
-            r = self._reply(session, have=d.downlinks[0].base_version - 1, retrain=True)  # not retained
+                seen.append((back, sum(len(m.payload) for m in dls[-back:]) < dense, bool(r.dense),
+                             [m.version for m in r.downlinks], [m.version for m in dls[-back:]]))
+            r = self._reply(session, have=dls[0].base_version - 1, retrain=True)  # not retained
             seen.append((None, None, bool(r.dense), [m.version for m in r.downlinks], []))
         return reply
 
-    monkeypatch.setattr(stream_mod.StreamEngine, "_push_async", push_async)
+    monkeypatch.setattr(pushes_mod.PushHandler, "_take", push_async)
     train(cfg)
     assert len(seen) == 4 and seen[-1][2:4] == (True, [])
     for back, lighter, dense, got, retained in seen[:3]:

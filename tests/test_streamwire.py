@@ -49,14 +49,14 @@ GOOD = Reply(lr=0.05, density=0.001, tau=1, retrain=False, send_state=True, refu
 
 def test_every_message_round_trips_with_nested_messages_and_blobs():
     push = Push(seq=1, first_step=9, steps=1, samples=32, base_version=3, have=4, attempt=0, lr=0.05,
-                density=0.001, loss_sum=float("nan"), correct=7, nnz=2, compute_s=0.01, wait_s=0.0, down_bytes=9,
-                state_reset=False, resync=True, pid=1, executor="h:/d é", payload=b"xyz",
+                density=0.001, loss_sum=float("nan"), correct=7, nnz=2, compute_s=0.01, wait_s=0.0, view_bytes=9,
+                state_reset=False, replica_resync=True, pid=1, executor="h:/d é", payload=b"xyz",
                 state=(StateArray(name="momentum", dtype="float32", data=b"\0" * 8),), sumsq=(1.5, 2.0))
     assert decode(encode(GOOD), (Reply,)) == GOOD
     got = decode(encode(push), (Push, Done))
     assert got.state == push.state and got.payload == b"xyz" and got.loss_sum != got.loss_sum  # NaN kept
-    assert (got.executor, got.sumsq, got.resync, got.state_reset) == ("h:/d é", (1.5, 2.0), True, False)
-    assert type(got.lr) is float and type(got.seq) is int and type(got.resync) is bool
+    assert (got.executor, got.sumsq, got.replica_resync, got.state_reset) == ("h:/d é", (1.5, 2.0), True, False)
+    assert type(got.lr) is float and type(got.seq) is int and type(got.replica_resync) is bool
     assert decode(encode(Done()), (Push, Done)) == Done()
     assert decode(encode(Reply(**{**GOOD.__dict__, "plan": None, "downlinks": ()})), (Reply,)).plan is None
 

@@ -117,10 +117,10 @@ class PSService:
     def serve_stream(self, command: bytes, reader, writer) -> None:
         try:
             hello = json.loads(command)
-            if not isinstance(hello, dict):
-                raise TypeError
-            session = self.handler.open(hello)
-        except (ValueError, KeyError, TypeError):
+            session = self.handler.open(hello) if isinstance(hello, dict) else None
+        except (ValueError, KeyError, TypeError):  # not JSON, or a shard's handler refusing it
+            session = None
+        if session is None:  # no stream of that descriptor: refused
             self.count("malformed_refused")
             raise flight.FlightServerError("sparkcnn parameter server: bad stream descriptor") from None
         self.count("streams")

@@ -41,10 +41,9 @@ class RangeShard:
     def __init__(self, lo: int, hi: int, weights: np.ndarray, layout, *, density_down: float | None, index: int = 0,
                  selector: str = "threshold", dense_below: int = 16384, value_dtype: str = "float32",
                  keep_downlinks: int = 8, timeout_s: float = 60.0):
-        self.lo, self.hi, self.index = int(lo), int(hi), int(index)  # index: its place among the shards
-        self.layout, self.value_dtype = tuple(layout), value_dtype
-        self.sparse_down = density_down is not None
-        self.ps = ParameterServer(np.array(weights, np.float32, copy=True), self.layout,
+        self.span = range(int(lo), int(hi))   # its keys: [lo, hi)
+        self.index = int(index)               # its place among the shards
+        self.ps = ParameterServer(np.array(weights, np.float32, copy=True), tuple(layout),
                                   density_down=density_down, sparsifier=Sparsifier(selector, dense_below),
                                   value_dtype=value_dtype)
         self.outside = outside_checksum(self.ps.U, self.lo, self.hi)
@@ -59,6 +58,26 @@ class RangeShard:
         # with every piece waiting on ``cond``, each notify woke all N streams' threads to
         # re-check (at 64 workers, 3x a push's CPU on the shard)
         self.ready: dict[tuple[int, int], threading.Event] = {}
+
+    @property
+    def lo(self) -> int:
+        return self.span.start
+
+    @property
+    def hi(self) -> int:
+        return self.span.stop
+
+    @property
+    def layout(self) -> tuple:
+        return self.ps.layout
+
+    @property
+    def value_dtype(self) -> str:
+        return self.ps.value_dtype
+
+    @property
+    def sparse_down(self) -> bool:
+        return self.ps.density_down is not None
 
     # -- the task's side ------------------------------------------------------------------------
     def piece(self, p: Piece) -> ShardReply:

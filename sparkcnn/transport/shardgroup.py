@@ -105,6 +105,10 @@ class ShardCoordinator:
         ps.load_state_dict({"W": W, "U": U, "layout": np.asarray(ps.layout, np.int64), "version": self.version,
                             "view_version": self.view_version})
 
+    def kill_last(self) -> None:
+        """Fault drill (``chaos.kill_shard_round``): SIGKILL the last shard process."""
+        self.procs[-1].proc.kill()
+
     def close(self) -> None:
         for p in self.procs:
             p.close()

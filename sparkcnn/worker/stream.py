@@ -323,7 +323,7 @@ class _BlockStream:
         push = Push(seq=self.seq, first_step=self.step, steps=n, samples=seen, base_version=base,
                     have=self.view.version, attempt=self.attempt, lr=lr, density=density, loss_sum=loss_sum,
                     correct=correct, nnz=int(sent.nnz), compute_s=compute_s, wait_s=self.wait_s,
-                    down_bytes=self.down_bytes, state_reset=self.reset, resync=self.view.resyncs > self.resyncs_sent,
+                    view_bytes=self.down_bytes, state_reset=self.reset, replica_resync=self.view.resyncs > self.resyncs_sent,
                     pid=os.getpid(), executor=self.executor, payload=b"" if pieces else payload,
                     state=_state_arrays(self.state()) if self.send_state else (), sumsq=sumsq,
                     overhead_cpu_s=self._overhead_cpu())

@@ -1,0 +1,158 @@
+"""The schedule of a run and its downlink: what the server sends the workers.
+
+:class:`Schedule`: the learning rate and both densities at a fractional epoch, after
+their warm-ups and the guard's factors (a spike halves the lr or raises the density).
+
+:class:`Downlink`: model-parameter sparsification (DESIGN §3). After an update::
+
+    D = sparsify(W - U, density_down);  U += D     # ps.downlink
+
+the latest ``D`` ship inline with the next orders (or replies); dense weights (W when the
+downlink is dense, else the view U) go as one broadcast per version, kept alive while
+orders in flight may read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sparkcnn.compression import codec
+from sparkcnn.compression.plan import density as plan_density
+from sparkcnn.compression.warmup import density_at, lr_at
+from sparkcnn.protocol import DownlinkMsg
+
+
+class Schedule:
+    """(lr, density) at a fractional epoch: warm-ups, the lr schedule and the guard's factors."""
+
+    def __init__(self, cfg, plan):
+        self.train, self.compression, self.plan = cfg.train, cfg.compression, plan
+        self.lr_factor = 1.0        # halved by the guard on a loss spike
+        self.density_factor = 1.0   # raised by the guard on a loss spike
+
+    def _warmed(self, epoch: float, target: float, initial: float | None = None) -> float:
+        """``target`` after the exponential density warm-up from ``initial`` (default
+        ``compression.initial_density``) over ``warmup_epochs``."""
+        c = self.compression
+        return density_at(epoch, initial=max(initial or c.initial_density, target), target=target,
+                          warmup_epochs=c.warmup_epochs)
+
+    def at(self, epoch: float) -> tuple[float, float]:
+        """(learning rate, uplink density) at a fractional ``epoch``, warm-ups and guard included."""
+        t, c = self.train, self.compression
+        lr = lr_at(epoch, base_lr=t.lr, warmup_epochs=t.lr_warmup_epochs, total_epochs=t.epochs,
+                   schedule=t.lr_schedule) * self.lr_factor
+        return lr, plan_density(self.plan, self.density_factor * self._warmed(epoch, c.density))
+
+    def down_density(self, epoch: float) -> float:
+        """``compression.density_down`` after the density warm-up, which starts at
+        ``initial_density_down`` (0: ``initial_density``): early updates are large and dense,
+        and a view that lags them slows training most; but a replica takes a downlink per push
+        of every block, so a start below the uplink's keeps a slow link's downlink in step."""
+        c = self.compression
+        return min(1.0, self._warmed(epoch, c.density_down, c.initial_density_down))
+
+    def halve_lr(self) -> None:
+        self.lr_factor *= 0.5
+
+    def raise_density(self) -> None:
+        self.density_factor = min(1.0 / max(self.compression.density, 1e-12), self.density_factor * 4)
+
+    def state_dict(self) -> dict:
+        return {"lr_factor": self.lr_factor, "density_factor": self.density_factor}
+
+    def load_state_dict(self, st: dict) -> None:
+        self.lr_factor, self.density_factor = st["lr_factor"], st["density_factor"]
+
+
+@dataclass(frozen=True)
+class OrderWeights:
+    """The weights part of a jobs-transport order (``RoundOrder``'s fields of the same names)."""
+
+    weights: object          # a broadcast of float32 bytes: W, or the view U
+    weights_version: int
+    downlinks: tuple = ()    # sparse downlink: the latest DownlinkMsgs, oldest first
+
+
+@dataclass(frozen=True)
+class ReplyWeights:
+    """The weights part of a stream reply (``Reply``'s fields of the same names)."""
+
+    dense: bytes
+    dense_version: int
+    downlinks: tuple = ()
+
+
+class Downlink:
+    """D = sparsify(W - U) after updates, its inline messages and the dense broadcasts."""
+
+    def __init__(self, ps, spec, backend, *, keep_broadcasts: int, inline: int):
+        self.ps, self.spec, self.backend = ps, spec, backend
+        self.sparse = spec.sparse_downlink
+        self.keep_broadcasts = keep_broadcasts  # older broadcasts orders in flight may still read
+        self.inline = inline                    # latest downlinks kept for orders and replies
+        self.messages: list[DownlinkMsg] = []
+        self._bcast = None
+        self._bcast_version = -1
+        self._old: list = []
+
+    def keep_inline(self, n: int) -> None:
+        """Keep the latest ``n`` downlinks (async jobs: the jobs in flight may trail that many)."""
+        self.inline = n
+
+    def order_weights(self, version: int) -> OrderWeights:
+        """W (dense downlink) or the view U and the latest downlinks."""
+        if not self.sparse:
+            return OrderWeights(self._broadcast_at(version, self.ps.W), version)
+        v = self.ps.view_version
+        return OrderWeights(self._broadcast_at(v, self.ps.U), v, tuple(self.messages))
+
+    def _broadcast_at(self, version: int, array: np.ndarray):
+        """A broadcast of ``array``'s bytes at ``version``, made once per version."""
+        if self._bcast is None or self._bcast_version != version:
+            if self._bcast is not None:
+                self._old.append(self._bcast)
+                while len(self._old) > self.keep_broadcasts:
+                    self.backend.unpersist(self._old.pop(0))
+            self._bcast = self.backend.broadcast(array.tobytes())
+            self._bcast_version = version
+        return self._bcast
+
+    def send(self, density: float, every: int = 1, shards=None) -> int:
+        """After an update: D = sparsify(W − U), U += D; kept for the next orders. Returns the
+        entries of D (P for the dense downlink, which ships W itself). ``every``: only once the
+        view is that many versions behind (0 entries until then). ``shards``: they make it."""
+        if not self.sparse:
+            return int(self.ps.W.size)
+        if shards is not None:  # its entries are the shards' to count
+            if shards.version - shards.view_version >= every:
+                shards.downlink(density)
+            return 0
+        if self.ps.version - self.ps.view_version < every:
+            return 0
+        dl = self.ps.downlink(density)
+        if dl is None:
+            return 0
+        enc = codec.encode(dl.delta, self.spec.layout,
+                           value_dtype="float32" if dl.assign else self.spec.value_dtype)
+        msg = DownlinkMsg(version=dl.version, base_version=dl.base_version, checksum_after=dl.checksum_after,
+                          assign=dl.assign, payload=enc)
+        self.messages = (self.messages + [msg])[-self.inline:]
+        return int(dl.delta.nnz)
+
+    def since(self, have: int, version: int) -> ReplyWeights:
+        """A stream reply's weights: W (dense downlink), or the downlinks since ``have``, or a
+        dense copy of U when the replica cannot follow them (a start, a refusal, a long lag) or
+        when they weigh more than the copy (a replica many warm-up downlinks behind)."""
+        if not self.sparse:
+            return ReplyWeights(self.ps.W.tobytes(), version)
+        v = self.ps.view_version
+        if have == v:
+            return ReplyWeights(b"", v)
+        dls = tuple(m for m in self.messages if m.version > have)
+        if (have >= 0 and dls and dls[0].base_version == have
+                and sum(len(m.payload) for m in dls) < 4 * self.ps.U.size):
+            return ReplyWeights(b"", v, dls)
+        return ReplyWeights(self.ps.U.tobytes(), v)
