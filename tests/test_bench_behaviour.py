@@ -94,3 +94,13 @@ def test_the_report_names_no_path_of_the_machine_that_ran_it():
                                          "--set run.out_dir=<tmp>/base-r0")
     assert out["runs"][0]["summary"] == "runs/a/summary.json"
     assert out["index"] == "https://pypi.org/simple" and out["n"] == 3
+
+
+def test_accuracy_bound_widens_to_two_standard_deviations_of_the_base():
+    """A base whose repetitions spread by 0.4 points admits a head 0.7 points away, not 0.9."""
+    assert bh.compare_accuracy(0.8800, 0.8870, base_sd=0.004)["ok"]
+    wide = bh.compare_accuracy(0.8800, 0.8890, base_sd=0.004)
+    assert not wide["ok"] and wide["max_points"] == pytest.approx(0.8)
+    assert bh.compare_accuracy(0.8800, 0.8831, base_sd=0.0001)["max_points"] == 0.3  # never below 0.3
+    agg = bh.aggregate([run(0.880, 1000.0), run(0.884, 1040.0)])
+    assert agg["test_accuracy_sd"] == pytest.approx(0.00282843, abs=1e-7)
