@@ -36,7 +36,7 @@ from sparkcnn.compression.feedback import quantise_at
 from sparkcnn.errors import BadInput
 from tests.native_env import compiled
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FAST = settings(max_examples=60, deadline=None)
 
 finite_f32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
