@@ -1,4 +1,5 @@
-# sparkcnn: `make train` (set up, prepare Fashion-MNIST, train 3 epochs, report), `make test` and
+# sparkcnn: `make train` (set up, prepare Fashion-MNIST, train 3 epochs, report), `make test`,
+# `make test-unit` (tests/unit alone: no Spark, no TensorFlow; under a minute) and
 # `make test-packaging` (route (b) and the image's entrypoint run for real; minutes, so apart).
 PYTHON ?= python3
 VENV   ?= .venv
@@ -10,7 +11,7 @@ STAMP  := $(VENV)/.installed
 # the DAG's SparkSubmitOperator; without its pyspark-client requirement (see pyproject's airflow extra)
 AIRFLOW_SPARK_PROVIDER ?= apache-airflow-providers-apache-spark>=6,<7
 
-.PHONY: setup dataset-package data train test test-packaging bench dist clean
+.PHONY: setup dataset-package data train test test-unit test-packaging bench dist clean
 
 $(STAMP): pyproject.toml
 	@command -v java >/dev/null || { echo "sparkcnn: Java 17+ is required by Spark (apt-get install openjdk-17-jre-headless)"; exit 1; }
@@ -37,6 +38,11 @@ train: $(STAMP) data
 
 test: $(STAMP) dataset-package
 	$(PY) -m pytest -q -p no:cacheprovider -m "not packaging" tests
+
+# the unit tier alone (tests/unit: numpy, pyarrow and the standard library; no Spark session,
+# no TensorFlow): the quick check while editing
+test-unit: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit
 
 # the tests marked packaging: a venv-pack archive of the wheel shipped with --archives to a
 # standalone cluster (route (b); pip reaches PyPI), and the entrypoint's driver and executor

@@ -112,7 +112,7 @@ VARIANTS = (
 )
 
 
-# ---- pure report logic (tests/test_bench_behaviour.py) ----
+# ---- pure report logic (tests/bench/test_bench_behaviour.py) ----
 
 def order_for(variant_index: int, repeat: int) -> tuple[str, str]:
     """Which checkout trains first: base for even ``variant_index + repeat``, head for odd."""

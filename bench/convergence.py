@@ -149,7 +149,7 @@ REFUSED = (
 )
 
 
-# ---- pure gate logic (tests/test_convergence.py) ----
+# ---- pure gate logic (tests/bench/test_convergence.py) ----
 
 def verdict(accuracies: list[float | None], reference: float | None, tolerance: float = TOLERANCE,
             rerun_within: float = RERUN_WITHIN) -> dict:

@@ -11,7 +11,7 @@ session so that they see the same machine:
 - ``scan``: the same run with that short cut off (compiled and numpy alike): every downlink
   scans all P entries of W - U.
 
-Both send the same downlinks bitwise (tests/test_ps.py). For each run, the thread CPU of
+Both send the same downlinks bitwise (tests/unit/test_ps.py). For each run, the thread CPU of
 the driver's handler per push (``time.thread_time`` around its parts: ``push`` holds
 ``apply`` and ``send_downlink``, ``send_downlink`` holds ``downlink`` and ``encode``,
 ``downlink`` holds ``select``, the scan's choice (the compiled candidate path makes its

@@ -1,4 +1,4 @@
-"""Airflow side of tests/test_airflow.py, run in a subprocess with AIRFLOW_HOME etc. in a temp dir.
+"""Airflow side of tests/cluster/test_airflow.py, run in a subprocess with AIRFLOW_HOME etc. in a temp dir.
 
 Airflow reads its settings from the environment at import and configures logging
 process-wide, so it runs apart from the pytest process:

@@ -14,7 +14,7 @@
 
 Usage, with the session-scoped fixtures ``standalone_cluster`` and ``executor_python`` of
 ``tests/conftest.py``; one SparkContext per process, so the driver runs in a subprocess
-(``tests/test_dist.py``'s ``AUDIT_CLIENT`` is a complete example)::
+(``tests/cluster/test_dist.py``'s ``AUDIT_CLIENT`` is a complete example)::
 
     log = tmp_path / "audit.log"
     env = clean_env(SPARKCNN_CLUSTER=standalone_cluster.to_json(),

@@ -1,6 +1,6 @@
 """GPUs placed by Spark on a standalone cluster with fake GPUs: the driver, and the assignment table.
 
-    python tests/gpu_driver.py SPEC.json   # the driver of tests/test_cluster_gpus.py
+    python tests/gpu_driver.py SPEC.json   # the driver of tests/cluster/test_cluster_gpus.py
     python tests/gpu_driver.py             # on its own: tiny data, a fake-GPU cluster, the table as JSON
 
 One worker of 2 cores declares the GPU addresses ``0`` and ``1`` through a discovery script

@@ -1,4 +1,4 @@
-"""Opens sessions with get_or_create_spark and prints what each got (tests/test_session.py).
+"""Opens sessions with get_or_create_spark and prints what each got (tests/spark/test_session.py).
 
 ``session_job.py [MASTER ...]``: one session per argument (``-`` = no master given),
 stopped before the next; without arguments one session with no master. Each

@@ -161,7 +161,7 @@ def test_file_store_mlflow_refuses_is_bad_input_before_anything_is_written(tiny_
 
 def test_the_engine_knows_no_tracker():
     """Tracking is a sink: nothing in the server, the transports or the backends names a tracking package."""
-    root = pathlib.Path(__file__).resolve().parents[1] / "sparkcnn"
+    root = pathlib.Path(__file__).resolve().parents[2] / "sparkcnn"
     paths = [p for layer in ("server", "transport", "backends") for p in (root / layer).glob("*.py")]
     assert len(paths) > 10
     for path in paths:

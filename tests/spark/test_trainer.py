@@ -19,7 +19,7 @@ def trainer():
     from sparkcnn.worker.trainer import Trainer
 
     spec = TaskSpec(run_id="t", num_blocks=1, test_blocks=1,
-                    model_name="tests.test_trainer:tiny_bn", input_shape=(8, 8, 1), num_classes=3, seed=0,
+                    model_name="tests.spark.test_trainer:tiny_bn", input_shape=(8, 8, 1), num_classes=3, seed=0,
                     batch_size=4, momentum=0.9, weight_decay=0.0, layout=())
     return Trainer(spec)
 
@@ -115,7 +115,7 @@ def test_per_step_gradient_is_clipped_to_the_block_cap_and_batchnorm_statistics_
     assert full > 0.01
     from sparkcnn.protocol import TaskSpec
 
-    spec = TaskSpec(run_id="t", num_blocks=1, test_blocks=1, model_name="tests.test_trainer:tiny_bn",
+    spec = TaskSpec(run_id="t", num_blocks=1, test_blocks=1, model_name="tests.spark.test_trainer:tiny_bn",
                     input_shape=(8, 8, 1), num_classes=3, seed=0, batch_size=4, momentum=0.0, weight_decay=0.0,
                     layout=tuple(b - a for a, b in zip(tr.offsets[:-1], tr.offsets[1:])), method="topk",
                     per_step=True, dense_below=0)
@@ -159,7 +159,7 @@ def test_a_clipped_gradient_without_batchnorm_is_scaled_by_the_policy_as_clippin
     from sparkcnn.worker.round import clip_gradient, compute
     from sparkcnn.worker.trainer import Trainer
 
-    spec = TaskSpec(run_id="t", num_blocks=1, test_blocks=1, model_name="tests.test_trainer:tiny_plain",
+    spec = TaskSpec(run_id="t", num_blocks=1, test_blocks=1, model_name="tests.spark.test_trainer:tiny_plain",
                     input_shape=(8, 8, 1), num_classes=3, seed=0, batch_size=4, momentum=0.9, weight_decay=0.0,
                     layout=(), method="threshold", per_step=True, dense_below=16)
     tr = Trainer(spec)
@@ -193,7 +193,7 @@ def test_live_compute_matches_the_state_passing_form(trainer, per_step, method):
 
     tr, rng = trainer, np.random.default_rng(6)
     layout = tuple(b - a for a, b in zip(tr.offsets[:-1], tr.offsets[1:]))
-    spec = TaskSpec(run_id="t", num_blocks=1, test_blocks=1, model_name="tests.test_trainer:tiny_bn",
+    spec = TaskSpec(run_id="t", num_blocks=1, test_blocks=1, model_name="tests.spark.test_trainer:tiny_bn",
                     input_shape=(8, 8, 1), num_classes=3, seed=0, batch_size=4, momentum=0.9, weight_decay=0.0,
                     layout=layout, method=method, per_step=per_step, dense_below=0)
     x, y = rng.standard_normal((16, 8, 8, 1)).astype(np.float32), rng.integers(0, 3, 16).astype(np.int32)

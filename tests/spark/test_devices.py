@@ -13,7 +13,7 @@ from sparkcnn.protocol import TaskContextInfo, TaskSpec
 from sparkcnn.worker import devices
 from sparkcnn.worker.devices import DeviceMismatch, Devices
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class _Process:

@@ -38,7 +38,7 @@ print(json.dumps({"burnt": burnt, "before": before, "after": after, "gone": gone
 
 
 def test_a_child_process_burning_cpu_is_counted_as_worker_time_not_driver_time():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     res = subprocess.run([sys.executable, "-c", MEASURE, BURN.format(s=0.6)], cwd=root, capture_output=True,
                          text=True, timeout=60, check=True)
     m = json.loads(res.stdout)

@@ -456,19 +456,19 @@ def builder_raises(input_shape, num_classes):
 
 
 def test_tests_is_a_package():
-    """Builders below are referenced as ``tests.test_cli:<fn>``."""
-    assert importlib.import_module("tests.test_cli").builder_three_units is builder_three_units
+    """Builders below are referenced as ``tests.spark.test_cli:<fn>``."""
+    assert importlib.import_module("tests.spark.test_cli").builder_three_units is builder_three_units
     assert os.path.isfile(os.path.join(os.path.dirname(__file__), "__init__.py"))
 
 
 @pytest.mark.parametrize("name,pattern", [
     ("no_such_net", r"model\.name 'no_such_net': unknown builder \(known: fmnist_cnn, resnet20"),
     ("sparkcnn_no_such_module:build", r"cannot import module 'sparkcnn_no_such_module'"),
-    ("tests.test_cli:no_such_builder", r"module 'tests\.test_cli' has no callable 'no_such_builder'"),
-    ("tests.test_cli:NOT_A_BUILDER", r"module 'tests\.test_cli' has no callable 'NOT_A_BUILDER'"),
-    ("tests.test_cli:builder_returns_list", r"builder returned list, not a keras\.Model"),
-    ("tests.test_cli:builder_three_units", r"output has 3 units, dataset has 10 classes"),
-    ("tests.test_cli:builder_raises", r"builder raised RuntimeError: no GPU here"),
+    ("tests.spark.test_cli:no_such_builder", r"module 'tests\.spark\.test_cli' has no callable 'no_such_builder'"),
+    ("tests.spark.test_cli:NOT_A_BUILDER", r"module 'tests\.spark\.test_cli' has no callable 'NOT_A_BUILDER'"),
+    ("tests.spark.test_cli:builder_returns_list", r"builder returned list, not a keras\.Model"),
+    ("tests.spark.test_cli:builder_three_units", r"output has 3 units, dataset has 10 classes"),
+    ("tests.spark.test_cli:builder_raises", r"builder raised RuntimeError: no GPU here"),
 ], ids=["unknown_name", "missing_module", "missing_function", "not_callable", "returns_non_model",
         "units_mismatch", "builder_raises"])
 def test_build_model_rejects_bad_builder(name, pattern):
@@ -480,8 +480,8 @@ def test_build_model_rejects_bad_builder(name, pattern):
 
 
 @pytest.mark.parametrize("name,pattern", [
-    ("tests.test_cli:builder_three_units", r"model\.name 'tests\.test_cli:builder_three_units': output has 3 "
-                                           r"units, dataset has 10 classes"),
+    ("tests.spark.test_cli:builder_three_units", r"model\.name 'tests\.spark\.test_cli:builder_three_units': "
+                                                 r"output has 3 units, dataset has 10 classes"),
     ("no_such_net", r"model\.name 'no_such_net': unknown builder"),
 ])
 def test_train_rejects_bad_builder(capsys, runs, tiny_prepared, name, pattern):

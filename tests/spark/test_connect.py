@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAPE = (28, 28, 1)
 
 pytestmark = pytest.mark.spark
@@ -90,7 +90,7 @@ def test_connect_driver_killed_mid_run_resumes(tiny_data, tmp_path):
     (chaos.kill_driver_round); a new client on a new local Connect server resumes the run
     directory from its mid-epoch cut, keeps the records the cut covers as they were, and
     finishes with every step applied once. (The stream's engine is the same on a classic
-    session, where tests/test_exchange.py kills sync H = 10.)"""
+    session, where tests/spark/test_exchange.py kills sync H = 10.)"""
     from sparkcnn.metrics import read_jsonl
 
     run_dir = str(tmp_path / "run")

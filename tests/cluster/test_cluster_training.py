@@ -29,7 +29,7 @@ import pytest
 from sparkcnn.backends.inprocess import LocalBackend
 from sparkcnn.metrics import read_jsonl
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DRIVER = os.path.join(REPO, "tests", "cluster_driver.py")
 DRIVER_TIMEOUT_S = 600  # per driver; ~2-5 min on a loaded 2-core machine
 
@@ -240,7 +240,7 @@ def local_runs(local_driver):
 def cluster_runs(request, tiny_data, tmp_path_factory):
     """Standalone cluster (2 workers, 1 core each); one driver trains the 4-block sync run, during
     which worker 0 (worker and executor JVMs) is SIGKILLed. (Async on a cluster: route (a) in
-    tests/test_dist.py, on hosts of their own.)"""
+    tests/cluster/test_dist.py, on hosts of their own.)"""
     from sparkcnn.testing.standalone import StandaloneCluster, free_ports
 
     if _selected(request, "local_runs"):
@@ -317,7 +317,7 @@ def test_lost_worker_mid_run_the_run_completes(cluster_runs, tiny_data):
 @pytest.mark.cluster
 def test_blocks_keep_their_state_without_faults(cluster_runs):
     """No fault, no reset: a block's tasks run on the executor that holds its state (async on a
-    cluster: tests/test_dist.py, route (a))."""
+    cluster: tests/cluster/test_dist.py, route (a))."""
     driver, results, kill = cluster_runs
     _, rounds, _ = _run(driver, results, "sync-lost-worker")
     before_kill = [r for r in rounds if r["round"] < KILL_AFTER]

@@ -1,6 +1,6 @@
 """The test bed of separate hosts: shaped links that cost what they say, and nothing left behind.
 
-The README's spark-submit route on the test bed, on both transports, is in tests/test_dist.py.
+The README's spark-submit route on the test bed, on both transports, is in tests/cluster/test_dist.py.
 """
 
 from __future__ import annotations

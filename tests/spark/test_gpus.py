@@ -1,6 +1,6 @@
 """The driver's GPU checks (``sparkcnn.backends.gpus``): refused settings in one line, the one log line
 of accepted ones, and the Python worker reuse a session gets. A worker's binding is
-``tests/test_devices.py``; Spark placing fake GPUs on a cluster, ``tests/test_cluster_gpus.py``."""
+``tests/spark/test_devices.py``; Spark placing fake GPUs on a cluster, ``tests/cluster/test_cluster_gpus.py``."""
 
 import logging
 import os
@@ -12,7 +12,7 @@ import pytest
 from sparkcnn.backends import gpus
 from sparkcnn.errors import BadInput
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLUSTER = "spark://10.0.0.1:7077"
 EXE, TASK, REUSE = gpus.EXECUTOR_GPUS, gpus.TASK_GPUS, gpus.REUSE
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -327,14 +325,3 @@ def test_keep_prunes_oldest(tmp_path, keep, names, left):
 def test_keep_must_be_positive(tmp_path):
     with pytest.raises(BadInput, match="checkpoint keep must be an int >= 1, got 0"):
         save_checkpoint(str(tmp_path), "c1", arrays={}, state={}, keep=0)
-
-
-# -- purity -------------------------------------------------------------------------------
-
-def test_import_purity():
-    code = (
-        "import sys, sparkcnn.checkpoint\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'tensorflow', 'keras', 'py4j'))\n"
-        "assert not bad, bad\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)

@@ -172,8 +172,8 @@ def test_malformed_pushes_are_refused_counted_and_the_run_goes_on(spark, tiny_cf
 # -- a driver killed mid-epoch resumes from its last checkpoint ------------------------------------
 @pytest.mark.spark
 def test_stream_resumes_mid_epoch_after_driver_sigkill(tiny_data, tmp_path):
-    """Sync, H = 10 (async H = 1: tests/test_connect.py, the same engine over Connect, and
-    tests/test_stream_shards.py; async H = 10: bench/killresume.py). Checkpoints every 2 exchanges (capped by the 2 % time floor) and at epoch ends; the driver
+    """Sync, H = 10 (async H = 1: tests/spark/test_connect.py, the same engine over Connect, and
+    tests/spark/test_stream_shards.py; async H = 10: bench/killresume.py). Checkpoints every 2 exchanges (capped by the 2 % time floor) and at epoch ends; the driver
     is SIGKILLed two exchanges before the end of the last epoch, after at least 3 checkpoints.
     ``--resume`` keeps the records its last checkpoint covers as they were, records no
     exchange twice, and completes every epoch with every step once."""

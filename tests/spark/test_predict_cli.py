@@ -13,7 +13,7 @@ import pytest
 
 from sparkcnn.cli import main
 from sparkcnn.data import idx
-from tests.test_cli import tree_digest
+from tests.spark.test_cli import tree_digest
 
 pytestmark = pytest.mark.spark
 

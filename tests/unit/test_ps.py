@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from unittest import mock
 
 import numpy as np
@@ -574,17 +572,6 @@ def test_staleness_validation_names_the_field():
         staleness_scale(-1)
     with pytest.raises(BadInput, match="`staleness.max_staleness`"):
         held_back(1, -2)
-
-
-# -- purity -------------------------------------------------------------------------------
-
-def test_import_purity():
-    code = (
-        "import sys, sparkcnn.ps, sparkcnn.replica, sparkcnn.staleness\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'tensorflow', 'keras', 'py4j'))\n"
-        "assert not bad, bad\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 @settings(max_examples=60, deadline=None)

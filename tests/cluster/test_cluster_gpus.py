@@ -23,7 +23,7 @@ from tests import gpu_driver
 
 pytestmark = pytest.mark.cluster
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT_S = 600  # the driver's four applications: ~1-2 min quiet, several on a loaded 2-core machine
 
 

@@ -14,7 +14,7 @@ from sparkcnn.backends import session as B
 from sparkcnn.backends.inprocess import LocalBackend
 from sparkcnn.protocol import TaskContextInfo
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 JOB = os.path.join(REPO, "tests", "session_job.py")
 SPARK_HOME = os.path.dirname(pyspark.__file__)
 

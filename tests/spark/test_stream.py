@@ -53,7 +53,7 @@ def _with_byte(buf: bytes, at: int, value: int) -> bytes:
 
 
 class _Recorder:
-    """A stand-in handler of the service alone (the real engine is fuzzed in tests/test_exchange.py):
+    """A stand-in handler of the service alone (the real engine is fuzzed in tests/spark/test_exchange.py):
     each stream's session records what reaches it."""
 
     def __init__(self):

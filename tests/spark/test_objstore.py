@@ -19,7 +19,7 @@ import time
 import boto3  # comes with moto[server], in the dev extra: a missing install fails here, not skips
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUCKET = "runs"
 # checkpoint.every_rounds=2: checkpoint r0000002 follows round 1; the driver is SIGKILLed after
 # round KILL_ROUND, one round past it, so the resume reruns round 2 and must not record it twice
