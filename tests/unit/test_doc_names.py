@@ -32,7 +32,7 @@ import pytest
 
 from sparkcnn import config as config_module
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PKG = os.path.join(ROOT, "sparkcnn")
 RESULTS = os.path.join(ROOT, "bench", "results")
 DOCS = ["README.md", "BENCHMARKS.md"] + sorted(

@@ -4,7 +4,7 @@ and the server's and the transports' classes stay small (the issue that rebuilt 
 import ast
 import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parents[1] / "sparkcnn"
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "sparkcnn"
 MAX_INSTANCE_ATTRIBUTES = 12
 
 # (module, target as written): why that module may write a field of an object it did not define
