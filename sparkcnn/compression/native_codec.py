@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .native import FAULT, OK, kernel, kernels
+from .native_compile import FAULT, OK, kernel, kernels
 
 
 # Leading zeros of a byte: position of its first one bit, MSB first (8 for 0).

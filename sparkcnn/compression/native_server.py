@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .native import FAULT, OK, kernel, kernels
+from .native_compile import FAULT, OK, kernel, kernels
 from .native_codec import f16_bits, f32_bits
 
 # Output floats per chunk of the blocked add: 64 Ki float32 = 256 KiB, which

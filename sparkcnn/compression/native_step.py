@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from .native import kernel, kernels
+from .native_compile import kernel, kernels
 from .native_codec import f16_bits, f32_bits
 
 
