@@ -9,9 +9,12 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 
 from sparkcnn.errors import BadInput
+
+log = logging.getLogger(__name__)
 
 
 def check_field(cond: bool, key: str, rule: str, value) -> None:
@@ -132,8 +135,8 @@ class PSConfig:
     staleness: str = "auto"     # async: none (lambda = 1) | inverse (lambda = 1/tau) | auto: none where the
                                 # stream's lookahead compensates the delay (H = 1), else inverse
     max_staleness: int = 8      # async: blocks are held back beyond it; a result arriving staler is dropped
-                                # and its steps trained again. The stream raises it to 4 x data.num_blocks
-                                # (its own overlap makes tau about 2-3 at 2 blocks), with a log line
+                                # and its steps trained again. On the async stream at least 4 x
+                                # data.num_blocks: raised to that, with a log line (stream_staleness_floor)
     shards: int = 1             # stream: processes keeping the weights, each a contiguous range of whole
                                 # tensors (1: the driver alone); the driver still decides every push
 
@@ -268,6 +271,15 @@ class Config:
     chaos: ChaosConfig = field(default_factory=ChaosConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
+    def __post_init__(self) -> None:
+        # here, not in validate(), so that every Config has it: from_dict's, replace()'s (a transport
+        # resolved from auto to stream) and one built by hand
+        floor = stream_staleness_floor(self)
+        if floor is not None:
+            log.info("ps.max_staleness %s raised to %s on the stream: its own overlap makes pushes that stale",
+                     self.ps.max_staleness, floor)
+            object.__setattr__(self, "ps", dataclasses.replace(self.ps, max_staleness=floor))
+
     def validate(self) -> "Config":
         for f in dataclasses.fields(self):
             getattr(self, f.name).validate(f.name)
@@ -298,3 +310,20 @@ class Config:
             else:
                 out[k] = v
         return Config(**out).validate()
+
+
+def stream_staleness_floor(cfg: Config) -> int | None:
+    """``4 · data.num_blocks`` when ``cfg`` runs the async stream with a lower ``ps.max_staleness``;
+    else None (also when either value is malformed: validate() then names it).
+
+    The stream's own overlap alone (a step computing while the last push travels) makes tau
+    about 2-3 at 2 blocks: a lower bound would drop pushes for the stream's own lag and train
+    their steps again.
+    """
+    if cfg.engine.transport != "stream" or cfg.engine.mode != "async":
+        return None
+    bound, blocks = cfg.ps.max_staleness, cfg.data.num_blocks
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (bound, blocks)):
+        return None
+    floor = 4 * blocks
+    return floor if bound < floor else None
