@@ -171,7 +171,7 @@ def _truncate_metrics(path: str, records: int) -> tuple[list, list]:
 def _has_checkpoint(run_dir: str) -> bool:
     """Whether ``run_dir`` holds a checkpoint or the remains of one (then loading it names
     what is damaged); False for a run stopped before its first checkpoint was complete."""
-    from sparkcnn.checkpoint import LATEST, MANIFEST
+    from sparkcnn.checkpoint_format import LATEST, MANIFEST
 
     root = runfs.join(run_dir, "checkpoints")
     if not runfs.isdir(root):
