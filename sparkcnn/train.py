@@ -70,7 +70,7 @@ def set_flat_weights(model, flat: np.ndarray) -> None:
 def make_backend(cfg, run_id: str, spark=None):
     """The backend a run uses: ``spark`` if given, else the active or launcher's session; a Spark
     Connect session gets :class:`~sparkcnn.backends.connect.ConnectBackend` (the stream only)."""
-    from sparkcnn.backends.backend import SparkBackend
+    from sparkcnn.backends.spark import SparkBackend
     from sparkcnn.backends.gpus import check_session
     from sparkcnn.backends.session import get_or_create_spark, is_connect
 

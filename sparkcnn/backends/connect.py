@@ -146,7 +146,7 @@ class ConnectBackend(Backend):
         DataFrame (module docstring); returns block -> rows."""
         from pyspark.sql import functions as F
 
-        from sparkcnn.backends.backend import packed_chunks
+        from sparkcnn.backends.placement import packed_chunks
 
         shape = tuple(frame.shape)
         keys = F.array(*[F.lit(k).cast("bigint") for k in self._partition_keys(num_blocks)])
