@@ -55,10 +55,12 @@ def _npz_bytes(arrays: dict[str, np.ndarray], what: str) -> bytes:
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
         for key, value in arrays.items():
             if not isinstance(key, str) or not key or "/" in key or "\\" in key:
-                raise BadInput(f"checkpoint {what}: array name must be a non-empty string without '/', got {key!r}")
+                raise BadInput(f"checkpoint {what}: array name must be a non-empty string without '/', "
+                               f"got {key!r}")
             arr = np.asarray(value)
             if arr.dtype.hasobject:
-                raise BadInput(f"checkpoint {what}: array {key!r} has object dtype (no pickle in checkpoints)")
+                raise BadInput(f"checkpoint {what}: array {key!r} has object dtype "
+                               "(no pickle in checkpoints)")
             with zf.open(key + ".npy", "w", force_zip64=True) as member:
                 np.lib.format.write_array(member, arr, allow_pickle=False)
     return buf.getvalue()

@@ -31,7 +31,8 @@ class RunConfig:
     deterministic: bool = False   # TF op determinism + fixed seeds (sync mode only)
 
     def validate(self, p: str) -> None:
-        check_field(bool(self.name) and "/" not in self.name, f"{p}.name", "a non-empty name without '/'", self.name)
+        check_field(bool(self.name) and "/" not in self.name, f"{p}.name", "a non-empty name without '/'",
+                    self.name)
         check_field(self.seed >= 0, f"{p}.seed", ">= 0", self.seed)
 
 
@@ -86,7 +87,8 @@ class TrainConfig:
     def validate(self, p: str) -> None:
         check_field(1 <= self.epochs <= 10000, f"{p}.epochs", "in [1, 10000]", self.epochs)
         check_field(1 <= self.batch_size <= 65536, f"{p}.batch_size", "in [1, 65536]", self.batch_size)
-        check_field(1 <= self.steps_per_round <= 100000, f"{p}.steps_per_round", "in [1, 100000]", self.steps_per_round)
+        check_field(1 <= self.steps_per_round <= 100000, f"{p}.steps_per_round", "in [1, 100000]",
+                    self.steps_per_round)
         check_field(0 < self.lr <= 10, f"{p}.lr", "in (0, 10]", self.lr)
         check_field(0 <= self.momentum < 1, f"{p}.momentum", "in [0, 1)", self.momentum)
         check_field(0 <= self.weight_decay < 1, f"{p}.weight_decay", "in [0, 1)", self.weight_decay)
@@ -141,8 +143,8 @@ class PSConfig:
                                 # tensors (1: the driver alone); the driver still decides every push
 
     def validate(self, p: str) -> None:
-        check_field(self.staleness in ("auto", "none", "inverse"), f"{p}.staleness", "one of auto, none, inverse",
-                    self.staleness)
+        check_field(self.staleness in ("auto", "none", "inverse"), f"{p}.staleness",
+                    "one of auto, none, inverse", self.staleness)
         check_field(self.max_staleness >= 1, f"{p}.max_staleness", ">= 1", self.max_staleness)
         check_field(self.shards >= 1, f"{p}.shards", ">= 1", self.shards)
 
@@ -153,7 +155,8 @@ TRANSPORTS = ("auto", "jobs", "stream")
 @dataclass(frozen=True)
 class EngineConfig:
     mode: str = "sync"          # sync (one treeAggregate job per round) | async (ASGD)
-    master: str = ""            # used only when set and no session is active; "": the launcher's, else local[2]
+    master: str = ""            # used only when set and no session is active; "": the launcher's, else
+                                # local[2]
     pipeline: bool = False      # sync: compute round t+1 while the driver applies round t
     tree_depth: int = 2         # treeAggregate depth
     threads: int = 0            # async: jobs in flight, fixed; 0 = live executor slots (load monitor)
@@ -167,7 +170,8 @@ class EngineConfig:
         check_field(self.mode in ("sync", "async"), f"{p}.mode", "one of sync, async", self.mode)
         check_field(self.tree_depth >= 1, f"{p}.tree_depth", ">= 1", self.tree_depth)
         check_field(self.threads >= 0, f"{p}.threads", ">= 0", self.threads)
-        check_field(self.transport in TRANSPORTS, f"{p}.transport", "one of " + ", ".join(TRANSPORTS), self.transport)
+        check_field(self.transport in TRANSPORTS, f"{p}.transport", "one of " + ", ".join(TRANSPORTS),
+                    self.transport)
         check_field(self.stream_timeout_s > 0, f"{p}.stream_timeout_s", "> 0", self.stream_timeout_s)
         check_field(self.max_message_bytes >= 0, f"{p}.max_message_bytes", ">= 0", self.max_message_bytes)
 
@@ -214,21 +218,25 @@ class GuardConfig:
         check_field(self.warmup_steps >= 0, f"{p}.warmup_steps", ">= 0", self.warmup_steps)
         check_field(self.action in ("halve_lr", "raise_density", "stop"), f"{p}.action",
                     "one of halve_lr, raise_density, stop", self.action)
-        check_field(self.max_spikes_in_a_row >= 0, f"{p}.max_spikes_in_a_row", ">= 0", self.max_spikes_in_a_row)
-        check_field(self.max_chance_in_a_row >= 0, f"{p}.max_chance_in_a_row", ">= 0", self.max_chance_in_a_row)
+        check_field(self.max_spikes_in_a_row >= 0, f"{p}.max_spikes_in_a_row", ">= 0",
+                    self.max_spikes_in_a_row)
+        check_field(self.max_chance_in_a_row >= 0, f"{p}.max_chance_in_a_row", ">= 0",
+                    self.max_chance_in_a_row)
 
 
 @dataclass(frozen=True)
 class TrackingConfig:
     """Where records go besides metrics.jsonl; each tracker is a sink beside the JSONL one."""
 
-    mlflow: bool = False                 # MLflow run: params, round/epoch metrics, model.keras and summary.json
-                                         # (server from MLFLOW_TRACKING_URI; needs the mlflow extra)
+    mlflow: bool = False                 # MLflow run: params, round/epoch metrics, model.keras and
+                                         # summary.json (server from MLFLOW_TRACKING_URI; needs the
+                                         # mlflow extra)
     mlflow_experiment: str = "sparkcnn"  # experiment name, created when missing
     tensorboard: bool = False            # scalars per round and per epoch in <run_dir>/tensorboard
 
     def validate(self, p: str) -> None:
-        check_field(bool(self.mlflow_experiment), f"{p}.mlflow_experiment", "a non-empty name", self.mlflow_experiment)
+        check_field(bool(self.mlflow_experiment), f"{p}.mlflow_experiment", "a non-empty name",
+                    self.mlflow_experiment)
 
 
 @dataclass(frozen=True)
@@ -276,8 +284,8 @@ class Config:
         # resolved from auto to stream) and one built by hand
         floor = stream_staleness_floor(self)
         if floor is not None:
-            log.info("ps.max_staleness %s raised to %s on the stream: its own overlap makes pushes that stale",
-                     self.ps.max_staleness, floor)
+            log.info("ps.max_staleness %s raised to %s on the stream: "
+                     "its own overlap makes pushes that stale", self.ps.max_staleness, floor)
             object.__setattr__(self, "ps", dataclasses.replace(self.ps, max_staleness=floor))
 
     def validate(self) -> "Config":

@@ -184,10 +184,10 @@ def data_batch_size(rows: int, cfg) -> int:
     batch = cfg.train.batch_size
     while batch // 2 >= MIN_DATA_BATCH and steps_per_epoch(per_block, batch) < MIN_EPOCH_STEPS:
         batch //= 2
-    log.info("SparkCNNClassifier: batchSize unset, using %d: %d steps an epoch per block (%d rows in %d blocks); "
-             "the default %d is halved while an epoch has under %d, down to %d", batch,
-             steps_per_epoch(per_block, batch), rows, cfg.data.num_blocks, cfg.train.batch_size, MIN_EPOCH_STEPS,
-             MIN_DATA_BATCH)
+    log.info("SparkCNNClassifier: batchSize unset, using %d: %d steps an epoch per block "
+             "(%d rows in %d blocks); the default %d is halved while an epoch has under %d, down to %d",
+             batch, steps_per_epoch(per_block, batch), rows, cfg.data.num_blocks, cfg.train.batch_size,
+             MIN_EPOCH_STEPS, MIN_DATA_BATCH)
     return batch
 
 
@@ -203,8 +203,8 @@ def data_steps_per_round(rows: int, cfg) -> int:
     steps = steps_per_epoch(per_block, cfg.train.batch_size)
     chosen = max(1, min(cfg.train.steps_per_round, steps // 4))
     log.info("SparkCNNClassifier: stepsPerRound unset, using %d: at most a quarter of the %d steps an epoch "
-             "takes per block (%d rows in %d blocks, batch %d) and at most the default %d", chosen, steps, rows,
-             cfg.data.num_blocks, cfg.train.batch_size, cfg.train.steps_per_round)
+             "takes per block (%d rows in %d blocks, batch %d) and at most the default %d",
+             chosen, steps, rows, cfg.data.num_blocks, cfg.train.batch_size, cfg.train.steps_per_round)
     return chosen
 
 

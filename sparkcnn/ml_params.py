@@ -76,7 +76,8 @@ class ClassifierParams(SparkCNNParams, HasLabelCol, HasSeed):
                typeConverter=TypeConverters.toFloat)
     lrSchedule = Param(Params._dummy(), "lrSchedule", "constant | cosine | step (train.lr_schedule)",
                        typeConverter=TypeConverters.toString)
-    lrWarmupEpochs = Param(Params._dummy(), "lrWarmupEpochs", "linear lr warm-up, in epochs (train.lr_warmup_epochs)",
+    lrWarmupEpochs = Param(Params._dummy(), "lrWarmupEpochs",
+                           "linear lr warm-up, in epochs (train.lr_warmup_epochs)",
                            typeConverter=TypeConverters.toFloat)
     momentum = Param(Params._dummy(), "momentum", "SGD momentum in [0, 1) (train.momentum)",
                      typeConverter=TypeConverters.toFloat)
@@ -109,8 +110,8 @@ class ClassifierParams(SparkCNNParams, HasLabelCol, HasSeed):
     engineMode = Param(Params._dummy(), "engineMode", "sync | async (engine.mode)",
                        typeConverter=TypeConverters.toString)
     transport = Param(Params._dummy(), "transport",
-                      "auto (default: jobs on a classic session, stream on Spark Connect) | jobs (a Spark job "
-                      "per exchange; classic sessions) | stream (engine.transport)",
+                      "auto (default: jobs on a classic session, stream on Spark Connect) | jobs "
+                      "(a Spark job per exchange; classic sessions) | stream (engine.transport)",
                       typeConverter=TypeConverters.toString)
     numBlocks = Param(Params._dummy(), "numBlocks", "data blocks = Spark partitions (data.num_blocks)",
                       typeConverter=TypeConverters.toInt)

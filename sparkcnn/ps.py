@@ -2,7 +2,8 @@
 
 State (all flat over the model's ``layout``)::
 
-    W        float32 [P]   global weights, moved only by the optimizer: W = float32(W - float32(scale * update))
+    W        float32 [P]   global weights, moved only by the optimizer:
+                           W = float32(W - float32(scale * update))
     U        float32 [P]   the view every worker replica holds, moved only by downlinks
     R        = W - U       residual still to send, never stored: R := float64(W) - float64(U)
     version  int           bumped by every apply()
@@ -92,7 +93,8 @@ class ParameterServer:
         self.layout = tuple(int(n) for n in layout)
         if int(layout_offsets(self.layout)[-1]) != weights.size:
             raise BadInput(f"`layout` covers {sum(self.layout)} entries, `weights` has {weights.size}")
-        if density_down is not None and not (isinstance(density_down, numbers.Real) and 0 < density_down <= 1):
+        if density_down is not None and not (isinstance(density_down, numbers.Real)
+                                             and 0 < density_down <= 1):
             raise BadInput(f"`density_down` must be in (0, 1] or None, got {density_down!r}")
         if value_dtype not in VALUE_DTYPES:
             raise BadInput(f"`value_dtype` must be one of {VALUE_DTYPES}, got {value_dtype!r}")

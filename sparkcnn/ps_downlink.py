@@ -105,8 +105,8 @@ class SparseDownlink:
         """:meth:`_sparse_downlink` when :meth:`_from_candidates` settles it, in one compiled call
         (``native_server.candidate_downlink``, bitwise the same); None otherwise (nothing changed).
         The caller checks that there is a candidate set and that the kernels are enabled."""
-        got = native_server.candidate_downlink(np.concatenate(self._candidates), self._W, self._U, self._offsets,
-                                               self._candidate_limits(density_down))
+        got = native_server.candidate_downlink(np.concatenate(self._candidates), self._W, self._U,
+                                               self._offsets, self._candidate_limits(density_down))
         if got is None:
             return None
         kept, idx, values, change = got

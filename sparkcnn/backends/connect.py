@@ -153,7 +153,8 @@ class ConnectBackend(Backend):
         placed = (packed_chunks(frame, num_blocks)
                   .withColumn("_key", F.element_at(keys, F.col("block") + 1))
                   .repartition(num_blocks, "_key").drop("_key").persist())
-        counts = self._run(lambda: placed.mapInArrow(_count_task, "block int, rows long, blocks int").collect())
+        counts = self._run(
+            lambda: placed.mapInArrow(_count_task, "block int, rows long, blocks int").collect())
         mixed = [r["block"] for r in counts if r["blocks"] != 1]
         if mixed or len(counts) != num_blocks:
             placed.unpersist()

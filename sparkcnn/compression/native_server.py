@@ -247,8 +247,8 @@ def candidate_downlink(cands: np.ndarray, w: np.ndarray, u: np.ndarray, offsets:
     keep = np.empty(cands.size, np.int64)
     vals = np.empty(cands.size, np.float32)
     idx = np.empty(cands.size, np.int64)
-    status, n, m, change = kernels().candidate_downlink(cands, w, u, u.view(np.uint32), offsets, limits, keep, vals,
-                                                        vals.view(np.uint32), idx)
+    status, n, m, change = kernels().candidate_downlink(cands, w, u, u.view(np.uint32), offsets, limits, keep,
+                                                        vals, vals.view(np.uint32), idx)
     if status != OK:
         return None
     return keep[:n], idx[:m], vals[:m], int(change)

@@ -190,7 +190,8 @@ class _Plan:
             self.lo[i], self.hi[i] = (1 - TOLERANCE) * k, (1 + TOLERANCE) * k
         self.start0 = np.zeros(t, np.int64)
         self.size = int(offsets[-1])
-        self.sampled = [bool(self.hi[i] >= self.lo[i] and not self.whole[i]) for i in range(t)]  # draws a start
+        # whether tensor i draws a sample start
+        self.sampled = [bool(self.hi[i] >= self.lo[i] and not self.whole[i]) for i in range(t)]
 
 
 class Sparsifier:
