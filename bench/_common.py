@@ -367,7 +367,7 @@ def parent_pid(pid: int) -> int | None:
 
 def spark_backend(spark, run_id: str, pool: str | None = None):
     """A SparkBackend for one engine on the bench's shared session."""
-    from sparkcnn.backends.backend import SparkBackend
+    from sparkcnn.backends.spark import SparkBackend
 
     return SparkBackend(spark, run_id, pool=pool)
 

@@ -25,7 +25,7 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     data = ensure_data()
     from sparkcnn.worker import blockstore
-    from sparkcnn.backends.backend import SparkBackend
+    from sparkcnn.backends.spark import SparkBackend
     from sparkcnn.backends.session import get_or_create_spark
 
     backend = SparkBackend(get_or_create_spark("local[2]", "sparkcnn-bench-blocks"), "bench-blocks")

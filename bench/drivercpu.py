@@ -6,7 +6,7 @@ slice, ``--reps`` times per variant, the variants alternating in one process and
 session so that they see the same machine:
 
 - ``candidates``: the server selects each downlink among the entries pushes touched since the
-  last one (``ParameterServer._compiled_candidates``, or ``_from_candidates`` without the
+  last one (``SparseDownlink._compiled_candidates``, or ``_from_candidates`` without the
   compiled kernels), as it does by default;
 - ``scan``: the same run with that short cut off (compiled and numpy alike): every downlink
   scans all P entries of W - U.
@@ -52,9 +52,11 @@ def parts() -> list:
     from sparkcnn.transport import service as psservice
     from sparkcnn.transport.pushes import PushHandler
 
+    from sparkcnn.ps_downlink import SparseDownlink
+
     return [(PushHandler, "push", "push"), (Exchange, "apply", "apply"),
             (Downlink, "send", "send_downlink"), (ParameterServer, "downlink", "downlink"),
-            (ParameterServer, "_select", "select"), (downlink_mod.codec, "encode", "encode"),
+            (SparseDownlink, "_select", "select"), (downlink_mod.codec, "encode", "encode"),
             (psservice.PSService, "serve_stream", "serve_stream")]
 
 
@@ -77,7 +79,7 @@ def timed(totals: dict, calls: dict) -> list:
 
 
 def one_run(data: str, variant: str, limit_steps: int, run_id: str) -> dict:
-    from sparkcnn.ps import ParameterServer
+    from sparkcnn.ps_downlink import SparseDownlink
 
     h, mode, extra = throughput.STREAM_CASES[CASE]
     totals: dict[str, float] = defaultdict(float)
@@ -85,7 +87,7 @@ def one_run(data: str, variant: str, limit_steps: int, run_id: str) -> dict:
     patches = timed(totals, calls)
     if variant == "scan":
         for short_cut in ("_from_candidates", "_compiled_candidates"):
-            patches.append(mock.patch.object(ParameterServer, short_cut, lambda self, density: None))
+            patches.append(mock.patch.object(SparseDownlink, short_cut, lambda self, density: None))
     for p in patches:
         p.start()
     try:

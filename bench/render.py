@@ -1024,7 +1024,7 @@ FIGURE = re.compile(
     r"|(?<![\w.])0\.\d\d(?![\d.])\s+(?:\w+\s+){0,2}accuracy|accuracy\s+(?:of\s+)?0\.\d\d(?![\d.])")
 # Settings, not measurements, that the patterns would take for one; each with its reason.
 SETTING_PHRASES = (
-    "8 × parameters + 1 MiB",  # engine.max_message_bytes' default when 0: a formula in sparkcnn/config.py
+    "8 × parameters + 1 MiB",  # engine.max_message_bytes' default when 0 (sparkcnn/config_sections.py)
 )
 
 

@@ -77,7 +77,7 @@ def main(argv=None) -> dict:
     t_start = time.perf_counter()
 
     from sparkcnn import config
-    from sparkcnn.backends.backend import SparkBackend
+    from sparkcnn.backends.spark import SparkBackend
     from sparkcnn.backends.session import get_or_create_spark
     from sparkcnn.train import build_engine
 

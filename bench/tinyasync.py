@@ -61,7 +61,7 @@ def main(argv=None) -> dict:
     if unknown:
         raise SystemExit(f"bench/tinyasync.py: --variants {','.join(unknown)}: not one of {', '.join(VARIANTS)}")
     from sparkcnn import config
-    from sparkcnn.backends.backend import SparkBackend
+    from sparkcnn.backends.spark import SparkBackend
     from sparkcnn.backends.session import get_or_create_spark
     from sparkcnn.train import train
 

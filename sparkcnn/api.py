@@ -17,6 +17,7 @@ import os
 import tempfile
 
 from sparkcnn import config as config_mod
+from sparkcnn.config_sections import Config
 from sparkcnn.errors import BadInput
 
 
@@ -75,11 +76,11 @@ class Result:
                 f"<code>{self.run_dir}</code>")
 
 
-def as_config(config=None) -> config_mod.Config:
+def as_config(config=None) -> Config:
     """A Config from a YAML path, a dict of sections, a list of ``section.key=value`` strings or a Config."""
     if config is None:
         return config_mod.load(None)
-    if isinstance(config, config_mod.Config):
+    if isinstance(config, Config):
         return config.validate()
     if isinstance(config, str):
         return config_mod.load(config)

@@ -1,69 +1,33 @@
-"""Atomic, checksummed, pickle-free checkpoints of the full run state.
+"""Checkpoints of the full run state: what a checkpoint holds, pickle-free.
 
-Layout under a run directory (one writer per run directory)::
+A checkpoint is three kinds of file, each parsed without pickle::
 
-    checkpoints/
-      LATEST                  text: the name of the newest complete checkpoint + "\\n"
-      <name>/
-        arrays.npz            run-level arrays (W, U, ...), .npy members, no object dtypes
-        state.json            JSON: version, round, seeds, config, metrics so far, ...
-        block-<k>.npz         per-block state (residual, momentum, ...), k = 0, 1, ...
-        manifest.json         {"format": "sparkcnn-checkpoint", "version": 1, "name", "seq",
-                               "files": {file: {"sha256": hex, "size": bytes}},
-                               "manifest_sha256": hex}
+    arrays.npz        run-level arrays (W, U, ...), .npy members, no object dtypes
+    state.json        JSON: version, round, seeds, config, metrics so far, ...
+    block-<k>.npz     per-block state (residual, momentum, ...), k = 0, 1, ...
 
-``manifest_sha256`` is the SHA-256 of the manifest's canonical JSON without
-that key (``json.dumps(sort_keys=True, separators=(",", ":"))``), so a changed
-manifest is caught too. ``seq`` counts saves in this run directory and orders
-checkpoints for pruning.
-
-Atomicity: files are written and fsynced in ``checkpoints/.tmp-<name>-<random>``,
-which is renamed to ``<name>`` in one step; only then is ``LATEST`` replaced
-(temp file + ``os.replace``) and are checkpoints beyond ``keep`` removed. A
-crash at any point leaves ``LATEST`` naming a complete checkpoint. Loading
-reads each listed file once, checks its size and SHA-256, and parses the bytes
-it checked with ``allow_pickle=False``; every failure is a one-line
+:func:`save_checkpoint` renders and checks them all before anything is written;
+:func:`load_checkpoint` parses the bytes the manifest vouched for. Where they go,
+the manifest, atomicity, pruning and the checks of every byte are the on-disk
+format's (:mod:`sparkcnn.checkpoint_format`); every failure is a one-line
 :class:`BadInput` naming the file.
-
-On an object store (a ``run_dir`` URI, see :mod:`sparkcnn.runfs`) there is no
-directory rename: each file is one object written whole, straight into
-``<name>/``, the manifest last; ``LATEST`` is written only after all of them, so
-it names a checkpoint whose objects are all present (and loading verifies each
-against the manifest all the same). A name that ``LATEST`` already names is
-saved as ``<name>.<seq>`` rather than overwritten under it; the remains of a
-save that crashed before ``LATEST`` moved are overwritten or pruned. Pruning
-deletes a checkpoint's manifest last, so a half-pruned one is pruned again.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
-import logging
-import os
-import re
-import secrets
-import shutil
-import time
 import zipfile
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from sparkcnn import runfs
+from sparkcnn.checkpoint_format import (ARRAYS, BLOCK_FILE, STATE, check_name, one_line, read_checkpoint,
+                                        write_checkpoint)
 from sparkcnn.errors import BadInput
 
-__all__ = ["Checkpoint", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
-
-log = logging.getLogger(__name__)
-
-FORMAT = "sparkcnn-checkpoint"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-LATEST = "LATEST"
-_BLOCK_FILE = re.compile(r"block-(0|[1-9][0-9]*)\.npz")
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+__all__ = ["Checkpoint", "int_keys", "json_keys", "load_checkpoint", "save_checkpoint"]
 
 
 @dataclass
@@ -85,64 +49,18 @@ def int_keys(obj: dict[str, int]) -> dict[int, int]:
     return {int(k): int(v) for k, v in obj.items()}
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def _check_name(name: object, what: str) -> str:
-    if not isinstance(name, str) or not _NAME.fullmatch(name) or name == LATEST:
-        raise BadInput(f"{what} must be a name of letters, digits, '_', '.', '-' "
-                       f"(not starting with '.' or '-'), got {name!r}")
-    return name
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _canonical(obj: dict) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _seal(manifest: dict) -> dict:
-    """``manifest`` with ``manifest_sha256`` set over the rest of it."""
-    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
-    return {**body, "manifest_sha256": _sha256(_canonical(body))}
-
-
-# -- writing ----------------------------------------------------------------------------
-
-def _fsync_dir(path: str) -> None:
-    # Makes a rename or a new entry durable; not every platform can open a directory.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write(path: str, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def _npz_bytes(arrays: dict[str, np.ndarray], what: str) -> bytes:
     """An .npz (zip of .npy members, as np.savez writes it) refusing object dtypes."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
         for key, value in arrays.items():
             if not isinstance(key, str) or not key or "/" in key or "\\" in key:
-                raise BadInput(f"checkpoint {what}: array name must be a non-empty string without '/', got {key!r}")
+                raise BadInput(f"checkpoint {what}: array name must be a non-empty string without '/', "
+                               f"got {key!r}")
             arr = np.asarray(value)
             if arr.dtype.hasobject:
-                raise BadInput(f"checkpoint {what}: array {key!r} has object dtype (no pickle in checkpoints)")
+                raise BadInput(f"checkpoint {what}: array {key!r} has object dtype "
+                               "(no pickle in checkpoints)")
             with zf.open(key + ".npy", "w", force_zip64=True) as member:
                 np.lib.format.write_array(member, arr, allow_pickle=False)
     return buf.getvalue()
@@ -155,8 +73,8 @@ def _render(arrays: dict, state: dict, blocks: dict | None) -> dict[str, bytes]:
     try:
         state_json = json.dumps(state, sort_keys=True, indent=1).encode()
     except (TypeError, ValueError) as exc:
-        raise BadInput(f"checkpoint state.json: state is not JSON-serialisable ({_one_line(exc)})") from None
-    files = {"arrays.npz": _npz_bytes(arrays, "arrays.npz"), "state.json": state_json}
+        raise BadInput(f"checkpoint state.json: state is not JSON-serialisable ({one_line(exc)})") from None
+    files = {ARRAYS: _npz_bytes(arrays, ARRAYS), STATE: state_json}
     for k, block in sorted((blocks or {}).items()):
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
             raise BadInput(f"checkpoint blocks: block id must be an int >= 0, got {k!r}")
@@ -164,239 +82,19 @@ def _render(arrays: dict, state: dict, blocks: dict | None) -> dict[str, bytes]:
     return files
 
 
-def _read_seq(ckpt_dir: str) -> int | None:
-    try:
-        seq = json.loads(runfs.read_bytes(runfs.join(ckpt_dir, MANIFEST))).get("seq")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return seq if isinstance(seq, int) and not isinstance(seq, bool) else None
-
-
-def _existing(root: str) -> dict[str, int]:
-    """Checkpoint name -> seq for every complete-looking checkpoint under ``root``."""
-    out = {}
-    for entry in runfs.listdir(root):
-        path = runfs.join(root, entry)
-        if not entry.startswith(".") and entry != LATEST:
-            seq = _read_seq(path)
-            if seq is not None:
-                out[entry] = seq
-    return out
-
-
-def _remove(root: str, entry: str) -> None:
-    """Delete ``root/entry``, first renaming it to a hidden name so no half-deleted checkpoint shows
-    (on an object store: its other objects first, the manifest last)."""
-    if runfs.is_uri(root):
-        path = runfs.join(root, entry)
-        for f in runfs.listdir(path):
-            if f != MANIFEST:
-                runfs.remove(runfs.join(path, f))
-        runfs.remove(runfs.join(path, MANIFEST))
-        runfs.rmtree(path)
-        return
-    path = os.path.join(root, entry)
-    if not entry.startswith("."):
-        hidden = os.path.join(root, f".old-{entry}-{secrets.token_hex(4)}")
-        os.replace(path, hidden)
-        path = hidden
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def save_checkpoint(run_dir: str, name: str, *, arrays: dict[str, np.ndarray], state: dict,
                     blocks: dict[int, dict[str, np.ndarray]] | None = None, keep: int = 2) -> str:
     """Write checkpoint ``name`` under ``run_dir/checkpoints``; return its directory.
 
-    A checkpoint of the same name is replaced: the old one is renamed aside,
-    the new one renamed in (a crash between those two renames leaves the old
-    one under ``.old-<name>-*``), and the old one deleted at the end. After
-    ``LATEST`` names the new checkpoint, all but the newest ``keep`` (by
-    ``seq``) are deleted, as are temp directories a crashed save left behind.
-    On an object store, see the module docstring.
+    Every value is checked before anything is written; the files are then written
+    atomically, and older checkpoints beyond ``keep`` pruned
+    (:func:`~sparkcnn.checkpoint_format.write_checkpoint`).
     """
-    _check_name(name, "checkpoint name")
+    check_name(name, "checkpoint name")
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise BadInput(f"checkpoint keep must be an int >= 1, got {keep!r}")
     files = _render(arrays, state, blocks)
-    root = runfs.join(run_dir, "checkpoints")
-    runfs.makedirs(root)
-    existing = _existing(root)
-    seq = max(existing.values(), default=0) + 1
-    remote = runfs.is_uri(root)
-    if remote and _latest_name(root) == name:  # no rename: never overwrite what LATEST names
-        name = f"{name}.{seq}"
-    manifest = _seal({
-        "format": FORMAT, "version": FORMAT_VERSION, "name": name, "seq": seq,
-        "saved_at": round(time.time(), 3),  # unix seconds, informative only
-        "files": {f: {"sha256": _sha256(data), "size": len(data)} for f, data in files.items()},
-    })
-    files[MANIFEST] = json.dumps(manifest, sort_keys=True, indent=1).encode()
-    final = (_put_objects if remote else _put_directory)(root, name, files)
-    log.info("checkpoint %s saved (seq %s, %s files, %s bytes)", final, seq, len(files),
-             sum(len(d) for d in files.values()))
-
-    existing[name] = seq
-    for old in sorted(existing, key=existing.get)[:-keep]:
-        try:  # the new checkpoint is safe; failing to prune must not fail the run
-            _remove(root, old)
-            log.info("checkpoint %s pruned (keep=%s)", runfs.join(root, old), keep)
-        except OSError as exc:
-            log.warning("checkpoint %s not pruned: %s", runfs.join(root, old), exc)
-    if remote:
-        try:
-            for entry in runfs.listdir(root):  # no manifest: the remains of a save that crashed
-                if entry not in existing and entry != LATEST:
-                    runfs.rmtree(runfs.join(root, entry))
-        except OSError as exc:
-            log.warning("checkpoint %s: leftovers not removed: %s", root, exc)
-        return final
-    for entry in os.listdir(root):
-        if entry.startswith((".tmp-", ".old-")):  # left by a crashed save, or set aside above
-            shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
-        elif entry.startswith(f".{LATEST}-"):
-            os.unlink(os.path.join(root, entry))
-    _fsync_dir(root)
-    return final
-
-
-def _put_directory(root: str, name: str, files: dict[str, bytes]) -> str:
-    """A local checkpoint: a temp directory renamed to ``name``, then ``LATEST`` replaced."""
-    tmp = os.path.join(root, f".tmp-{name}-{secrets.token_hex(6)}")
-    final = os.path.join(root, name)
-    os.mkdir(tmp)
-    try:
-        for f, data in files.items():  # manifest last: its presence marks the files complete
-            _write(os.path.join(tmp, f), data)
-        _fsync_dir(tmp)
-        displaced = None
-        if os.path.lexists(final):  # same name saved again: set the old one aside, not delete it
-            displaced = os.path.join(root, f".old-{name}-{secrets.token_hex(4)}")
-            os.replace(final, displaced)
-        try:
-            os.replace(tmp, final)
-        except BaseException:
-            if displaced:
-                os.replace(displaced, final)
-            raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _fsync_dir(root)
-
-    pointer = os.path.join(root, f".{LATEST}-{secrets.token_hex(6)}")
-    try:
-        _write(pointer, (name + "\n").encode())
-        os.replace(pointer, os.path.join(root, LATEST))
-    except BaseException:
-        if os.path.exists(pointer):
-            os.unlink(pointer)
-        raise
-    _fsync_dir(root)
-    return final
-
-
-def _put_objects(root: str, name: str, files: dict[str, bytes]) -> str:
-    """An object-store checkpoint: one whole object per file, the manifest last, then ``LATEST``.
-
-    A stale ``name`` (a crashed save that LATEST never named) loses its manifest first, so
-    it cannot pass for complete while its files are overwritten.
-    """
-    final = runfs.join(root, name)
-    runfs.remove(runfs.join(final, MANIFEST))
-    for f, data in files.items():  # manifest last: its presence marks the files complete
-        runfs.write_bytes(runfs.join(final, f), data)
-    runfs.write_bytes(runfs.join(root, LATEST), (name + "\n").encode())
-    return final
-
-
-# -- reading ----------------------------------------------------------------------------
-
-def _latest_name(root: str) -> str | None:
-    """What ``root/LATEST`` says, unchecked; None when it is missing or unreadable."""
-    try:
-        return runfs.read_bytes(runfs.join(root, LATEST)).decode().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _read_latest(root: str) -> str:
-    path = runfs.join(root, LATEST)
-    try:
-        text = runfs.read_bytes(path).decode()
-    except FileNotFoundError:
-        raise BadInput(f"checkpoint {path}: missing (no checkpoint saved in this run yet?)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"checkpoint {path}: unreadable ({_one_line(exc)})") from None
-    name = text.strip()
-    if not _NAME.fullmatch(name) or name == LATEST:
-        raise BadInput(f"checkpoint {path}: does not hold a checkpoint name, got {text[:40]!r}")
-    if not runfs.isdir(runfs.join(root, name)):
-        raise BadInput(f"checkpoint {path}: names {name!r}, which is missing")
-    return runfs.join(root, name)
-
-
-def latest_checkpoint(run_dir: str) -> str | None:
-    """The directory ``run_dir/checkpoints/LATEST`` names, or None when there is no LATEST."""
-    root = runfs.join(run_dir, "checkpoints")
-    if not runfs.exists(runfs.join(root, LATEST)):
-        return None
-    return _read_latest(root)
-
-
-def _resolve(path: str) -> str:
-    """A checkpoint directory from a run dir, a checkpoints dir or a checkpoint dir."""
-    if not runfs.isdir(path):
-        raise BadInput(f"checkpoint {path}: no such directory")
-    if runfs.exists(runfs.join(path, MANIFEST)):
-        return path
-    for root in (runfs.join(path, "checkpoints"), path):
-        if runfs.exists(runfs.join(root, LATEST)):
-            return _read_latest(root)
-    if runfs.isdir(runfs.join(path, "checkpoints")):
-        return _read_latest(runfs.join(path, "checkpoints"))  # raises: LATEST missing
-    raise BadInput(f"checkpoint {runfs.join(path, MANIFEST)}: missing (not a checkpoint or run directory)")
-
-
-def _manifest(ckpt: str) -> dict[str, dict]:
-    """The verified ``files`` table of ``ckpt``'s manifest."""
-    path = runfs.join(ckpt, MANIFEST)
-    try:
-        m = json.loads(runfs.read_bytes(path))
-    except FileNotFoundError:
-        raise BadInput(f"checkpoint {path}: missing") from None
-    except (OSError, ValueError) as exc:
-        raise BadInput(f"checkpoint {path}: malformed JSON ({_one_line(exc)})") from None
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
-        raise BadInput(f"checkpoint {path}: not a {FORMAT} manifest")
-    if m.get("version") != FORMAT_VERSION:
-        raise BadInput(f"checkpoint {path}: unknown format version {m.get('version')!r} "
-                       f"(this sparkcnn reads version {FORMAT_VERSION})")
-    if m.get("manifest_sha256") != _seal(m)["manifest_sha256"]:
-        raise BadInput(f"checkpoint {path}: SHA-256 mismatch (file changed or corrupt)")
-    files = m.get("files")
-    ok = isinstance(files, dict) and all(
-        isinstance(f, str) and (f in ("arrays.npz", "state.json") or _BLOCK_FILE.fullmatch(f))
-        and isinstance(e, dict) and isinstance(e.get("sha256"), str)
-        and isinstance(e.get("size"), int) for f, e in files.items())
-    if not ok or "arrays.npz" not in files or "state.json" not in files:
-        raise BadInput(f"checkpoint {path}: malformed file table")
-    return files
-
-
-def _verified_bytes(ckpt: str, name: str, entry: dict) -> bytes:
-    path = runfs.join(ckpt, name)
-    try:
-        data = runfs.read_bytes(path)
-    except FileNotFoundError:
-        raise BadInput(f"checkpoint {path}: missing (listed in {MANIFEST})") from None
-    except OSError as exc:
-        raise BadInput(f"checkpoint {path}: unreadable ({_one_line(exc)})") from None
-    if len(data) != entry["size"]:
-        raise BadInput(f"checkpoint {path}: size {len(data)} bytes, manifest says {entry['size']} "
-                       f"(truncated or changed)")
-    if _sha256(data) != entry["sha256"]:
-        raise BadInput(f"checkpoint {path}: SHA-256 mismatch (file changed or corrupt)")
-    return data
+    return write_checkpoint(run_dir, name, files, keep)
 
 
 def _load_npz(path: str, data: bytes) -> dict[str, np.ndarray]:
@@ -406,9 +104,9 @@ def _load_npz(path: str, data: bytes) -> dict[str, np.ndarray]:
     except ValueError as exc:
         if "allow_pickle" in str(exc):
             raise BadInput(f"checkpoint {path}: holds an object array (pickle is not allowed)") from None
-        raise BadInput(f"checkpoint {path}: not a valid .npz ({_one_line(exc)})") from None
+        raise BadInput(f"checkpoint {path}: not a valid .npz ({one_line(exc)})") from None
     except (OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise BadInput(f"checkpoint {path}: not a valid .npz ({_one_line(exc)})") from None
+        raise BadInput(f"checkpoint {path}: not a valid .npz ({one_line(exc)})") from None
 
 
 def load_checkpoint(path_or_run_dir: str) -> Checkpoint:
@@ -417,17 +115,15 @@ def load_checkpoint(path_or_run_dir: str) -> Checkpoint:
     Only files listed in the manifest are read; anything else in the
     directory is ignored.
     """
-    ckpt = _resolve(os.fspath(path_or_run_dir))  # a local path or a URI (sparkcnn.runfs)
-    files = _manifest(ckpt)
-    data = {f: _verified_bytes(ckpt, f, e) for f, e in sorted(files.items())}
-    state_path = runfs.join(ckpt, "state.json")
+    ckpt, data = read_checkpoint(path_or_run_dir)
+    state_path = runfs.join(ckpt, STATE)
     try:
-        state = json.loads(data["state.json"])
+        state = json.loads(data[STATE])
     except ValueError as exc:
-        raise BadInput(f"checkpoint {state_path}: malformed JSON ({_one_line(exc)})") from None
+        raise BadInput(f"checkpoint {state_path}: malformed JSON ({one_line(exc)})") from None
     if not isinstance(state, dict):
         raise BadInput(f"checkpoint {state_path}: expected a JSON object, got {type(state).__name__}")
-    blocks = {int(_BLOCK_FILE.fullmatch(f).group(1)): _load_npz(runfs.join(ckpt, f), d)
-              for f, d in data.items() if _BLOCK_FILE.fullmatch(f)}
-    return Checkpoint(arrays=_load_npz(runfs.join(ckpt, "arrays.npz"), data["arrays.npz"]),
+    blocks = {int(BLOCK_FILE.fullmatch(f).group(1)): _load_npz(runfs.join(ckpt, f), d)
+              for f, d in data.items() if BLOCK_FILE.fullmatch(f)}
+    return Checkpoint(arrays=_load_npz(runfs.join(ckpt, ARRAYS), data[ARRAYS]),
                       state=state, blocks=dict(sorted(blocks.items())), name=runfs.name(ckpt), path=ckpt)

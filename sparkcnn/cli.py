@@ -41,15 +41,17 @@ def _parser() -> argparse.ArgumentParser:
                     help="override one config field (repeatable)")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
     tr.add_argument("--resume", metavar="RUN_DIR",
-                    help="continue runs/<run_id> (a path or a URI such as s3://bucket/runs/<run_id>) from its "
-                         "latest checkpoint (same run id and config)")
+                    help="continue runs/<run_id> (a path or a URI such as s3://bucket/runs/<run_id>) "
+                         "from its latest checkpoint (same run id and config)")
     tr.add_argument("--run-dir", metavar="DIR",
                     help="train in DIR (a path or a URI): a new run there, or, once DIR holds a run "
                          "(config.yaml), resume it with its own config (a scheduler's retry passes the same "
                          "arguments)")
 
-    ev = sub.add_parser("evaluate", help="accuracy, loss and confusion matrix of a saved model, on the executors")
-    pd = sub.add_parser("predict", help="predicted classes of (unlabelled) images as Parquet, on the executors")
+    ev = sub.add_parser("evaluate",
+                        help="accuracy, loss and confusion matrix of a saved model, on the executors")
+    pd = sub.add_parser("predict",
+                        help="predicted classes of (unlabelled) images as Parquet, on the executors")
     for sp in (ev, pd):
         sp.add_argument("--model", required=True, help="model.keras file or run directory")
         src = sp.add_mutually_exclusive_group(required=True)
@@ -60,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--id-cols", default="", metavar="A,B", help="columns passed through to the output")
         sp.add_argument("--batch-size", type=int, default=256, help="images per model call on an executor")
     ev.add_argument("--label-col", default="label", help="label column (default: label)")
-    ev.add_argument("--out", help="directory for predictions/ (Parquet), confusion_matrix.png and metrics.json")
+    ev.add_argument("--out",
+                    help="directory for predictions/ (Parquet), confusion_matrix.png and metrics.json")
     pd.add_argument("--out", required=True, help="Parquet output directory (replaced when complete)")
 
     rp = sub.add_parser("report", help="plots (PNG) and a markdown report from a run directory")

@@ -151,13 +151,15 @@ class DivergenceGuard:
     def at_chance(self, loss: float) -> bool:
         """The chance rule (module docstring): the model had learned, and ``loss`` is back at ln C."""
         c = self.chance_loss
-        return bool(c) and self.best <= self.learned * c and (1 - self.band) * c <= loss <= (1 + self.above) * c
+        return (bool(c) and self.best <= self.learned * c
+                and (1 - self.band) * c <= loss <= (1 + self.above) * c)
 
     def state_dict(self) -> dict:
         return {"norms": list(self._norms), "losses": list(self._losses), "rejected": self.rejected,
                 "spikes": self.spikes, "steps_seen": self.steps_seen,
                 "pool": list(self._pool), "in_a_row": self.in_a_row,
-                "best": self.best if math.isfinite(self.best) else None, "chance_in_a_row": self.chance_in_a_row}
+                "best": self.best if math.isfinite(self.best) else None,
+                "chance_in_a_row": self.chance_in_a_row}
 
     def load_state_dict(self, d: dict) -> None:
         self._norms.extend(float(x) for x in d.get("norms", []))

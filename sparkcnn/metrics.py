@@ -139,7 +139,8 @@ class ProgressBar:
     def _open(self, total: int):
         kw = {} if self.mode == "notebook" else {"file": self._out(), "dynamic_ncols": True}
         try:
-            return self._tqdm(total=total, initial=self._first, unit="round", leave=True, mininterval=0.2, **kw)
+            return self._tqdm(total=total, initial=self._first, unit="round", leave=True, mininterval=0.2,
+                              **kw)
         except ImportError:
             return None
 

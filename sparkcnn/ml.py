@@ -9,11 +9,12 @@ setters and getters, ``save``/``load``, and they work in a ``Pipeline``, with
     model = clf.fit(train_df)                      # sparkcnn.fit on the DataFrame
     scored = model.transform(test_df)              # + rawPrediction, probability, prediction
 
-``fit`` trains with :func:`sparkcnn.fit`; the Params map onto config keys
-(``epochs`` → ``train.epochs``, ...; :data:`CONFIG_KEYS`). ``transform`` runs
+``fit`` trains with :func:`sparkcnn.fit`; the Params (:mod:`sparkcnn.ml_params`)
+map onto config keys (``epochs`` → ``train.epochs``, ...). ``transform`` runs
 the Arrow UDF of :mod:`sparkcnn.inference` on the executors; the model goes
 with it as the bytes of its ``.keras`` file. A saved model is a directory with
-the Params in ``metadata/`` (Spark's own format) and ``model.keras`` beside it.
+the Params in ``metadata/`` (Spark's own format) and ``model.keras`` beside it
+(:mod:`sparkcnn.ml_io`).
 
 ``batchSize`` and ``stepsPerRound`` (H, local steps between exchanges) follow the
 data when neither the Param nor ``configFile`` sets them. The batch is the default
@@ -34,17 +35,15 @@ import os
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import (HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbabilityCol,
-                                     HasRawPredictionCol, HasSeed)
-from pyspark.ml.util import (DefaultParamsReadable, DefaultParamsReader, DefaultParamsWritable,
-                             DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter)
+from pyspark.ml.util import (DefaultParamsReadable, DefaultParamsWritable, MLReadable, MLReader, MLWritable,
+                             MLWriter)
 
 from sparkcnn.errors import BadInput
+from sparkcnn.ml_io import MODEL_FILE, ModelReader, ModelWriter
+from sparkcnn.ml_params import ClassifierParams, SparkCNNParams
 from sparkcnn.protocol import steps_per_epoch
 
 log = logging.getLogger(__name__)
-
-MODEL_FILE = "model.keras"
 
 # An unset batchSize is halved while an epoch has fewer steps per block than this. Measured, 3-epoch
 # fits on 4,000 Fashion-MNIST rows in 2 blocks (seeds 1, 2, 3, 42; full test set): batch 64, 31 steps
@@ -52,127 +51,8 @@ MODEL_FILE = "model.keras"
 MIN_EPOCH_STEPS = 50
 MIN_DATA_BATCH = 16  # the smallest batch chosen: below it a Keras step's fixed cost dominates its images
 
-# Param name -> config key. Chaos and engine internals stay out of the Estimator.
-CONFIG_KEYS = {
-    "modelName": "model.name",
-    "epochs": "train.epochs",
-    "batchSize": "train.batch_size",
-    "lr": "train.lr",
-    "lrSchedule": "train.lr_schedule",
-    "lrWarmupEpochs": "train.lr_warmup_epochs",
-    "momentum": "train.momentum",
-    "weightDecay": "train.weight_decay",
-    "stepsPerRound": "train.steps_per_round",
-    "compression": "compression.method",
-    "density": "compression.density",
-    "initialDensity": "compression.initial_density",
-    "densityWarmupEpochs": "compression.warmup_epochs",
-    "densityDown": "compression.density_down",
-    "initialDensityDown": "compression.initial_density_down",
-    "compressionMomentum": "compression.momentum",
-    "engineMode": "engine.mode",
-    "transport": "engine.transport",
-    "numBlocks": "data.num_blocks",
-    "imageShape": "data.image_shape",
-    "classes": "data.classes",
-    "outDir": "run.out_dir",
-    "seed": "run.seed",
-}
 
-
-class _SparkCNNParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol, HasRawPredictionCol):
-    """Params the Estimator and the Model share: the columns and the inference batch size."""
-
-    inferenceBatchSize = Param(Params._dummy(), "inferenceBatchSize",
-                               "images per model call in transform (bounds executor memory)",
-                               typeConverter=TypeConverters.toInt)
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self._setDefault(featuresCol="image", inferenceBatchSize=256)
-
-    def getInferenceBatchSize(self) -> int:
-        return self.getOrDefault(self.inferenceBatchSize)
-
-
-class _ClassifierParams(_SparkCNNParams, HasLabelCol, HasSeed):
-    """The training Params; each maps onto one config key (:data:`CONFIG_KEYS`)."""
-
-    configFile = Param(Params._dummy(), "configFile",
-                       "YAML config the other Params override ('' = built-in defaults)",
-                       typeConverter=TypeConverters.toString)
-    modelName = Param(Params._dummy(), "modelName",
-                      "model builder: fmnist_cnn, resnet20 or package.module:function (model.name)",
-                      typeConverter=TypeConverters.toString)
-    epochs = Param(Params._dummy(), "epochs", "passes over the training set (train.epochs)",
-                   typeConverter=TypeConverters.toInt)
-    batchSize = Param(Params._dummy(), "batchSize", "images per local SGD step per block (train.batch_size); "
-                      "unset: the default, halved while an epoch has under 50 steps per block",
-                      typeConverter=TypeConverters.toInt)
-    lr = Param(Params._dummy(), "lr", "peak learning rate per block (train.lr)",
-               typeConverter=TypeConverters.toFloat)
-    lrSchedule = Param(Params._dummy(), "lrSchedule", "constant | cosine | step (train.lr_schedule)",
-                       typeConverter=TypeConverters.toString)
-    lrWarmupEpochs = Param(Params._dummy(), "lrWarmupEpochs", "linear lr warm-up, in epochs (train.lr_warmup_epochs)",
-                           typeConverter=TypeConverters.toFloat)
-    momentum = Param(Params._dummy(), "momentum", "SGD momentum in [0, 1) (train.momentum)",
-                     typeConverter=TypeConverters.toFloat)
-    weightDecay = Param(Params._dummy(), "weightDecay", "L2 coefficient (train.weight_decay)",
-                        typeConverter=TypeConverters.toFloat)
-    stepsPerRound = Param(Params._dummy(), "stepsPerRound",
-                          "local steps between exchanges, H (train.steps_per_round); unset: at most a "
-                          "quarter of an epoch's steps per block",
-                          typeConverter=TypeConverters.toInt)
-    compression = Param(Params._dummy(), "compression", "none | threshold | topk (compression.method)",
-                        typeConverter=TypeConverters.toString)
-    density = Param(Params._dummy(), "density", "target uplink density in (0, 1] (compression.density)",
-                    typeConverter=TypeConverters.toFloat)
-    initialDensity = Param(Params._dummy(), "initialDensity",
-                           "density at the start of the warm-up (compression.initial_density)",
-                           typeConverter=TypeConverters.toFloat)
-    densityWarmupEpochs = Param(Params._dummy(), "densityWarmupEpochs",
-                                "epochs of density warm-up (compression.warmup_epochs)",
-                                typeConverter=TypeConverters.toFloat)
-    densityDown = Param(Params._dummy(), "densityDown",
-                        "downlink density; 0 = dense weights (compression.density_down)",
-                        typeConverter=TypeConverters.toFloat)
-    initialDensityDown = Param(Params._dummy(), "initialDensityDown",
-                               "downlink density at the start of the warm-up; 0 = initialDensity "
-                               "(compression.initial_density_down)",
-                               typeConverter=TypeConverters.toFloat)
-    compressionMomentum = Param(Params._dummy(), "compressionMomentum",
-                                "correction | sparsification_aware (compression.momentum)",
-                                typeConverter=TypeConverters.toString)
-    engineMode = Param(Params._dummy(), "engineMode", "sync | async (engine.mode)",
-                       typeConverter=TypeConverters.toString)
-    transport = Param(Params._dummy(), "transport",
-                      "auto (default: jobs on a classic session, stream on Spark Connect) | jobs (a Spark job "
-                      "per exchange; classic sessions) | stream (engine.transport)",
-                      typeConverter=TypeConverters.toString)
-    numBlocks = Param(Params._dummy(), "numBlocks", "data blocks = Spark partitions (data.num_blocks)",
-                      typeConverter=TypeConverters.toInt)
-    imageShape = Param(Params._dummy(), "imageShape",
-                       "[H, W, C] of binary or array<float> images without shape metadata (data.image_shape)",
-                       typeConverter=TypeConverters.toListInt)
-    classes = Param(Params._dummy(), "classes", "class names indexed by label (data.classes)",
-                    typeConverter=TypeConverters.toListString)
-    outDir = Param(Params._dummy(), "outDir", "where run directories go (run.out_dir)",
-                   typeConverter=TypeConverters.toString)
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self._setDefault(labelCol="label", configFile="")
-
-    def config_overrides(self) -> list[str]:
-        """``section.key=value`` strings for every Param set that maps to a config key.
-
-        Values are written as JSON, which YAML reads back with the same type.
-        """
-        return [f"{key}={json.dumps(self.getOrDefault(name))}" for name, key in CONFIG_KEYS.items()
-                if self.isSet(self.getParam(name))]
-
-
-class SparkCNNClassifier(Estimator, _ClassifierParams, DefaultParamsReadable, DefaultParamsWritable):
+class SparkCNNClassifier(Estimator, ClassifierParams, DefaultParamsReadable, DefaultParamsWritable):
     """Trains a CNN with :func:`sparkcnn.fit` on a DataFrame of images and labels.
 
     Unset training Params keep the values of ``configFile`` (or the built-in
@@ -304,10 +184,10 @@ def data_batch_size(rows: int, cfg) -> int:
     batch = cfg.train.batch_size
     while batch // 2 >= MIN_DATA_BATCH and steps_per_epoch(per_block, batch) < MIN_EPOCH_STEPS:
         batch //= 2
-    log.info("SparkCNNClassifier: batchSize unset, using %d: %d steps an epoch per block (%d rows in %d blocks); "
-             "the default %d is halved while an epoch has under %d, down to %d", batch,
-             steps_per_epoch(per_block, batch), rows, cfg.data.num_blocks, cfg.train.batch_size, MIN_EPOCH_STEPS,
-             MIN_DATA_BATCH)
+    log.info("SparkCNNClassifier: batchSize unset, using %d: %d steps an epoch per block "
+             "(%d rows in %d blocks); the default %d is halved while an epoch has under %d, down to %d",
+             batch, steps_per_epoch(per_block, batch), rows, cfg.data.num_blocks, cfg.train.batch_size,
+             MIN_EPOCH_STEPS, MIN_DATA_BATCH)
     return batch
 
 
@@ -323,12 +203,12 @@ def data_steps_per_round(rows: int, cfg) -> int:
     steps = steps_per_epoch(per_block, cfg.train.batch_size)
     chosen = max(1, min(cfg.train.steps_per_round, steps // 4))
     log.info("SparkCNNClassifier: stepsPerRound unset, using %d: at most a quarter of the %d steps an epoch "
-             "takes per block (%d rows in %d blocks, batch %d) and at most the default %d", chosen, steps, rows,
-             cfg.data.num_blocks, cfg.train.batch_size, cfg.train.steps_per_round)
+             "takes per block (%d rows in %d blocks, batch %d) and at most the default %d",
+             chosen, steps, rows, cfg.data.num_blocks, cfg.train.batch_size, cfg.train.steps_per_round)
     return chosen
 
 
-class SparkCNNModel(Model, _SparkCNNParams, MLReadable, MLWritable):
+class SparkCNNModel(Model, SparkCNNParams, MLReadable, MLWritable):
     """Adds ``rawPrediction`` (logits), ``probability`` (softmax; both ML dense Vectors) and
     ``prediction`` (argmax, double) to a DataFrame with an image column."""
 
@@ -396,95 +276,8 @@ class SparkCNNModel(Model, _SparkCNNParams, MLReadable, MLWritable):
     def getRunDir(self): return self.getOrDefault(self.runDir)
 
     def write(self) -> "MLWriter":
-        return _ModelWriter(self)
+        return ModelWriter(self)
 
     @classmethod
     def read(cls) -> "MLReader":
-        return _ModelReader(cls)
-
-
-class _ModelWriter(MLWriter):
-    """``<path>/metadata`` (Spark's Params JSON) and ``<path>/model.keras``."""
-
-    def __init__(self, instance: SparkCNNModel):
-        super().__init__()
-        self.instance = instance
-
-    def saveImpl(self, path: str) -> None:
-        data = self.instance._model_bytes()
-        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession)
-        write_bytes(self.sparkSession, _join(path, MODEL_FILE), data)
-
-
-class _ModelReader(MLReader):
-    def __init__(self, cls):
-        super().__init__()
-        self.cls = cls
-
-    def load(self, path: str) -> SparkCNNModel:
-        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
-        model = self.cls()
-        model._resetUid(metadata["uid"])
-        DefaultParamsReader.getAndSetParams(model, metadata)
-        where = _join(path, MODEL_FILE)
-        model._set_model_bytes(read_bytes(self.sparkSession, where), where)
-        return model
-
-
-# -- model file I/O: local paths directly, other URIs through Hadoop's FileSystem (classic sessions)
-
-def _join(path: str, name: str) -> str:
-    return path.rstrip("/") + "/" + name
-
-
-def _local(path: str) -> str | None:
-    if path.startswith("file://"):
-        return path[len("file://"):]
-    if path.startswith("file:"):
-        return path[len("file:"):]
-    return None if "://" in path else path
-
-
-def write_bytes(spark, path: str, data: bytes) -> None:
-    local = _local(path)
-    if local is not None:
-        os.makedirs(os.path.dirname(os.path.abspath(local)), exist_ok=True)
-        tmp = local + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, local)
-        return
-    fs, p = _hadoop(spark, path)
-    out = fs.create(p, True)
-    try:
-        out.write(bytearray(data))
-    finally:
-        out.close()
-
-
-def read_bytes(spark, path: str) -> bytes:
-    local = _local(path)
-    if local is not None:
-        if not os.path.isfile(local):
-            raise BadInput(f"{path}: no such model file")
-        with open(local, "rb") as f:
-            return f.read()
-    fs, p = _hadoop(spark, path)
-    if not fs.exists(p):
-        raise BadInput(f"{path}: no such model file")
-    jvm = spark.sparkContext._jvm
-    stream = fs.open(p)
-    try:
-        return bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
-    finally:
-        stream.close()
-
-
-def _hadoop(spark, path: str):
-    from sparkcnn.backends.session import is_connect
-
-    if is_connect(spark):
-        raise BadInput(f"{path}: a Spark Connect session saves and loads models on local paths only")
-    sc = spark.sparkContext
-    p = sc._jvm.org.apache.hadoop.fs.Path(path)
-    return p.getFileSystem(sc._jsc.hadoopConfiguration()), p
+        return ModelReader(cls)

@@ -27,7 +27,8 @@ def _load(run_dir: str):
     summary = {}
     if runfs.isfile(spath):
         summary = json.loads(runfs.read_text(spath))
-    return [r for r in records if r.get("kind") == "round"], [r for r in records if r.get("kind") == "epoch"], summary
+    rounds = [r for r in records if r.get("kind") == "round"]
+    return rounds, [r for r in records if r.get("kind") == "epoch"], summary
 
 
 def _plot(run_dir: str, rounds: list[dict], epochs: list[dict]) -> str | None:
@@ -74,14 +75,16 @@ def write_report(run_dir: str) -> dict:
                   f"{summary.get('num_blocks')} blocks, mode {summary.get('mode')}, "
                   f"{summary.get('steps_per_round')} steps per round",
                   f"- final test accuracy: **{summary.get('test_accuracy')}**",
-                  f"- wall time: {summary.get('wall_s', 0):.1f} s, {summary.get('images_per_s', 0):.0f} images/s",
+                  f"- wall time: {summary.get('wall_s', 0):.1f} s, "
+                  f"{summary.get('images_per_s', 0):.0f} images/s",
                   f"- bytes up: {fmt_bytes(summary.get('bytes_up', 0))} "
                   f"(dense would be {fmt_bytes(summary.get('dense_bytes_up', 0))}), "
                   f"bytes down: {fmt_bytes(summary.get('bytes_down', 0))}",
                   f"- mean round overhead: {summary.get('mean_round_overhead_ms', 0):.0f} ms "
                   f"next to {summary.get('mean_round_compute_ms', 0):.0f} ms of compute",
                   f"- divergence guard: {summary.get('rejected_deltas', 0)} deltas rejected, "
-                  f"{summary.get('loss_spikes', 0)} loss spikes (lr x{summary.get('guard_lr_factor', 1.0):g}, "
+                  f"{summary.get('loss_spikes', 0)} loss spikes "
+                  f"(lr x{summary.get('guard_lr_factor', 1.0):g}, "
                   f"density x{summary.get('guard_density_factor', 1.0):g} after its actions), "
                   f"{summary.get('losses_at_chance', 0)} losses back at chance level", ""]
     lines += ["| epoch | test accuracy | test loss | train loss | bytes up | wall s |",
@@ -89,8 +92,8 @@ def write_report(run_dir: str) -> dict:
     for e in epochs:
         acc, loss = (e.get(k) for k in ("test_accuracy", "test_loss"))
         acc, loss = ("–" if v is None else f"{v:.4f}" for v in (acc, loss))
-        lines.append(f"| {e['epoch'] + 1} | {acc} | {loss} | "
-                     f"{e.get('train_loss') or 0:.4f} | {fmt_bytes(e.get('bytes_up', 0))} | {e['wall_s']:.1f} |")
+        lines.append(f"| {e['epoch'] + 1} | {acc} | {loss} | {e.get('train_loss') or 0:.4f} | "
+                     f"{fmt_bytes(e.get('bytes_up', 0))} | {e['wall_s']:.1f} |")
     if png:
         lines += ["", "![metrics](report.png)"]
     md = runfs.join(run_dir, "report.md")

@@ -52,7 +52,9 @@ def join(base: str, *parts: str) -> str:
 
 def name(path: str) -> str:
     """The last component of a path or URI (a run directory's name is its run id)."""
-    return posixpath.basename(str(path).rstrip("/")) if is_uri(path) else os.path.basename(os.path.normpath(path))
+    if is_uri(path):
+        return posixpath.basename(str(path).rstrip("/"))
+    return os.path.basename(os.path.normpath(path))
 
 
 def _env_key() -> tuple:
@@ -196,7 +198,8 @@ def read_text(path: str) -> str:
 def write_bytes(path: str, data: bytes, *, fsync: bool = True) -> None:
     """Replace ``path`` with ``data`` whole: readers see the old contents or the new, never part."""
     if not is_uri(path):
-        tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.tmp-{secrets.token_hex(4)}")
+        tmp = os.path.join(os.path.dirname(path) or ".",
+                           f".{os.path.basename(path)}.tmp-{secrets.token_hex(4)}")
         try:
             with open(tmp, "wb") as f:
                 f.write(data)

@@ -111,7 +111,8 @@ class BlockSpeed:
         _count("block", self.block)
         s = self.images_per_s
         if s is not None and not (isinstance(s, (int, float)) and math.isfinite(s) and s >= 0):
-            raise BadInput(f"block {self.block}: `images_per_s` must be a finite number >= 0 or None, got {s!r}")
+            raise BadInput(f"block {self.block}: `images_per_s` must be a finite number >= 0 or None, "
+                           f"got {s!r}")
 
 
 def task_slots(executors: list[ExecutorSample], blocks: int, fixed: int = 0, queued: int = 0) -> int:

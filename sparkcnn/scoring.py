@@ -100,7 +100,8 @@ def read_input(spark, data: str | None, table: str | None, image_col: str):
 def check_input(df, origin: str, image_col: str, shape, *, label_col: str | None = None,
                 num_classes: int | None = None, id_cols=()) -> int:
     """Columns, types, image sizes, labels and row count, in one aggregate query; returns the rows."""
-    st = column_stats(df, origin, (image_col, "--image-col"), (label_col, "--label-col") if label_col else None,
+    st = column_stats(df, origin, (image_col, "--image-col"),
+                      (label_col, "--label-col") if label_col else None,
                       tuple((c, "--id-cols") for c in id_cols))
     want = "x".join(map(str, shape))
     if st.kind == "struct":
@@ -203,7 +204,8 @@ def evaluate(spark, model, data, shape, num_classes: int, *, table=None, image_c
     from pyspark.sql import functions as F
 
     df, origin = read_input(spark, data, table, image_col)
-    n = check_input(df, origin, image_col, shape, label_col=label_col, num_classes=num_classes, id_cols=id_cols)
+    n = check_input(df, origin, image_col, shape, label_col=label_col, num_classes=num_classes,
+                    id_cols=id_cols)
     s = scored(df, model, shape, image_col, batch_size)
     raw, label = F.col("_p.rawPrediction"), F.col(label_col).cast("int")
     top = F.array_max(raw)
@@ -218,7 +220,8 @@ def evaluate(spark, model, data, shape, num_classes: int, *, table=None, image_c
             tmp = out.rstrip("/") + f".tmp-{uuid.uuid4().hex[:8]}"
             write_parquet(rows, tmp + "/predictions")
             rows = spark.read.parquet(tmp + "/predictions")  # the model ran once; aggregate what it wrote
-        counts = rows.groupBy("label", "prediction").agg(F.count(F.lit(1)).alias("n"), F.sum("loss").alias("loss"))
+        counts = (rows.groupBy("label", "prediction")
+                  .agg(F.count(F.lit(1)).alias("n"), F.sum("loss").alias("loss")))
         cells = counts.collect()
     except Exception as e:  # noqa: BLE001
         if tmp:

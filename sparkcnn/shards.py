@@ -58,7 +58,8 @@ def shard_ranges(layout, k: int) -> tuple[tuple[int, int], ...]:
 def split_delta(delta: SparseDelta, ranges) -> list[SparseDelta]:
     """``delta`` on each range: full-length deltas with their global indices (indices are sorted)."""
     cuts = np.searchsorted(delta.indices, [lo for lo, _ in ranges] + [ranges[-1][1]])
-    return [SparseDelta(delta.size, delta.indices[a:b], delta.values[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+    return [SparseDelta(delta.size, delta.indices[a:b], delta.values[a:b])
+            for a, b in zip(cuts[:-1], cuts[1:])]
 
 
 def sum_squares(delta: SparseDelta) -> float:

@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 # MLflow stores that need SQLAlchemy, which mlflow-skinny leaves out
 _DATABASES = ("sqlite", "postgresql", "mysql", "mssql")
 # fields that say which round or block a record is, not how it went
-_ID_KEYS = frozenset({"kind", "round", "epoch", "round_in_epoch", "block", "block_epoch", "block_step", "pid"})
+_ID_KEYS = frozenset({"kind", "round", "epoch", "round_in_epoch", "block", "block_epoch", "block_step",
+                      "pid"})
 
 
 def scalars(record: dict) -> tuple[str, int, dict[str, float]]:
@@ -129,9 +130,9 @@ class MlflowTracker(Tracker):
 
     The server is MLflow's own choice: ``MLFLOW_TRACKING_URI`` (``http://host:5000``, or a
     folder ``file:./mlruns``, which MLflow 3 opens only with ``MLFLOW_ALLOW_FILE_STORE=true``),
-    else MLflow's default (a sqlite file, which needs the full mlflow package). A resumed run (same run id) continues
-    its MLflow run. Inside an active MLflow run (a notebook's ``mlflow.start_run()``) the
-    training run is logged as its child.
+    else MLflow's default (a sqlite file, which needs the full mlflow package). A resumed run
+    (same run id) continues its MLflow run. Inside an active MLflow run (a notebook's
+    ``mlflow.start_run()``) the training run is logged as its child.
     """
 
     name = "tracking.mlflow"
@@ -281,7 +282,8 @@ class TensorBoardTracker(Tracker):
         self.path = os.path.join(logdir, f"events.out.tfevents.{time.time():.0f}.{socket.gethostname()}"
                                          f".{os.getpid()}.{secrets.token_hex(2)}")
         self.writer = tf.io.TFRecordWriter(self.path)
-        self.writer.write(tf.compat.v1.Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+        header = tf.compat.v1.Event(wall_time=time.time(), file_version="brain.Event:2")
+        self.writer.write(header.SerializeToString())
         self.writer.flush()
 
     def write(self, record: dict) -> None:

@@ -70,7 +70,7 @@ def set_flat_weights(model, flat: np.ndarray) -> None:
 def make_backend(cfg, run_id: str, spark=None):
     """The backend a run uses: ``spark`` if given, else the active or launcher's session; a Spark
     Connect session gets :class:`~sparkcnn.backends.connect.ConnectBackend` (the stream only)."""
-    from sparkcnn.backends.backend import SparkBackend
+    from sparkcnn.backends.spark import SparkBackend
     from sparkcnn.backends.gpus import check_session
     from sparkcnn.backends.session import get_or_create_spark, is_connect
 
@@ -171,7 +171,7 @@ def _truncate_metrics(path: str, records: int) -> tuple[list, list]:
 def _has_checkpoint(run_dir: str) -> bool:
     """Whether ``run_dir`` holds a checkpoint or the remains of one (then loading it names
     what is damaged); False for a run stopped before its first checkpoint was complete."""
-    from sparkcnn.checkpoint import LATEST, MANIFEST
+    from sparkcnn.checkpoint_format import LATEST, MANIFEST
 
     root = runfs.join(run_dir, "checkpoints")
     if not runfs.isdir(root):

@@ -146,14 +146,15 @@ class ConnectBackend(Backend):
         DataFrame (module docstring); returns block -> rows."""
         from pyspark.sql import functions as F
 
-        from sparkcnn.backends.backend import packed_chunks
+        from sparkcnn.backends.placement import packed_chunks
 
         shape = tuple(frame.shape)
         keys = F.array(*[F.lit(k).cast("bigint") for k in self._partition_keys(num_blocks)])
         placed = (packed_chunks(frame, num_blocks)
                   .withColumn("_key", F.element_at(keys, F.col("block") + 1))
                   .repartition(num_blocks, "_key").drop("_key").persist())
-        counts = self._run(lambda: placed.mapInArrow(_count_task, "block int, rows long, blocks int").collect())
+        counts = self._run(
+            lambda: placed.mapInArrow(_count_task, "block int, rows long, blocks int").collect())
         mixed = [r["block"] for r in counts if r["blocks"] != 1]
         if mixed or len(counts) != num_blocks:
             placed.unpersist()

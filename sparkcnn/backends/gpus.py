@@ -120,7 +120,8 @@ def check(p: GpuPlan) -> str:
     if p.shared:
         return (f"GPUs shared: {amount} with {p.executor} per executor: up to {int(1 / p.task)} tasks train "
                 f"on each GPU address at once; {workers}")
-    return f"GPUs: {amount} with {p.executor} per executor: each task trains on its own GPU address; {workers}"
+    return (f"GPUs: {amount} with {p.executor} per executor: each task trains on its own GPU address; "
+            f"{workers}")
 
 
 def check_session(spark) -> GpuPlan:

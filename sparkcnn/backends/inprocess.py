@@ -3,8 +3,8 @@
 Algorithm tests, ``engine.master=inprocess`` and benchmarks use it to run the
 engines without a cluster. It runs the executors' code (block placement, the
 task functions) in the driver's own process by design, which is why it lives
-apart from :mod:`sparkcnn.backends.backend`, whose driver side imports no worker
-module.
+apart from the Spark backends (:mod:`sparkcnn.backends.spark`,
+:mod:`sparkcnn.backends.placement`), whose driver side imports no worker module.
 """
 
 from __future__ import annotations

@@ -57,7 +57,8 @@ def get_or_create_spark(master: str = "", app_name: str = "sparkcnn", conf: dict
     conf = dict(conf or {})
     if SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
         # this process starts the driver JVM: settings that act only at its launch go with it
-        named = {**_defaults_file(), **_submit_settings(shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", "")))}
+        submit_args = shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
+        named = {**_defaults_file(), **_submit_settings(submit_args)}
         launch = {k: str(v) for k, v in conf.items()}
         opts = _driver_java_opts(master or named.get("spark.master") or _default_master(), {**named, **conf})
         if opts:

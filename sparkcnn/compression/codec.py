@@ -16,8 +16,8 @@ import numpy as np
 
 from ..errors import CodecError
 from . import native, native_codec
-from .codec_format import (DTYPE_CODES, FLOAT16_MAX, HEADER, LIMIT_BITS, MAGIC, VERSION, WIRE_DTYPES, LayoutInfo,
-                           layout_info, pack_fields, rice_parameters, segment_starts)
+from .codec_format import (DTYPE_CODES, FLOAT16_MAX, HEADER, LIMIT_BITS, MAGIC, VERSION, WIRE_DTYPES,
+                           LayoutInfo, layout_info, pack_fields, rice_parameters, segment_starts)
 from .codec_frame import decode_parts, dense_indices
 from .codec_values import check_values, wire_to_float32
 from .delta import Layout, SparseDelta
@@ -39,8 +39,9 @@ def encode(delta: SparseDelta, layout: Layout, *, value_dtype: str = "float16",
         raise CodecError(f"delta size {delta.size} does not match layout total {int(info.offsets[-1])}")
     if native.enabled() and not unchecked_values:  # one compiled pass, checks included
         code = DTYPE_CODES[value_dtype]
-        data = native_codec.encode_delta(np.ascontiguousarray(delta.indices), np.ascontiguousarray(delta.values),
-                                         info.offsets, info.max_rice, code, LIMIT_BITS[code])
+        data = native_codec.encode_delta(np.ascontiguousarray(delta.indices),
+                                         np.ascontiguousarray(delta.values), info.offsets, info.max_rice,
+                                         code, LIMIT_BITS[code])
         if data is not None:
             return data  # refused: the numpy path below names the fault
     try:

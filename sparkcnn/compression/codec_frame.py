@@ -123,8 +123,9 @@ def parse(data: bytes, layout: Layout) -> Frame:
 
     values = np.frombuffer(buf, wire, n_dense + n_sparse, pos)
     pos += values.nbytes
-    return Frame(info, counts, rice_u8, dense, sparse, values, n_dense,
-                 np.frombuffer(buf, np.uint8, unary_len, pos), np.frombuffer(buf, np.uint8, rem_len, pos + unary_len))
+    unary = np.frombuffer(buf, np.uint8, unary_len, pos)
+    rem = np.frombuffer(buf, np.uint8, rem_len, pos + unary_len)
+    return Frame(info, counts, rice_u8, dense, sparse, values, n_dense, unary, rem)
 
 
 def _sparse_indices_numpy(f: Frame) -> np.ndarray:

@@ -253,14 +253,16 @@ class DGCMomentum(_FlatState):
              scale: float | None = None) -> SparseDelta:
         g = self._check_input("update", update)
         u, v = self._fresh()
-        plan = self.sparsifier.compiled_plan(self.layout, density, self.size) if self.sparsifier.rng is None else None
+        plan = (self.sparsifier.compiled_plan(self.layout, density, self.size)
+                if self.sparsifier.rng is None else None)
         if plan is not None:  # the whole step in one compiled call, bitwise the same as below
             if self._sent is None:
                 self._sent = (np.empty(self.size, np.int64), np.empty(self.size, np.float32),
                               np.empty(plan.a.size, np.int64))
             idx, vals, found = self._sent
-            c = native_step.dgc_step(self.momentum, self.velocity, g, self.m, u, v, scale, plan, MAX_CORRECTIONS,
-                                     self.value_dtype == "float16", self._dense, self.masking, idx, vals, found)
+            c = native_step.dgc_step(self.momentum, self.velocity, g, self.m, u, v, scale, plan,
+                                     MAX_CORRECTIONS, self.value_dtype == "float16", self._dense,
+                                     self.masking, idx, vals, found)
         elif native.enabled():  # one pass instead of three (four when scaled), bitwise the same
             native_step.momentum_step_to(self.momentum, self.velocity, g, self.m, u, v, scale)
         else:
@@ -368,7 +370,8 @@ def make_policy(method: str, momentum_mode: str, per_step: bool, layout: Layout,
     if cls is ErrorFeedback:
         return ErrorFeedback(layout, sparsifier, value_dtype)
     if cls is SparsificationAwareMomentum:
-        return SparsificationAwareMomentum(layout, sparsifier, value_dtype, momentum=momentum, weight_decay=0.0)
+        return SparsificationAwareMomentum(layout, sparsifier, value_dtype, momentum=momentum,
+                                           weight_decay=0.0)
     return DGCMomentum(layout, sparsifier, value_dtype, momentum=momentum, masking=masking)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .native import FAULT, OK, kernel, kernels
+from .native_compile import FAULT, OK, kernel, kernels
 
 
 # Leading zeros of a byte: position of its first one bit, MSB first (8 for 0).
@@ -323,7 +323,8 @@ def k_decode_delta(buf, offsets, max_rice):
                 idx[k + j] = offsets[t] + j
         else:
             spos = vp
-            if read_codes(unary, rem, np.int64(buf[16 + 4 * T + t]), size, offsets[t], idx, k, k + c, st) != OK:
+            b = np.int64(buf[16 + 4 * T + t])  # the tensor's Rice parameter
+            if read_codes(unary, rem, b, size, offsets[t], idx, k, k + c, st) != OK:
                 return FAULT, no_i, no_v
         k += c
     if codes_end(unary, st[0], n - n_dense) != OK:

@@ -3,11 +3,11 @@ of the residual, a downlink's apply with its checksum change, and the downlink f
 candidate set.
 
     scatter_runs        acc[lo:hi] += Σ_k w_k · payload_k     (sparse_sum's decode+sum)
-    residual_support    {i : float32(W[i] - U[i]) != 0}       (ps.py's residual), and where
+    residual_support    {i : float32(W[i] - U[i]) != 0}       (ps_downlink.py's residual), and where
                         in it |W[i] - U[i]| > 2**-25 (the entries float16 does not round to 0)
     apply_delta         U[idx] = U[idx] + vals (or = vals), and the change of
                         Σ_i mix64((i << 32) | bits(U[i])) mod 2**64   (replica.py's checksum)
-    candidate_downlink  ps.py's float16 downlink from its candidate set, applied to U
+    candidate_downlink  ps_downlink.py's float16 downlink from its candidate set, applied to U
     round_f16           a chosen downlink's values rounded to float16, the zeros left out
 
 
@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .native import FAULT, OK, kernel, kernels
+from .native_compile import FAULT, OK, kernel, kernels
 from .native_codec import f16_bits, f32_bits
 
 # Output floats per chunk of the blocked add: 64 Ki float32 = 256 KiB, which
@@ -146,8 +146,8 @@ def k_apply_delta(u, ubits, idx, vals, assign):
 
 @kernel(nogil=True, boundscheck=False)
 def k_candidate_downlink(cands, w, u, ubits, offsets, limits, keep, vals, vbits, idx):
-    """ps.ParameterServer's downlink from its candidate set (``_from_candidates``, the float16
-    rounding, the apply to ``u``; ps.py is the reference), bitwise the same.
+    """ps_downlink.SparseDownlink's downlink from its candidate set (``_from_candidates``, the float16
+    rounding, the apply to ``u``; ps_downlink.py is the reference), bitwise the same.
 
     ``cands``: the candidate indices, ascending (repeats allowed). The entries of ``w - u`` among them
     that do not round to 0 in float16 go to ``keep`` (the next candidate set), ascending.
@@ -203,7 +203,7 @@ def k_round_f16_to(src, vals, vbits, dst, n):
 
 @kernel(nogil=True, boundscheck=False)
 def k_round_f16(idx, vals, vbits):
-    """ps.ParameterServer's float16 rounding of a chosen downlink, in place: each value clipped
+    """ps_downlink.SparseDownlink's float16 rounding of a chosen downlink, in place: each value clipped
     to ±65504 and rounded to float16 (``vbits``: ``vals``' uint32 view); an entry that rounds to 0
     is left out, the others moved to the front in order. Returns their count, or -1 (nothing
     changed) when a value is not finite."""
@@ -247,8 +247,8 @@ def candidate_downlink(cands: np.ndarray, w: np.ndarray, u: np.ndarray, offsets:
     keep = np.empty(cands.size, np.int64)
     vals = np.empty(cands.size, np.float32)
     idx = np.empty(cands.size, np.int64)
-    status, n, m, change = kernels().candidate_downlink(cands, w, u, u.view(np.uint32), offsets, limits, keep, vals,
-                                                        vals.view(np.uint32), idx)
+    status, n, m, change = kernels().candidate_downlink(cands, w, u, u.view(np.uint32), offsets, limits, keep,
+                                                        vals, vals.view(np.uint32), idx)
     if status != OK:
         return None
     return keep[:n], idx[:m], vals[:m], int(change)

@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from .native import kernel, kernels
+from .native_compile import kernel, kernels
 from .native_codec import f16_bits, f32_bits
 
 
@@ -281,7 +281,8 @@ def momentum_step_to(u: np.ndarray, v: np.ndarray, g: np.ndarray, m: np.float32,
     """``u_out = m·u + g; v_out = v + u_out`` (float32 arrays of one size; the outputs distinct
     from the inputs), bitwise numpy's ``u_out = u·m; u_out += g; v_out = v + u_out``; with
     ``scale``, of the gradient ``g·scale`` (numpy: ``u_out += g * scale``)."""
-    kernels().momentum_step_to(u, v, g, np.float32(1.0 if scale is None else scale), np.float32(m), u_out, v_out)
+    s = np.float32(1.0 if scale is None else scale)
+    kernels().momentum_step_to(u, v, g, s, np.float32(m), u_out, v_out)
 
 
 def abs_at_least(x: np.ndarray, thr: np.float32) -> np.ndarray:
@@ -294,17 +295,18 @@ def threshold_select(x: np.ndarray, plan, starts: np.ndarray, ranks: np.ndarray,
                      out: np.ndarray, found: np.ndarray) -> int:
     """:func:`k_threshold_select` over float32 ``x`` with a selection plan's arrays
     (``sparsify._Plan``) and the sample starts and ranks of this call; returns the entries in ``out``."""
-    return kernels().threshold_select(x, plan.a, plan.b, plan.whole, plan.stride, starts, ranks, plan.k, plan.lo,
-                                      plan.hi, corrections, out, found)
+    return kernels().threshold_select(x, plan.a, plan.b, plan.whole, plan.stride, starts, ranks, plan.k,
+                                      plan.lo, plan.hi, corrections, out, found)
 
 
 def dgc_step(u: np.ndarray, v: np.ndarray, g: np.ndarray, m: np.float32, u_out: np.ndarray, v_out: np.ndarray,
              scale: np.float32 | None, plan, corrections: int, f16: bool, dense: np.ndarray, masking: bool,
              idx: np.ndarray, vals: np.ndarray, found: np.ndarray) -> int:
     """:func:`k_dgc_step` with a selection plan's arrays (``sparsify._Plan``, samples from start 0)."""
-    return kernels().dgc_step(u, v, g, np.float32(1.0 if scale is None else scale), np.float32(m), u_out, v_out,
-                              plan.a, plan.b, plan.whole, plan.stride, plan.start0, plan.rank, plan.k, plan.lo,
-                              plan.hi, corrections, f16, dense, masking, idx, vals, found)
+    s = np.float32(1.0 if scale is None else scale)
+    return kernels().dgc_step(u, v, g, s, np.float32(m), u_out, v_out,
+                              plan.a, plan.b, plan.whole, plan.stride, plan.start0, plan.rank, plan.k,
+                              plan.lo, plan.hi, corrections, f16, dense, masking, idx, vals, found)
 
 
 def quantise_f16_at(x: np.ndarray, idx: np.ndarray) -> np.ndarray | None:

@@ -54,11 +54,6 @@ def _check_density(density: float) -> None:
         raise ValueError(f"density must be in (0, 1], got {density}")
 
 
-def _kth_largest(a: np.ndarray, k: int) -> float:
-    """The k-th largest entry of ``a`` (1 <= k <= a.size), O(a.size)."""
-    return float(np.partition(a, a.size - k)[a.size - k])
-
-
 def topk_indices(x: np.ndarray, density: float) -> np.ndarray:
     """Exact top-k by magnitude: sorted int64 indices local to ``x``; ties to the lower index
     (a fixed rule, which argpartition lacks, so that the compiled selection keeps the same
@@ -195,7 +190,8 @@ class _Plan:
             self.lo[i], self.hi[i] = (1 - TOLERANCE) * k, (1 + TOLERANCE) * k
         self.start0 = np.zeros(t, np.int64)
         self.size = int(offsets[-1])
-        self.sampled = [bool(self.hi[i] >= self.lo[i] and not self.whole[i]) for i in range(t)]  # draws a start
+        # whether tensor i draws a sample start
+        self.sampled = [bool(self.hi[i] >= self.lo[i] and not self.whole[i]) for i in range(t)]
 
 
 class Sparsifier:

@@ -101,7 +101,8 @@ def load_pickle(path: str) -> object:
     except OSError as e:
         raise BadInput(f"{path}: cannot read ({e.strerror or e})") from None
     except Exception as e:  # noqa: BLE001 - a corrupt pickle raises many kinds
-        raise BadInput(f"{path}: not a valid pickle ({type(e).__name__}: {' '.join(str(e).split())})") from None
+        why = " ".join(str(e).split())
+        raise BadInput(f"{path}: not a valid pickle ({type(e).__name__}: {why})") from None
 
 
 def chw_to_hwc(flat: np.ndarray) -> np.ndarray:

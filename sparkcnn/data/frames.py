@@ -100,8 +100,8 @@ def _arrow_kind(column, name: str) -> str:
 def _same_size(lengths: np.ndarray, size: int, name: str, unit: str) -> None:
     bad = np.flatnonzero(lengths != size)
     if bad.size:
-        raise BadInput(f"column {name!r}: images of unequal size: row {int(bad[0])} has {int(lengths[bad[0]])} "
-                       f"{unit}, expected {size}")
+        raise BadInput(f"column {name!r}: images of unequal size: row {int(bad[0])} has "
+                       f"{int(lengths[bad[0]])} {unit}, expected {size}")
 
 
 def _from_struct(column, shape, name: str) -> np.ndarray:

@@ -58,10 +58,12 @@ def training_frames(spark, dcfg, data=None, test_data=None) -> tuple[Frame, Fram
     test_data = (dcfg.test_path or None) if test_data is None else test_data
     if not is_dataframe(data) and _format(spark, dcfg, data) == "prepared":
         train = _prepared(spark, data, "train")
-        test = _prepared(spark, data, "test") if test_data is None else frame(spark, dcfg, test_data, "test_data")
+        test = (_prepared(spark, data, "test") if test_data is None
+                else frame(spark, dcfg, test_data, "test_data"))
         return train, _same_shape(train, test)
     train = frame(spark, dcfg, data, "data")
-    test = frame(spark, dcfg, test_data, "test_data", classes=train.classes) if test_data is not None else None
+    test = (frame(spark, dcfg, test_data, "test_data", classes=train.classes)
+            if test_data is not None else None)
     return train, _same_shape(train, test)
 
 
@@ -168,7 +170,8 @@ def _sidecar(spark, path: str, split: str) -> dict:
     try:
         return json.loads(spark.read.text(where, wholetext=True).first()[0])["splits"][split]
     except Exception:  # noqa: BLE001 - missing, unreadable or without that split: not prepared
-        raise BadInput(f"data {path!r}: no {split} split described in {where} (not a prepared dataset)") from None
+        raise BadInput(f"data {path!r}: no {split} split described in {where} "
+                       "(not a prepared dataset)") from None
 
 
 def _prepared(spark, path: str, split: str) -> Frame:
@@ -181,7 +184,8 @@ def _prepared(spark, path: str, split: str) -> Frame:
         from sparkcnn.data.parquet_io import read_meta
 
         if not os.path.isdir(split_dir):
-            raise BadInput(f"data.path {path!r}: no prepared split at {split_dir} (run 'sparkcnn prepare' first)")
+            raise BadInput(f"data.path {path!r}: no prepared split at {split_dir} "
+                           "(run 'sparkcnn prepare' first)")
         meta = read_meta(split_dir)
         shape, classes, rows = (meta.height, meta.width, meta.channels), meta.classes, meta.num_rows
         split_dir = os.path.abspath(split_dir)
@@ -225,7 +229,8 @@ class ColumnStats:
         """Every label in ``[0, classes)``, else BadInput naming the first bound crossed."""
         lo, hi = self.labels
         if lo < 0 or hi >= classes:
-            raise BadInput(f"{origin}: column {column!r}: label {lo if lo < 0 else hi} outside [0, {classes})")
+            bad = lo if lo < 0 else hi
+            raise BadInput(f"{origin}: column {column!r}: label {bad} outside [0, {classes})")
 
 
 def column_stats(df, origin: str, image: tuple[str, str], label: tuple[str, str] | None = None,
@@ -270,8 +275,9 @@ def column_stats(df, origin: str, image: tuple[str, str], label: tuple[str, str]
         bad = df.filter(img.height < 1).select(img.origin).first()[0]
         raise BadInput(f"{bad}: image file does not decode (column {image_col!r})")
     if lo != hi:
+        unit = f" {st.unit}" if st.unit else ""
         raise BadInput(f"{origin}: column {image_col!r}: images of unequal size "
-                       f"({'x'.join(map(str, lo))} to {'x'.join(map(str, hi))}{f' {st.unit}' if st.unit else ''})")
+                       f"({'x'.join(map(str, lo))} to {'x'.join(map(str, hi))}{unit})")
     return st
 
 

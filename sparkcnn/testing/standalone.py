@@ -62,7 +62,8 @@ def port_open(port: int) -> bool:
 
 def _processes() -> list[tuple[int, int, str, str]]:
     """(pid, ppid, state, command line) of every process, from ``ps`` (Linux and macOS)."""
-    out = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,stat=,args="], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,stat=,args="], capture_output=True,
+                         text=True).stdout
     rows = [line.split(None, 3) for line in out.splitlines()]
     return [(int(r[0]), int(r[1]), r[2], r[3] if len(r) > 3 else "") for r in rows if len(r) >= 3]
 
@@ -129,7 +130,8 @@ class StandaloneCluster:
         self.worker_prefix = {int(i): list(p) for i, p in (worker_prefix or {}).items()}
         self.workers, self.cores_per_worker, self.memory = workers, cores_per_worker, memory
         self.worker_env = {k: str(v) for k, v in (worker_env or {}).items()}
-        self.per_worker_env = {i: {k: str(v) for k, v in e.items()} for i, e in (per_worker_env or {}).items()}
+        self.per_worker_env = {i: {k: str(v) for k, v in e.items()}
+                               for i, e in (per_worker_env or {}).items()}
         self.daemon_memory = daemon_memory  # heap of each master/worker JVM (SPARK_DAEMON_MEMORY)
         self.workdir, self._own_dir = workdir, workdir is None
         import pyspark
@@ -154,7 +156,8 @@ class StandaloneCluster:
         handle = cls(info["workers"], info["cores_per_worker"], info["memory"], workdir=info["workdir"])
         for k in cls._SHARED:
             setattr(handle, k, info[k])
-        handle.worker_gpus = {int(i): addrs for i, addrs in info["worker_gpus"].items()}  # JSON keys are strings
+        # JSON keys are strings
+        handle.worker_gpus = {int(i): addrs for i, addrs in info["worker_gpus"].items()}
         return handle
 
     @property
@@ -173,9 +176,11 @@ class StandaloneCluster:
         env = {k: v for k, v in os.environ.items() if k not in ("SPARK_ENV_LOADED", "PYSPARK_SUBMIT_ARGS")}
         env.update(SPARK_HOME=self.spark_home, SPARK_IDENT_STRING="sparkcnn",
                    SPARK_CONF_DIR=os.path.join(self.workdir, "conf"),  # empty: no site spark-env.sh
-                   SPARK_PID_DIR=os.path.join(self.workdir, "pid"), SPARK_LOG_DIR=os.path.join(self.workdir, "logs"),
+                   SPARK_PID_DIR=os.path.join(self.workdir, "pid"),
+                   SPARK_LOG_DIR=os.path.join(self.workdir, "logs"),
                    SPARK_WORKER_DIR=os.path.join(self.workdir, "work"), SPARK_LOCAL_IP=host or self.host,
-                   SPARK_MASTER_HOST=self.host, SPARK_DAEMON_MEMORY=self.daemon_memory, PYSPARK_PYTHON=sys.executable,
+                   SPARK_MASTER_HOST=self.host, SPARK_DAEMON_MEMORY=self.daemon_memory,
+                   PYSPARK_PYTHON=sys.executable,
                    SPARK_DAEMON_JAVA_OPTS=FAST_START_JAVA_OPTS,
                    SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false")  # REST would take fixed port 6066
         env.update(self.worker_env, **(extra_env or {}))
@@ -202,10 +207,12 @@ class StandaloneCluster:
             self._wait(lambda: self.master_state().get("status") == "ALIVE", t0 + timeout, "the master")
             for i in range(self.workers):
                 self._launchers.append(self._daemon(
-                    "start", WORKER, i + 1, "--host", self.worker_hosts[i], "--port", str(self.worker_ports[i]),
+                    "start", WORKER, i + 1, "--host", self.worker_hosts[i],
+                    "--port", str(self.worker_ports[i]),
                     "--cores", str(self.cores_per_worker), "--memory", self.memory,
                     "--webui-port", str(self.worker_webui_ports[i]), self.master_url,
-                    extra_env={**self.per_worker_env.get(i, {}), **self._gpu_env(i)}, host=self.worker_hosts[i],
+                    extra_env={**self.per_worker_env.get(i, {}), **self._gpu_env(i)},
+                    host=self.worker_hosts[i],
                     prefix=self.worker_prefix.get(i)))
             self._wait(lambda: self.alive_workers() >= self.workers, t0 + timeout, f"{self.workers} workers")
             self._reap_launchers(max(1.0, t0 + timeout - time.monotonic()))
@@ -236,7 +243,8 @@ class StandaloneCluster:
         deadline = time.monotonic() + timeout
         for p in self._launchers:
             try:
-                log.debug("spark-daemon.sh: %s", p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+                out = p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0]
+                log.debug("spark-daemon.sh: %s", out)
             except subprocess.TimeoutExpired:
                 p.kill()
         self._launchers = []

@@ -94,7 +94,8 @@ def _delete(made) -> None:
     """Delete ``("netns" | "link", name)`` items in order; a namespace's processes are killed first."""
     for kind, name in made:
         if kind == "netns":
-            for pid in subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split():
+            pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout
+            for pid in pids.split():
                 try:
                     os.kill(int(pid), signal.SIGKILL)
                 except (ProcessLookupError, ValueError):
@@ -203,7 +204,8 @@ class TestBed:
             self._claim()
             self._network()
             self.cluster = StandaloneCluster(
-                workers=self.hosts, cores_per_worker=self.cores, memory=self.memory, worker_env=self.worker_env,
+                workers=self.hosts, cores_per_worker=self.cores, memory=self.memory,
+                worker_env=self.worker_env,
                 host=self.driver_host, worker_hosts=self.host_addresses,
                 worker_prefix={i: ["ip", "netns", "exec", self.netns(i)] for i in range(self.hosts)})
             self.cluster.start(timeout=timeout)
@@ -211,7 +213,8 @@ class TestBed:
             self.stop()
             raise
         log.info("test bed: driver %s, %d hosts %s, links %s%s", self.driver_host, self.hosts,
-                 self.host_addresses, self.rate or "unshaped", f" +{self.delay_ms:g} ms" if self.delay_ms else "")
+                 self.host_addresses, self.rate or "unshaped",
+                 f" +{self.delay_ms:g} ms" if self.delay_ms else "")
         return self
 
     def _claim(self) -> None:
@@ -258,8 +261,8 @@ class TestBed:
             p = subprocess.run([*where, "tc", "qdisc", "add", "dev", dev, "root", *qdisc],
                                capture_output=True, text=True)
             if p.returncode != 0 and delay_ms and "unknown" in p.stderr:
-                raise TestBedUnavailable(f"a link delay needs the kernel's netem qdisc, which this kernel lacks "
-                                         f"({p.stderr.strip()}); shape the rate alone")
+                raise TestBedUnavailable("a link delay needs the kernel's netem qdisc, which this kernel "
+                                         f"lacks ({p.stderr.strip()}); shape the rate alone")
             if p.returncode != 0:
                 raise RuntimeError(f"tc on {dev} ({self.netns(i)}): {p.stderr.strip()}")
 

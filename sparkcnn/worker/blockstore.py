@@ -156,11 +156,3 @@ def load_state(root: str, run_id: str, block: int, round_tag: int,
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.002)
-
-
-def clear_process_cache(run_id: str | None = None) -> None:
-    """Drop this process's in-memory blocks and states (tests, end of run)."""
-    with _LOCK:
-        for cache in (_BLOCKS, _STATES):
-            for key in [k for k in cache if run_id is None or k[0] == run_id]:
-                del cache[key]

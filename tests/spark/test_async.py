@@ -7,9 +7,9 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from sparkcnn.backends.backend import SparkBackend
 from sparkcnn.backends.inprocess import LocalBackend
 from sparkcnn.backends.monitor import LoadMonitor
+from sparkcnn.backends.spark import SparkBackend
 from sparkcnn.metrics import read_jsonl
 from sparkcnn.scheduler import ExecutorSample
 from sparkcnn.train import build_engine

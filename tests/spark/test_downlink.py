@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from sparkcnn.worker import round as worker
-from sparkcnn.backends.backend import SparkBackend
 from sparkcnn.backends.inprocess import LocalBackend
+from sparkcnn.backends.spark import SparkBackend
 from sparkcnn.train import build_engine
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sparkcnn.compression import codec
-from sparkcnn.backends.backend import SparkBackend
+from sparkcnn.backends.spark import SparkBackend
 from sparkcnn.metrics import read_jsonl
 
 pytestmark = pytest.mark.spark

@@ -37,7 +37,7 @@ def test_stale_results_are_dropped_and_their_steps_trained_again_once(spark, tin
     applied at most once, each block's applied steps run from its first with no gap, and the
     samples add up to epochs x rows. (The stream trains each block's epochs exactly; on the jobs
     transport a faster block may start its next pass early, DESIGN §6.)"""
-    from sparkcnn.backends.backend import SparkBackend
+    from sparkcnn.backends.spark import SparkBackend
     from sparkcnn.train import train
 
     # the stream raises ps.max_staleness to 4 x blocks (its own overlap): one step per exchange
@@ -138,7 +138,7 @@ def test_malformed_pushes_are_refused_counted_and_the_run_goes_on(spark, tiny_cf
     messages: each is refused and counted, none reaches W, and the run ends within 1 point of
     the same run without it."""
     import sparkcnn.transport.stream as stream_mod
-    from sparkcnn.backends.backend import SparkBackend
+    from sparkcnn.backends.spark import SparkBackend
     from sparkcnn.train import train
 
     cfg = tiny_cfg.replace(engine__mode="sync", engine__transport="stream", train__steps_per_round=2,

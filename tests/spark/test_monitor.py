@@ -4,9 +4,9 @@ import logging
 
 import pytest
 
-from sparkcnn.backends.backend import SparkBackend
 from sparkcnn.backends.inprocess import LocalBackend
 from sparkcnn.backends.monitor import LoadMonitor
+from sparkcnn.backends.spark import SparkBackend
 from sparkcnn.protocol import RoundResult
 from sparkcnn.scheduler import ExecutorSample, task_slots
 
@@ -67,7 +67,7 @@ def test_no_status_store_warns_once_and_uses_default_parallelism(caplog):
         sparkContext = NoStore()
 
     monitor = LoadMonitor(SparkBackend(Session(), "t-mon"), min_interval_s=0)
-    with caplog.at_level(logging.WARNING, logger="sparkcnn.backends.backend"):
+    with caplog.at_level(logging.WARNING, logger="sparkcnn.backends.spark"):
         samples = [monitor.sample() for _ in range(3)]
     assert all(s.executors == (ExecutorSample("default", 6, 0, 0),) for s in samples)
     assert len([r for r in caplog.records if "status store" in r.getMessage()]) == 1

@@ -12,6 +12,7 @@ import pyspark
 from sparkcnn.backends import backend as backends
 from sparkcnn.backends import session as B
 from sparkcnn.backends.inprocess import LocalBackend
+from sparkcnn.backends.spark import SparkBackend
 from sparkcnn.protocol import TaskContextInfo
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -41,7 +42,7 @@ def test_submit_arguments_name_settings():
 
 def test_local_backend_hands_tasks_their_context():
     backend = LocalBackend("t-ctx")
-    assert isinstance(backend, backends.Backend) and issubclass(backends.SparkBackend, backends.Backend)
+    assert isinstance(backend, backends.Backend) and issubclass(SparkBackend, backends.Backend)
     out = backend.gather_blocks(lambda b, ctx: (b, ctx), [2, 0, 1], "t")
     assert [b for b, _ in out] == [2, 0, 1]
     ctx = out[0][1]
@@ -52,7 +53,7 @@ def test_local_backend_hands_tasks_their_context():
 
 @pytest.mark.spark
 def test_spark_backend_jobs_hand_tasks_their_context(spark):
-    backend = backends.SparkBackend(spark, "t-ctx")
+    backend = SparkBackend(spark, "t-ctx")
     try:
         def fn(b, ctx):
             return b, ctx

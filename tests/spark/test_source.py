@@ -47,7 +47,7 @@ def _struct_df(spark, x, y):
 
 def _placed(spark, frame, blocks, run_id):
     """Place ``frame`` in ``blocks`` blocks; each block's (rows, pixel sum, label counts) read back."""
-    from sparkcnn.backends.backend import SparkBackend
+    from sparkcnn.backends.spark import SparkBackend
     from sparkcnn.models import build_model
     from sparkcnn.train import build_spec
 

@@ -227,7 +227,7 @@ def test_stream_run_in_process(tiny_cfg, tmp_path, monkeypatch):
 
 @pytest.mark.spark
 def test_stream_on_spark_names_its_stages_and_checks_slots(spark, tiny_cfg):
-    from sparkcnn.backends.backend import SparkBackend
+    from sparkcnn.backends.spark import SparkBackend
     from sparkcnn.train import train
 
     cfg = _cfg(tiny_cfg, train__epochs=1, train__steps_per_round=4)
@@ -269,7 +269,7 @@ def test_sync_stream_applies_rounds_together(spark, tiny_cfg, monkeypatch):
     import gc
 
     import sparkcnn.transport.pushes as pushes_mod
-    from sparkcnn.backends.backend import SparkBackend
+    from sparkcnn.backends.spark import SparkBackend
     from sparkcnn.train import train
 
     frozen = []
@@ -293,7 +293,7 @@ def test_sync_stream_applies_rounds_together(spark, tiny_cfg, monkeypatch):
 def test_stream_exactly_once_when_python_workers_die(spark, tiny_cfg):
     """Python workers killed mid-stage (chaos): Spark reruns the barrier stage, the pushes it
     had applied come back as duplicates and are dropped, each (block, seq) is applied once."""
-    from sparkcnn.backends.backend import SparkBackend
+    from sparkcnn.backends.spark import SparkBackend
     from sparkcnn.train import train
 
     cfg = _cfg(tiny_cfg, train__epochs=1, train__steps_per_round=3, chaos__kill_worker_probability=0.3,

@@ -71,7 +71,7 @@ def test_shards_keep_one_servers_weights_in_process(tiny_cfg, both_ways):
 @pytest.mark.spark
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_shards_train_on_spark(spark, tiny_cfg, mode):
-    from sparkcnn.backends.backend import SparkBackend
+    from sparkcnn.backends.spark import SparkBackend
     from sparkcnn.train import train
 
     # Async at one step per exchange relies on the default DGC local gradient clipping on this tiny

@@ -9,8 +9,9 @@ import os
 import numpy as np
 import pytest
 
-from sparkcnn import checkpoint as ck
-from sparkcnn.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from sparkcnn import checkpoint_format
+from sparkcnn.checkpoint import load_checkpoint, save_checkpoint
+from sparkcnn.checkpoint_format import latest_checkpoint
 from sparkcnn.errors import BadInput
 
 FILES = ["arrays.npz", "state.json", "block-0.npz", "block-3.npz", "manifest.json"]
@@ -71,7 +72,7 @@ def reseal(ckpt_dir: str, **changes) -> None:
         m["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
     m.update(changes)
     with open(mpath, "w") as f:
-        json.dump(ck._seal(m), f)
+        json.dump(checkpoint_format._seal(m), f)
 
 
 def refused(target: str, match: str) -> str:

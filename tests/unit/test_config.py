@@ -1,4 +1,5 @@
 import dataclasses
+import logging
 
 import pytest
 
@@ -67,3 +68,40 @@ def test_bad_yaml_and_missing_file(tmp_path):
     p.write_text("- a\n- b\n")
     with pytest.raises(BadInput, match="top level must be a mapping"):
         config.load(str(p))
+
+
+STREAM_FLOOR_LOG = "ps.max_staleness 2 raised to 12 on the stream: its own overlap makes pushes that stale"
+
+
+def test_the_async_stream_raises_max_staleness_to_four_per_block(caplog):
+    """engine.transport=stream and engine.mode=async: ps.max_staleness is at least 4 x data.num_blocks,
+    with one log line; on a transport resolved later from auto (replace) as well."""
+    with caplog.at_level(logging.INFO, logger="sparkcnn.config_sections"):
+        cfg = config.load(None, ["engine.transport=stream", "engine.mode=async", "data.num_blocks=3",
+                                 "ps.max_staleness=2"])
+    assert cfg.ps.max_staleness == 12
+    assert [r.getMessage() for r in caplog.records] == [STREAM_FLOOR_LOG]
+
+    auto = config.load(None, ["engine.mode=async", "data.num_blocks=3", "ps.max_staleness=2"])
+    assert auto.ps.max_staleness == 2  # not the stream yet
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="sparkcnn.config_sections"):
+        resolved = auto.replace(engine__transport="stream")
+        again = resolved.replace(train__epochs=1)  # already at the floor: no second line
+    assert resolved.ps.max_staleness == again.ps.max_staleness == 12
+    assert [r.getMessage() for r in caplog.records] == [STREAM_FLOOR_LOG]
+
+
+@pytest.mark.parametrize("overrides, bound", [
+    (["engine.transport=stream", "engine.mode=sync", "ps.max_staleness=2"], 2),   # sync: no staleness
+    (["engine.transport=jobs", "engine.mode=async", "ps.max_staleness=2"], 2),    # the jobs transport
+    (["engine.transport=stream", "engine.mode=async", "ps.max_staleness=20"], 20),  # above the floor
+    (["engine.transport=stream", "engine.mode=async"], 8),  # the default 8 is the floor at 2 blocks
+])
+def test_the_staleness_floor_leaves_other_configs_alone(overrides, bound):
+    assert config.load(None, overrides).ps.max_staleness == bound
+
+
+def test_a_bad_max_staleness_is_named_on_the_stream_too():
+    with pytest.raises(BadInput, match=r"ps\.max_staleness must be >= 1, got 0"):
+        config.load(None, ["engine.transport=stream", "engine.mode=async", "ps.max_staleness=0"])

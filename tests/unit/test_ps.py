@@ -14,6 +14,7 @@ from sparkcnn.compression.delta import SparseDelta
 from sparkcnn.compression.sparsify import Sparsifier
 from sparkcnn.errors import BadInput
 from sparkcnn.ps import ParameterServer
+from sparkcnn.ps_downlink import SparseDownlink
 from sparkcnn.replica import Replica, ReplicaOutOfSync, checksum, format_checksum
 from sparkcnn.staleness import held_back, staleness_scale
 from tests.native_env import compiled
@@ -199,7 +200,7 @@ def test_float16_downlink_skips_crumbs_bitwise_as_the_selector(seed, method, sen
         ps.load_state_dict(state)
         if short_cut:
             return ps.downlink(), ps.U.copy()
-        with mock.patch.object(ParameterServer, "_sendable", return_value=None):
+        with mock.patch.object(SparseDownlink, "_sendable", return_value=None):
             return ps.downlink(), ps.U.copy()
 
     (fast, u_fast), (ref, u_ref) = downlink(True), downlink(False)
@@ -241,15 +242,15 @@ def _candidates_against_the_scan(seed, method, ops):
                                sparsifier=Sparsifier(method, dense_below=100))
 
     fast, ref = server(), server()
-    ref._from_candidates = ref._compiled_candidates = lambda density: None  # always the scan
+    ref._sparse._from_candidates = ref._sparse._compiled_candidates = lambda density: None  # always the scan
     taken = []  # whether each candidate path tried settled the downlink
     for name in ("_from_candidates", "_compiled_candidates"):
-        def counted(density, _original=getattr(fast, name)):
+        def counted(density, _original=getattr(fast._sparse, name)):
             got = _original(density)
             taken.append(got is not None)
             return got
 
-        setattr(fast, name, counted)
+        setattr(fast._sparse, name, counted)
     for op in ops:
         if op[0] == "sparse":
             idx = np.sort(rng.choice(n, max(1, int(op[1] * n)), replace=False))
@@ -300,11 +301,11 @@ def test_candidate_set_gives_way_to_the_scan_when_it_grows_past_a_quarter_of_p()
     ps = ParameterServer(np.zeros(P, np.float32), LAYOUT, density_down=1.0, value_dtype="float16",
                          sparsifier=Sparsifier("topk", dense_below=0))
     ps.apply(SparseDelta(P, np.arange(5), np.ones(5, np.float32)))
-    assert ps._candidates is not None
+    assert ps._sparse._candidates is not None
     ps.apply(SparseDelta(P, np.arange(6), np.ones(6, np.float32)))  # 11 > 40 // 4 entries
-    assert ps._candidates is None
+    assert ps._sparse._candidates is None
     dl = ps.downlink()
-    assert dl.delta.indices.tolist() == list(range(6)) and ps._candidates is not None
+    assert dl.delta.indices.tolist() == list(range(6)) and ps._sparse._candidates is not None
 
 
 def test_signed_zeros_are_not_in_the_residual_support():
@@ -316,7 +317,7 @@ def test_signed_zeros_are_not_in_the_residual_support():
     ps.load_state_dict(state)
     for on in (True, False):
         with compiled(on):
-            idx, vals = ps._residual_support()
+            idx, vals = ps._sparse._residual_support()
             assert idx.tolist() == [3] and vals.tolist() == [1.5]
 
 
@@ -593,7 +594,7 @@ def test_compiled_float16_rounding_of_a_downlink_is_numpys_bitwise(seed):
     ref = np.clip(vals, -65504, 65504).astype(np.float16).astype(np.float32)
     keep = ref != 0
     with compiled(True):
-        got_idx, got_vals = ParameterServer._round_f16(idx.copy(), vals.copy())
+        got_idx, got_vals = SparseDownlink._round_f16(idx.copy(), vals.copy())
     assert np.array_equal(got_idx, idx[keep]) and np.array_equal(bits(got_vals), bits(ref[keep]))
     assert got_idx.size < n  # some did round to 0
     with compiled(True):
@@ -613,6 +614,6 @@ def test_the_residual_support_says_which_entries_float16_can_send(on):
     state["U"][5] = -0.0
     ps.load_state_dict(state)
     with compiled(on):
-        idx, vals, pos = ps._residual_support(sendable=True)
+        idx, vals, pos = ps._sparse._residual_support(sendable=True)
     assert idx.tolist() == [1, 4, 9, 12] and pos.tolist() == [1, 2]
     assert vals.tolist() == [2.0**-25, -(2.0**-24), 1.5, -(2.0**-26)]

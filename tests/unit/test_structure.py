@@ -9,7 +9,7 @@ MAX_INSTANCE_ATTRIBUTES = 12
 
 # (module, target as written): why that module may write a field of an object it did not define
 ALLOWED = {
-    ("backends/backend.py", "SCCallSiteSync._spark_stack_depth"):
+    ("backends/spark.py", "SCCallSiteSync._spark_stack_depth"):
         "PySpark's call-site depth counter: raised around collect() so the stage keeps our name",
     ("cli.py", "a.data"): "argparse's Namespace, the CLI's own parse result, normalised in place",
     ("compression/feedback.py", "view.flags.writeable"): "numpy's way to make a view read-only",
