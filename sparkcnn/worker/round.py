@@ -23,7 +23,6 @@ import time
 
 import numpy as np
 
-from sparkcnn.worker import blockstore
 from sparkcnn.compression import codec
 from sparkcnn.compression.delta import SparseDelta
 from sparkcnn.compression.feedback import make_policy, mask_momentum
@@ -35,6 +34,7 @@ from sparkcnn.protocol import (
     TaskSpec,
     steps_per_epoch,
 )
+from sparkcnn.worker import blockstore, chaos
 from sparkcnn.worker.devices import VISIBLE
 from sparkcnn.worker.trainer import batch_indices, get_trainer
 
@@ -206,26 +206,19 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, ctx: TaskCont
     t1 = time.perf_counter()
     sent, new_state, loss_sum, correct, seen = compute(spec, trainer, policy, state, w, images, labels, batches,
                                                        order.lr, order.density)
-    t2 = _chaos_slow(spec, block, t1, time.perf_counter()) if batches else time.perf_counter()
+    t2 = chaos.slowed(spec, block, t1, time.perf_counter()) if batches else time.perf_counter()
     # counted in the block's own exchanges: a global seq may never fall on block 0's turn
-    own = order.seq if order.block_seq < 0 else order.block_seq
-    if (spec.chaos_hold_every and block == 0 and ctx.attempt == 0
-            and own % spec.chaos_hold_every == spec.chaos_hold_every - 1):
-        time.sleep(spec.chaos_hold_s)  # chaos.hold_every: this result arrives stale
-    nan_drill = order.seq == spec.chaos_nan_seq
-    if nan_drill and block == 0 and sent.nnz:
-        vals = sent.values.copy()
-        vals[: max(1, len(vals) // 100)] = np.nan
-        sent = SparseDelta(sent.size, sent.indices, vals)
-    payload = codec.encode(sent, spec.layout, value_dtype=spec.value_dtype, unchecked_values=nan_drill)
+    if chaos.holds(spec, block, order.seq if order.block_seq < 0 else order.block_seq, ctx.attempt == 0):
+        chaos.hold(spec)  # this result arrives stale
+    sent, unchecked = chaos.poisoned(spec, order.seq, block, sent)
+    payload = codec.encode(sent, spec.layout, value_dtype=spec.value_dtype, unchecked_values=unchecked)
     t3 = time.perf_counter()
     freeze_heap_once()
-    if batches and ctx.attempt == 0 and _chaos_hit(spec, order.seq, block, 1, spec.chaos_kill_p):
-        log.warning("chaos: killing the Python worker (block %s exchange %s)", block, order.seq)
-        os._exit(17)
+    if batches and chaos.kills(spec, order.seq, block, ctx.attempt):
+        chaos.kill_worker(block, order.seq)
     blockstore.save_state(root, spec.run_id, block, order.seq, new_state)
-    if batches and ctx.attempt == 0 and _chaos_hit(spec, order.seq, block, 0, spec.chaos_fail_p):
-        raise RuntimeError(f"chaos: injected failure of block {block} exchange {order.seq} attempt 0")
+    if batches and chaos.fails(spec, order.seq, block, ctx.attempt):
+        chaos.fail(block, order.seq)
     return RoundResult(
         block=block, seq=order.seq, attempt=ctx.attempt, base_version=order.base_version, payload=payload,
         samples=seen, steps=len(batches), loss_sum=loss_sum, correct=correct, nnz=int(sent.nnz),
@@ -243,24 +236,6 @@ def _load_policy(policy, state: dict) -> None:
     sub = {k[len("policy."):]: v for k, v in state.items() if k.startswith("policy.")}
     if sub:
         policy.load_state_dict(sub)
-
-
-def _chaos_hit(spec: TaskSpec, seq: int, block: int, stream: int, p: float) -> bool:
-    """Whether a fault of probability ``p`` strikes: a reproducible uniform draw per (seed,
-    exchange, block, stream), so the same attempts fail on rerun. With ``p = 0`` (chaos off)
-    nothing is drawn: a generator costs ~40 µs per exchange, at one step per exchange too."""
-    return p > 0 and float(np.random.default_rng([spec.seed, seq, block, stream, 7]).random()) < p
-
-
-def _chaos_slow(spec: TaskSpec, block: int, t1: float, t2: float) -> float:
-    """Slow this task by a factor: SPARKCNN_CHAOS_SLOW on an executor, or chaos.slow_executor on block 0."""
-    factor = float(os.environ.get("SPARKCNN_CHAOS_SLOW", "1") or 1)
-    if block == 0:
-        factor = max(factor, spec.chaos_slow)
-    if factor > 1:
-        time.sleep((factor - 1) * (t2 - t1))
-        return time.perf_counter()
-    return t2
 
 
 _HEAP_FROZEN = False

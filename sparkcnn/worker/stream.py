@@ -34,7 +34,6 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
-from sparkcnn.worker import blockstore
 from sparkcnn.compression import codec
 from sparkcnn.compression.feedback import make_policy
 from sparkcnn.protocol import (
@@ -52,8 +51,8 @@ from sparkcnn.protocol import (
 )
 from sparkcnn.shards import shard_ranges, split_delta, sum_squares
 from sparkcnn.streamwire import decode, encode
+from sparkcnn.worker import blockstore, chaos
 from sparkcnn.worker.round import (
-    _chaos_hit,
     block_batches,
     block_state_at,
     compute,
@@ -236,7 +235,7 @@ class _BlockStream:
         self.pending = None  # (future of the reply, the push, the block state before it, steps left before it)
         self.exposed, self.exchanges, self.samples, self.last_seq = 0.0, 0, 0, -1
         self.wait_s, self.down_bytes, self.resyncs_sent, self.refusals = 0.0, 0, 0, 0
-        self.held: set[int] = set()
+        self.pushed_to = self.seq - 1  # the highest seq pushed: one at or below it is trained again
         self._cpu_marks = self._cpu_now()  # where the CPU outside TF stood at the last push
 
     def state(self) -> dict:
@@ -328,13 +327,14 @@ class _BlockStream:
                     state=_state_arrays(self.state()) if self.send_state else (), sumsq=sumsq,
                     overhead_cpu_s=self._overhead_cpu())
         self.resyncs_sent = self.view.resyncs
-        if _hold_hit(spec, self.block, self.seq, self.attempt, self.held):  # chaos: this push arrives stale
-            time.sleep(spec.chaos_hold_s)
+        first_try = self.attempt == 0 and self.seq > self.pushed_to  # neither a rerun nor a retrain
+        self.pushed_to = max(self.pushed_to, self.seq)
+        if chaos.holds(spec, self.block, self.seq, first_try):
+            chaos.hold(spec)  # this push arrives stale
         self.pending = (self.link.send(push, pieces), push, before, self.left)
-        if self.attempt == 0 and _chaos_hit(spec, self.seq, self.block, 1, spec.chaos_kill_p):
+        if chaos.kills(spec, self.seq, self.block, self.attempt):
             self.link.wait(self.pending[0])  # the push has landed: its retry must be a duplicate
-            log.warning("chaos: killing the Python worker (block %s exchange %s)", self.block, self.seq)
-            os._exit(17)
+            chaos.kill_worker(self.block, self.seq)
         self.reset = False
         self.seq, self.step, self.left = self.seq + 1, self.step + n, self.left - n
         self.exchanges += 1
@@ -345,15 +345,6 @@ def _state_arrays(state: dict) -> tuple[StateArray, ...]:
     """A block state (flat float32 arrays by name) as a push carries it."""
     return tuple(StateArray(name, "float32", np.ascontiguousarray(a, np.float32).tobytes())
                  for name, a in sorted(state.items()))
-
-
-def _hold_hit(spec: TaskSpec, block: int, seq: int, attempt: int, held: set) -> bool:
-    """Chaos (``chaos.hold_every``): block 0 holds every n-th push once, so it arrives stale."""
-    n = spec.chaos_hold_every
-    if n <= 0 or block != 0 or attempt != 0 or seq % n != n - 1 or seq in held:
-        return False
-    held.add(seq)
-    return True
 
 
 def _stage_state(spec: TaskSpec, expect_state: int, root: str, block: int, initial: dict) -> tuple[dict, bool]:
