@@ -55,7 +55,7 @@ def store(spec: TaskSpec, split: str, num_blocks: int, block: int, chunks, ctx: 
           shape: tuple) -> tuple[int, int]:
     """Assemble block ``block`` from its ``(part, seq, images, labels)`` chunks and keep it on
     this executor; warm the worker's model up (TF import, tracing). Returns (block, rows)."""
-    from sparkcnn.worker.round import local_root
+    from sparkcnn.worker.task import local_root
     from sparkcnn.worker.trainer import get_trainer
 
     chunks = sorted(chunks, key=lambda c: (c[0], c[1]))

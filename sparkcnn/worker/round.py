@@ -15,17 +15,14 @@ imports Spark; TensorFlow is reached through :mod:`sparkcnn.worker.trainer`.
 
 from __future__ import annotations
 
-import logging
 import os
-import socket
-import tempfile
 import time
 
 import numpy as np
 
 from sparkcnn.compression import codec
 from sparkcnn.compression.delta import SparseDelta
-from sparkcnn.compression.feedback import make_policy, mask_momentum
+from sparkcnn.compression.feedback import mask_momentum
 from sparkcnn.protocol import (
     EvalResult,
     RoundOrder,
@@ -36,46 +33,8 @@ from sparkcnn.protocol import (
 )
 from sparkcnn.worker import blockstore, chaos
 from sparkcnn.worker.devices import VISIBLE
+from sparkcnn.worker.task import freeze_heap_once, local_root, start_task
 from sparkcnn.worker.trainer import batch_indices, get_trainer
-
-log = logging.getLogger(__name__)
-
-
-def local_root(spec: TaskSpec, ctx: TaskContextInfo) -> str:
-    """Where this executor keeps block data and state: the spec's override, the executor's
-    local directory, or a per-user temp dir (in-process runs)."""
-    return spec.local_root or ctx.local_dir or os.path.join(tempfile.gettempdir(), f"sparkcnn-{os.getuid()}")
-
-
-def _block_state(spec: TaskSpec, order: RoundOrder, root: str, block: int) -> tuple[dict, bool, bool]:
-    """(state, state_reset, state_stale) the block continues from."""
-    expect = order.expect_state.get(block, -1)
-    if block in order.initial_state:  # resumed run: the checkpoint carries the block's state
-        return dict(order.initial_state[block]), False, False
-    state = (blockstore.load_state(root, spec.run_id, block, expect, wait_s=order.state_wait_s)
-             if expect >= 0 else None)
-    stale = False
-    if state is None and expect >= 1 and order.state_wait_s > 0:
-        # pipelined: the previous exchange's task on this block is still queued behind this one;
-        # take the state of the one before (bounded staleness 1, as for the weights), counted
-        state = blockstore.load_state(root, spec.run_id, block, expect - 1)
-        stale = state is not None
-    state, reset = _or_reset(state, block, expect)
-    return state, reset, stale
-
-
-def block_state_at(spec: TaskSpec, root: str, block: int, tag: int) -> tuple[dict, bool]:
-    """(state left by exchange ``tag``, reset): a missing state restarts from zero (counted)."""
-    return _or_reset(blockstore.load_state(root, spec.run_id, block, tag) if tag >= 0 else None, block, tag)
-
-
-def _or_reset(state: dict | None, block: int, tag: int) -> tuple[dict, bool]:
-    """(state, reset): the state exchange ``tag`` (>= 0) left, or a counted restart from zero."""
-    if tag >= 0 and state is None:
-        log.warning("block %s: state of exchange %s gone; restarting from zero momentum and residual", block, tag)
-        return {}, True
-    return state or {}, False
-
 
 def _weights(spec: TaskSpec, order: RoundOrder) -> tuple[np.ndarray, bool, int]:
     """(weights the block starts from, replica resynced, dense bytes read)."""
@@ -190,22 +149,16 @@ def clip_gradient(g: np.ndarray, trainable: np.ndarray | None, max_norm: float) 
 
 def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, ctx: TaskContextInfo) -> RoundResult:
     """Train ``block`` for its steps of ``order``; return its encoded delta and stats (module docstring)."""
-    t0 = time.perf_counter()
-    root = local_root(spec, ctx)
-    images, labels = blockstore.get_block(root, spec.run_id, "train", spec.num_blocks, block)
-    trainer = get_trainer(spec, ctx, f"block {block} exchange {order.seq} attempt {ctx.attempt}")
-    state, state_reset, state_stale = _block_state(spec, order, root, block)
+    task = start_task(spec, ctx, block, f"block {block} exchange {order.seq}")
+    state, state_reset, state_stale = task.state(order.initial_state, order.expect_state.get(block, -1),
+                                                 order.state_wait_s)
     w, resynced, view_bytes = _weights(spec, order)
-    # host + the executor's local dir name it (stable across its tasks and Python workers)
-    executor = f"{socket.gethostname()}:{os.path.realpath(root)}"
-    h = int(order.steps_by_executor.get(executor, order.steps.get(block, 0)))
+    h = int(order.steps_by_executor.get(task.executor, order.steps.get(block, 0)))
     start = order.step_offset.get(block, 0)
-    batches = block_batches(spec, block, len(labels), start, h)
-    policy = make_policy(spec.method, spec.momentum_mode, spec.per_step, spec.layout, spec.value_dtype,
-                         spec.dense_below, spec.momentum, masking=spec.factor_masking)
+    batches = block_batches(spec, block, len(task.labels), start, h)
     t1 = time.perf_counter()
-    sent, new_state, loss_sum, correct, seen = compute(spec, trainer, policy, state, w, images, labels, batches,
-                                                       order.lr, order.density)
+    sent, new_state, loss_sum, correct, seen = compute(spec, task.trainer, task.policy, state, w, task.images,
+                                                       task.labels, batches, order.lr, order.density)
     t2 = chaos.slowed(spec, block, t1, time.perf_counter()) if batches else time.perf_counter()
     # counted in the block's own exchanges: a global seq may never fall on block 0's turn
     if chaos.holds(spec, block, order.seq if order.block_seq < 0 else order.block_seq, ctx.attempt == 0):
@@ -216,15 +169,15 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, ctx: TaskCont
     freeze_heap_once()
     if batches and chaos.kills(spec, order.seq, block, ctx.attempt):
         chaos.kill_worker(block, order.seq)
-    blockstore.save_state(root, spec.run_id, block, order.seq, new_state)
+    blockstore.save_state(task.root, spec.run_id, block, order.seq, new_state)
     if batches and chaos.fails(spec, order.seq, block, ctx.attempt):
         chaos.fail(block, order.seq)
     return RoundResult(
         block=block, seq=order.seq, attempt=ctx.attempt, base_version=order.base_version, payload=payload,
         samples=seen, steps=len(batches), loss_sum=loss_sum, correct=correct, nnz=int(sent.nnz),
-        prep_s=t1 - t0, compute_s=t2 - t1, encode_s=t3 - t2, task_s=time.perf_counter() - t0,
+        prep_s=t1 - task.t0, compute_s=t2 - t1, encode_s=t3 - t2, task_s=time.perf_counter() - task.t0,
         state_reset=state_reset, state_stale=state_stale, replica_resync=resynced, view_bytes=view_bytes,
-        pid=os.getpid(), executor=executor, lr=order.lr, density=order.density, first_step=start,
+        pid=os.getpid(), executor=task.executor, lr=order.lr, density=order.density, first_step=start,
         gpus=ctx.gpus, devices=os.environ.get(VISIBLE), state=new_state if order.return_state else None)
 
 
@@ -236,24 +189,6 @@ def _load_policy(policy, state: dict) -> None:
     sub = {k[len("policy."):]: v for k, v in state.items() if k.startswith("policy.")}
     if sub:
         policy.load_state_dict(sub)
-
-
-_HEAP_FROZEN = False
-
-
-def freeze_heap_once() -> None:
-    """After the first round in this process (TF loaded, model built and traced), or before a
-    stream task opens its stream: collect, then freeze the survivors, so the full GC PySpark runs
-    after every task of a reused worker, and the ones Python runs during a long stream task, no
-    longer walk TF/Keras objects (measured 0.25-0.5 s per round at H=10 before, ~0.07 s after;
-    in a stream task at H = 1, one 0.33 s collection per stage before)."""
-    global _HEAP_FROZEN
-    if not _HEAP_FROZEN:
-        import gc
-
-        gc.collect()
-        gc.freeze()
-        _HEAP_FROZEN = True
 
 
 _REPLICAS: dict = {}

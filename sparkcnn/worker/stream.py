@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -35,7 +34,6 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import numpy as np
 
 from sparkcnn.compression import codec
-from sparkcnn.compression.feedback import make_policy
 from sparkcnn.protocol import (
     Done,
     Piece,
@@ -52,16 +50,8 @@ from sparkcnn.protocol import (
 from sparkcnn.shards import shard_ranges, split_delta, sum_squares
 from sparkcnn.streamwire import decode, encode
 from sparkcnn.worker import blockstore, chaos
-from sparkcnn.worker.round import (
-    block_batches,
-    block_state_at,
-    compute,
-    freeze_heap_once,
-    held_state,
-    hold_state,
-    local_root,
-)
-from sparkcnn.worker.trainer import get_trainer
+from sparkcnn.worker.round import block_batches, compute, held_state, hold_state
+from sparkcnn.worker.task import TaskStart, freeze_heap_once, start_task
 from sparkcnn.worker.view import Lookahead, View
 
 log = logging.getLogger(__name__)
@@ -181,42 +171,40 @@ def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: 
     """Train ``block`` through one stage of the stream (module docstring); returns the task's totals.
 
     ``initial``: block -> state arrays from a checkpoint (a resumed run's first stage)."""
-    t_task = time.perf_counter()
-    root = local_root(spec, ctx)
-    images, labels = blockstore.get_block(root, spec.run_id, "train", spec.num_blocks, block)
-    trainer = get_trainer(spec, ctx, f"stream block {block} attempt {ctx.attempt}")
+    task = start_task(spec, ctx, block, f"stream block {block}")
     # before the stream opens: a full collection walking TF's objects would stall this task
     # for ~0.3 s mid-stage, and the other blocks' pushes would run its staleness past the bound
     freeze_heap_once()
     link = _Link(ticket, block)
     try:
-        task = _BlockStream(spec, link, trainer, block, images, labels, root, initial, ctx)
-        task.run()
-        if task.last_seq >= 0:
-            state = task.state()
+        stage = _BlockStream(spec, link, task, initial, ctx)
+        stage.run()
+        if stage.last_seq >= 0:
+            state = stage.state()
             # the stage's state goes after its last push was answered, not on that push: on a
             # slow link its megabytes made the push stale enough to be dropped, again and again
-            reply = link.send_state(StageState(task.last_seq, _state_arrays(state)))
+            reply = link.send_state(StageState(stage.last_seq, _state_arrays(state)))
             if reply.refused:
                 log.warning("block %s: the server did not keep its state of exchange %s (%s)", block,
-                            task.last_seq, reply.refused)
-            blockstore.save_state(root, spec.run_id, block, task.last_seq, state)
+                            stage.last_seq, reply.refused)
+            blockstore.save_state(task.root, spec.run_id, block, stage.last_seq, state)
     finally:
         link.close()
-    return StreamTotals(block=block, exchanges=task.exchanges, samples=task.samples, last_seq=task.last_seq,
-                        exposed_comm_s=task.exposed, task_s=time.perf_counter() - t_task)
+    return StreamTotals(block=block, exchanges=stage.exchanges, samples=stage.samples,
+                        last_seq=stage.last_seq, exposed_comm_s=stage.exposed,
+                        task_s=time.perf_counter() - task.t0)
 
 
 class _BlockStream:
     """One block's exchanges of a stage: compute, settle the previous push's reply, push."""
 
-    def __init__(self, spec: TaskSpec, link: _Link, trainer, block: int, images, labels, root: str,
-                 initial: dict, ctx: TaskContextInfo):
-        self.spec, self.link, self.trainer, self.block = spec, link, trainer, block
-        self.images, self.labels = images, labels
+    def __init__(self, spec: TaskSpec, link: _Link, task: TaskStart, initial: dict, ctx: TaskContextInfo):
+        self.spec, self.link, self.block = spec, link, task.block
+        self.trainer, self.policy = task.trainer, task.policy  # the block's, through the stage
+        self.images, self.labels = task.images, task.labels
         start, parts = link.start()
         if start.plan is None:
-            raise ServerGone(f"the parameter server sent no plan for block {block}")
+            raise ServerGone(f"the parameter server sent no plan for block {self.block}")
         self.plan = plan = start.plan
         self.view = View(spec.sparse_downlink, spec.layout)
         self.view.take(start, parts)
@@ -224,14 +212,12 @@ class _BlockStream:
         self.look = Lookahead() if plan.lookahead else None
         if self.look:
             self.look.observe(self.view.weights, self.view.version, None)
-        state, self.reset = _stage_state(spec, plan.expect_state, root, block, initial)
-        self.policy = make_policy(spec.method, spec.momentum_mode, spec.per_step, spec.layout, spec.value_dtype,
-                                  spec.dense_below, spec.momentum, masking=spec.factor_masking)
-        hold_state(spec, trainer, self.policy, state)  # the policy and the trainer keep it through the stage
+        state, self.reset, _ = task.state(initial, plan.expect_state)
+        hold_state(spec, self.trainer, self.policy, state)  # the policy and the trainer keep it
         self.lr, self.density, self.send_state = start.lr, start.density, start.send_state
         self.attempt = max(ctx.attempt, plan.attempt)  # the stage's rerun count
         self.seq, self.step, self.left = plan.seq0, plan.first_step, plan.steps
-        self.executor = f"{socket.gethostname()}:{os.path.realpath(root)}"
+        self.executor = task.executor
         self.pending = None  # (future of the reply, the push, the block state before it, steps left before it)
         self.exposed, self.exchanges, self.samples, self.last_seq = 0.0, 0, 0, -1
         self.wait_s, self.down_bytes, self.resyncs_sent, self.refusals = 0.0, 0, 0, 0
@@ -345,10 +331,3 @@ def _state_arrays(state: dict) -> tuple[StateArray, ...]:
     """A block state (flat float32 arrays by name) as a push carries it."""
     return tuple(StateArray(name, "float32", np.ascontiguousarray(a, np.float32).tobytes())
                  for name, a in sorted(state.items()))
-
-
-def _stage_state(spec: TaskSpec, expect_state: int, root: str, block: int, initial: dict) -> tuple[dict, bool]:
-    """The block state the stage continues from: the checkpoint's, or the previous stage's spill."""
-    if block in initial:
-        return dict(initial[block]), False
-    return block_state_at(spec, root, block, expect_state)
