@@ -33,7 +33,7 @@ from sparkcnn.protocol import (
 )
 from sparkcnn.worker import blockstore, chaos
 from sparkcnn.worker.devices import VISIBLE
-from sparkcnn.worker.task import freeze_heap_once, local_root, start_task
+from sparkcnn.worker.task import downlinks, freeze_heap_once, local_root, start_task
 from sparkcnn.worker.trainer import batch_indices, get_trainer
 
 def _weights(spec: TaskSpec, order: RoundOrder) -> tuple[np.ndarray, bool, int]:
@@ -201,13 +201,12 @@ def replica_view(spec: TaskSpec, order: RoundOrder) -> tuple[np.ndarray, bool, i
     missing, behind them or corrupt reloads the dense view (counted).
     Returns (U, resynced, bytes read from the dense view).
     """
-    from sparkcnn.replica import Downlink, Replica
+    from sparkcnn.replica import Replica
 
     rep = _REPLICAS.setdefault(spec.run_id, Replica())
     if order.resync:
         rep.invalidate()
-    dls = [Downlink(m.version, codec.decode(m.payload, spec.layout), m.checksum_after, m.base_version, m.assign)
-           for m in order.downlinks]
+    dls = downlinks(order.downlinks, spec.layout)
     fetched = []
 
     def reload():

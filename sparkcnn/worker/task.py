@@ -11,6 +11,7 @@ A job's round (:mod:`.round`) and a stream's stage (:mod:`.stream`) begin the sa
     state     the checkpoint's (a resumed run), else what exchange ``expect`` left in the
               executor's store, else zero momentum and residual (a reset, counted)
 
+and both turn the server's downlinks into what a replica applies with :func:`downlinks`.
 Nothing here imports Spark.
 """
 
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sparkcnn.compression import codec
 from sparkcnn.compression.feedback import make_policy
 from sparkcnn.protocol import TaskContextInfo, TaskSpec
 from sparkcnn.worker import blockstore
@@ -89,6 +91,15 @@ def start_task(spec: TaskSpec, ctx: TaskContextInfo, block: int, name: str) -> T
                          spec.dense_below, spec.momentum, masking=spec.factor_masking)
     executor = f"{socket.gethostname()}:{os.path.realpath(root)}"
     return TaskStart(spec, block, root, executor, images, labels, trainer, policy, t0)
+
+
+def downlinks(msgs, layout) -> list:
+    """The server's :class:`~sparkcnn.protocol.DownlinkMsg` s, oldest first, as the replica of
+    ``U`` applies them (:class:`sparkcnn.replica.Downlink`, the delta decoded)."""
+    from sparkcnn.replica import Downlink
+
+    return [Downlink(m.version, codec.decode(m.payload, layout), m.checksum_after, m.base_version, m.assign)
+            for m in msgs]
 
 
 _HEAP_FROZEN = False
