@@ -68,7 +68,8 @@ def store(spec: TaskSpec, split: str, num_blocks: int, block: int, chunks, ctx: 
     return block, int(len(labels))
 
 
-def split_arrays(images: np.ndarray, labels: np.ndarray, num_blocks: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def split_arrays(images: np.ndarray, labels: np.ndarray,
+                 num_blocks: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """In-process placement: the same rule with the whole input as partition 0."""
     blocks = assign_blocks(0, 0, len(labels), num_blocks)
     return [(np.ascontiguousarray(images[blocks == k]), labels[blocks == k].astype(np.int32))

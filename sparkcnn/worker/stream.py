@@ -80,7 +80,8 @@ class _Link:
 
         try:
             client = flight.FlightClient(f"grpc+tcp://{host}:{port}")
-            opts = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {self.ticket.token}".encode())])
+            bearer = f"Bearer {self.ticket.token}".encode()
+            opts = flight.FlightCallOptions(headers=[(b"authorization", bearer)])
             desc = flight.FlightDescriptor.for_command(json.dumps(hello).encode())
             return client.do_exchange(desc, opts)
         except Exception as e:  # noqa: BLE001 - any failure to reach it means the same to the task
@@ -218,7 +219,8 @@ class _BlockStream:
         self.attempt = max(ctx.attempt, plan.attempt)  # the stage's rerun count
         self.seq, self.step, self.left = plan.seq0, plan.first_step, plan.steps
         self.executor = task.executor
-        self.pending = None  # (future of the reply, the push, the block state before it, steps left before it)
+        # (future of the reply, the push, the block state before it, steps left before it)
+        self.pending = None
         self.exposed, self.exchanges, self.samples, self.last_seq = 0.0, 0, 0, -1
         self.wait_s, self.down_bytes, self.resyncs_sent, self.refusals = 0.0, 0, 0, 0
         self.pushed_to = self.seq - 1  # the highest seq pushed: one at or below it is trained again
@@ -308,7 +310,8 @@ class _BlockStream:
         push = Push(seq=self.seq, first_step=self.step, steps=n, samples=seen, base_version=base,
                     have=self.view.version, attempt=self.attempt, lr=lr, density=density, loss_sum=loss_sum,
                     correct=correct, nnz=int(sent.nnz), compute_s=compute_s, wait_s=self.wait_s,
-                    down_bytes=self.down_bytes, state_reset=self.reset, resync=self.view.resyncs > self.resyncs_sent,
+                    down_bytes=self.down_bytes, state_reset=self.reset,
+                    resync=self.view.resyncs > self.resyncs_sent,
                     pid=os.getpid(), executor=self.executor, payload=b"" if pieces else payload,
                     state=_state_arrays(self.state()) if self.send_state else (), sumsq=sumsq,
                     overhead_cpu_s=self._overhead_cpu())

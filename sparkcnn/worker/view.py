@@ -73,7 +73,8 @@ class View:
         nbytes = sum(len(p.dense) + sum(len(m.payload) for m in p.downlinks) for p in parts)
         dense = [p.dense for p in parts]
         if all(dense):
-            return nbytes - len(b"".join(dense)) + self.take(Reply(**{**_head(reply), "dense": b"".join(dense)}))
+            whole = b"".join(dense)
+            return nbytes - len(whole) + self.take(Reply(**{**_head(reply), "dense": whole}))
         if any(dense):
             raise ViewError("shards answered one reply with dense ranges and downlinks at once")
         dls = merge_downlinks([downlinks(p.downlinks, self.layout) for p in parts],
@@ -125,7 +126,8 @@ class Lookahead:
         self.moving: np.ndarray | None = None  # where the velocity may be non-zero (None: anywhere)
         self.dirty: np.ndarray | None = None   # where ``out`` is out of date (None: everywhere)
 
-    def observe(self, w: np.ndarray, version: int, tau: int | None, changed: np.ndarray | None = None) -> None:
+    def observe(self, w: np.ndarray, version: int, tau: int | None,
+                changed: np.ndarray | None = None) -> None:
         """The view ``w`` at ``version``; ``changed``: the indices moved since the last call (None: any)."""
         retau = tau is not None and int(tau) != self.tau
         if retau:
@@ -168,7 +170,8 @@ class Lookahead:
             self._stale(changed)
             return
         if self.velocity is None:  # ``out`` aligned: the gradient's TF call reads it in place
-            self.velocity, self.out = np.empty_like(self.prev), aligned_empty(self.prev.shape, self.prev.dtype)
+            self.velocity = np.empty_like(self.prev)
+            self.out = aligned_empty(self.prev.shape, self.prev.dtype)
         if native.enabled():  # one pass instead of three, bitwise the same
             native.velocity_step(w, self.prev, self.velocity, s)
         else:
