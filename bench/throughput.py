@@ -139,7 +139,7 @@ def _limit_task(spec, steps: int):
         import time as _time
 
         from sparkcnn.worker import blockstore
-        from sparkcnn.worker.round import local_root
+        from sparkcnn.worker.task import local_root
         from sparkcnn.worker.trainer import batch_indices, get_trainer
 
         x, y = blockstore.get_block(local_root(spec, ctx), spec.run_id, "train", spec.num_blocks, block)

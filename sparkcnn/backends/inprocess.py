@@ -66,7 +66,7 @@ class LocalBackend(Backend):
         from sparkcnn.worker import blockstore
         from sparkcnn.data.parquet_io import read_split_numpy
         from sparkcnn.worker.blocks import split_arrays
-        from sparkcnn.worker.round import local_root
+        from sparkcnn.worker.task import local_root
 
         if not isinstance(frame.df, str):
             raise TypeError("the in-process backend places prepared splits only")

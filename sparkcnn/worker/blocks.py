@@ -55,7 +55,7 @@ def store(spec: TaskSpec, split: str, num_blocks: int, block: int, chunks, ctx: 
           shape: tuple) -> tuple[int, int]:
     """Assemble block ``block`` from its ``(part, seq, images, labels)`` chunks and keep it on
     this executor; warm the worker's model up (TF import, tracing). Returns (block, rows)."""
-    from sparkcnn.worker.round import local_root
+    from sparkcnn.worker.task import local_root
     from sparkcnn.worker.trainer import get_trainer
 
     chunks = sorted(chunks, key=lambda c: (c[0], c[1]))
@@ -68,7 +68,8 @@ def store(spec: TaskSpec, split: str, num_blocks: int, block: int, chunks, ctx: 
     return block, int(len(labels))
 
 
-def split_arrays(images: np.ndarray, labels: np.ndarray, num_blocks: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def split_arrays(images: np.ndarray, labels: np.ndarray,
+                 num_blocks: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """In-process placement: the same rule with the whole input as partition 0."""
     blocks = assign_blocks(0, 0, len(labels), num_blocks)
     return [(np.ascontiguousarray(images[blocks == k]), labels[blocks == k].astype(np.int32))

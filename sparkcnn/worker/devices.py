@@ -94,9 +94,9 @@ class Devices:
         if self.started_with == want or (not gpus and self._gpu_count() == 0):
             return self.started_with
         raise DeviceMismatch(
-            f"{task}: Spark assigned GPU {','.join(gpus) or 'none'} but this Python worker (pid {os.getpid()}) "
-            f"already runs TensorFlow with {VISIBLE}={self.started_with!r}, which cannot change; "
-            f"set spark.python.worker.reuse=false or give each executor one GPU")
+            f"{task}: Spark assigned GPU {','.join(gpus) or 'none'} but this Python worker "
+            f"(pid {os.getpid()}) already runs TensorFlow with {VISIBLE}={self.started_with!r}, "
+            f"which cannot change; set spark.python.worker.reuse=false or give each executor one GPU")
 
 
 _PROCESS = Devices()

@@ -15,18 +15,14 @@ imports Spark; TensorFlow is reached through :mod:`sparkcnn.worker.trainer`.
 
 from __future__ import annotations
 
-import logging
 import os
-import socket
-import tempfile
 import time
 
 import numpy as np
 
-from sparkcnn.worker import blockstore
 from sparkcnn.compression import codec
 from sparkcnn.compression.delta import SparseDelta
-from sparkcnn.compression.feedback import make_policy, mask_momentum
+from sparkcnn.compression.feedback import mask_momentum
 from sparkcnn.protocol import (
     EvalResult,
     RoundOrder,
@@ -35,47 +31,10 @@ from sparkcnn.protocol import (
     TaskSpec,
     steps_per_epoch,
 )
+from sparkcnn.worker import blockstore, chaos
 from sparkcnn.worker.devices import VISIBLE
+from sparkcnn.worker.task import downlinks, freeze_heap_once, local_root, start_task
 from sparkcnn.worker.trainer import batch_indices, get_trainer
-
-log = logging.getLogger(__name__)
-
-
-def local_root(spec: TaskSpec, ctx: TaskContextInfo) -> str:
-    """Where this executor keeps block data and state: the spec's override, the executor's
-    local directory, or a per-user temp dir (in-process runs)."""
-    return spec.local_root or ctx.local_dir or os.path.join(tempfile.gettempdir(), f"sparkcnn-{os.getuid()}")
-
-
-def _block_state(spec: TaskSpec, order: RoundOrder, root: str, block: int) -> tuple[dict, bool, bool]:
-    """(state, state_reset, state_stale) the block continues from."""
-    expect = order.expect_state.get(block, -1)
-    if block in order.initial_state:  # resumed run: the checkpoint carries the block's state
-        return dict(order.initial_state[block]), False, False
-    state = (blockstore.load_state(root, spec.run_id, block, expect, wait_s=order.state_wait_s)
-             if expect >= 0 else None)
-    stale = False
-    if state is None and expect >= 1 and order.state_wait_s > 0:
-        # pipelined: the previous exchange's task on this block is still queued behind this one;
-        # take the state of the one before (bounded staleness 1, as for the weights), counted
-        state = blockstore.load_state(root, spec.run_id, block, expect - 1)
-        stale = state is not None
-    state, reset = _or_reset(state, block, expect)
-    return state, reset, stale
-
-
-def block_state_at(spec: TaskSpec, root: str, block: int, tag: int) -> tuple[dict, bool]:
-    """(state left by exchange ``tag``, reset): a missing state restarts from zero (counted)."""
-    return _or_reset(blockstore.load_state(root, spec.run_id, block, tag) if tag >= 0 else None, block, tag)
-
-
-def _or_reset(state: dict | None, block: int, tag: int) -> tuple[dict, bool]:
-    """(state, reset): the state exchange ``tag`` (>= 0) left, or a counted restart from zero."""
-    if tag >= 0 and state is None:
-        log.warning("block %s: state of exchange %s gone; restarting from zero momentum and residual", block, tag)
-        return {}, True
-    return state or {}, False
-
 
 def _weights(spec: TaskSpec, order: RoundOrder) -> tuple[np.ndarray, bool, int]:
     """(weights the block starts from, replica resynced, dense bytes read)."""
@@ -190,48 +149,35 @@ def clip_gradient(g: np.ndarray, trainable: np.ndarray | None, max_norm: float) 
 
 def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, ctx: TaskContextInfo) -> RoundResult:
     """Train ``block`` for its steps of ``order``; return its encoded delta and stats (module docstring)."""
-    t0 = time.perf_counter()
-    root = local_root(spec, ctx)
-    images, labels = blockstore.get_block(root, spec.run_id, "train", spec.num_blocks, block)
-    trainer = get_trainer(spec, ctx, f"block {block} exchange {order.seq} attempt {ctx.attempt}")
-    state, state_reset, state_stale = _block_state(spec, order, root, block)
+    task = start_task(spec, ctx, block, f"block {block} exchange {order.seq}")
+    state, state_reset, state_stale = task.state(order.initial_state, order.expect_state.get(block, -1),
+                                                 order.state_wait_s)
     w, resynced, view_bytes = _weights(spec, order)
-    # host + the executor's local dir name it (stable across its tasks and Python workers)
-    executor = f"{socket.gethostname()}:{os.path.realpath(root)}"
-    h = int(order.steps_by_executor.get(executor, order.steps.get(block, 0)))
+    h = int(order.steps_by_executor.get(task.executor, order.steps.get(block, 0)))
     start = order.step_offset.get(block, 0)
-    batches = block_batches(spec, block, len(labels), start, h)
-    policy = make_policy(spec.method, spec.momentum_mode, spec.per_step, spec.layout, spec.value_dtype,
-                         spec.dense_below, spec.momentum, masking=spec.factor_masking)
+    batches = block_batches(spec, block, len(task.labels), start, h)
     t1 = time.perf_counter()
-    sent, new_state, loss_sum, correct, seen = compute(spec, trainer, policy, state, w, images, labels, batches,
-                                                       order.lr, order.density)
-    t2 = _chaos_slow(spec, block, t1, time.perf_counter()) if batches else time.perf_counter()
+    sent, new_state, loss_sum, correct, seen = compute(spec, task.trainer, task.policy, state, w, task.images,
+                                                       task.labels, batches, order.lr, order.density)
+    t2 = chaos.slowed(spec, block, t1, time.perf_counter()) if batches else time.perf_counter()
     # counted in the block's own exchanges: a global seq may never fall on block 0's turn
-    own = order.seq if order.block_seq < 0 else order.block_seq
-    if (spec.chaos_hold_every and block == 0 and ctx.attempt == 0
-            and own % spec.chaos_hold_every == spec.chaos_hold_every - 1):
-        time.sleep(spec.chaos_hold_s)  # chaos.hold_every: this result arrives stale
-    nan_drill = order.seq == spec.chaos_nan_seq
-    if nan_drill and block == 0 and sent.nnz:
-        vals = sent.values.copy()
-        vals[: max(1, len(vals) // 100)] = np.nan
-        sent = SparseDelta(sent.size, sent.indices, vals)
-    payload = codec.encode(sent, spec.layout, value_dtype=spec.value_dtype, unchecked_values=nan_drill)
+    if chaos.holds(spec, block, order.seq if order.block_seq < 0 else order.block_seq, ctx.attempt == 0):
+        chaos.hold(spec)  # this result arrives stale
+    sent, unchecked = chaos.poisoned(spec, order.seq, block, sent)
+    payload = codec.encode(sent, spec.layout, value_dtype=spec.value_dtype, unchecked_values=unchecked)
     t3 = time.perf_counter()
     freeze_heap_once()
-    if batches and ctx.attempt == 0 and _chaos_hit(spec, order.seq, block, 1, spec.chaos_kill_p):
-        log.warning("chaos: killing the Python worker (block %s exchange %s)", block, order.seq)
-        os._exit(17)
-    blockstore.save_state(root, spec.run_id, block, order.seq, new_state)
-    if batches and ctx.attempt == 0 and _chaos_hit(spec, order.seq, block, 0, spec.chaos_fail_p):
-        raise RuntimeError(f"chaos: injected failure of block {block} exchange {order.seq} attempt 0")
+    if batches and chaos.kills(spec, order.seq, block, ctx.attempt):
+        chaos.kill_worker(block, order.seq)
+    blockstore.save_state(task.root, spec.run_id, block, order.seq, new_state)
+    if batches and chaos.fails(spec, order.seq, block, ctx.attempt):
+        chaos.fail(block, order.seq)
     return RoundResult(
         block=block, seq=order.seq, attempt=ctx.attempt, base_version=order.base_version, payload=payload,
         samples=seen, steps=len(batches), loss_sum=loss_sum, correct=correct, nnz=int(sent.nnz),
-        prep_s=t1 - t0, compute_s=t2 - t1, encode_s=t3 - t2, task_s=time.perf_counter() - t0,
+        prep_s=t1 - task.t0, compute_s=t2 - t1, encode_s=t3 - t2, task_s=time.perf_counter() - task.t0,
         state_reset=state_reset, state_stale=state_stale, replica_resync=resynced, view_bytes=view_bytes,
-        pid=os.getpid(), executor=executor, lr=order.lr, density=order.density, first_step=start,
+        pid=os.getpid(), executor=task.executor, lr=order.lr, density=order.density, first_step=start,
         gpus=ctx.gpus, devices=os.environ.get(VISIBLE), state=new_state if order.return_state else None)
 
 
@@ -245,42 +191,6 @@ def _load_policy(policy, state: dict) -> None:
         policy.load_state_dict(sub)
 
 
-def _chaos_hit(spec: TaskSpec, seq: int, block: int, stream: int, p: float) -> bool:
-    """Whether a fault of probability ``p`` strikes: a reproducible uniform draw per (seed,
-    exchange, block, stream), so the same attempts fail on rerun. With ``p = 0`` (chaos off)
-    nothing is drawn: a generator costs ~40 µs per exchange, at one step per exchange too."""
-    return p > 0 and float(np.random.default_rng([spec.seed, seq, block, stream, 7]).random()) < p
-
-
-def _chaos_slow(spec: TaskSpec, block: int, t1: float, t2: float) -> float:
-    """Slow this task by a factor: SPARKCNN_CHAOS_SLOW on an executor, or chaos.slow_executor on block 0."""
-    factor = float(os.environ.get("SPARKCNN_CHAOS_SLOW", "1") or 1)
-    if block == 0:
-        factor = max(factor, spec.chaos_slow)
-    if factor > 1:
-        time.sleep((factor - 1) * (t2 - t1))
-        return time.perf_counter()
-    return t2
-
-
-_HEAP_FROZEN = False
-
-
-def freeze_heap_once() -> None:
-    """After the first round in this process (TF loaded, model built and traced), or before a
-    stream task opens its stream: collect, then freeze the survivors, so the full GC PySpark runs
-    after every task of a reused worker, and the ones Python runs during a long stream task, no
-    longer walk TF/Keras objects (measured 0.25-0.5 s per round at H=10 before, ~0.07 s after;
-    in a stream task at H = 1, one 0.33 s collection per stage before)."""
-    global _HEAP_FROZEN
-    if not _HEAP_FROZEN:
-        import gc
-
-        gc.collect()
-        gc.freeze()
-        _HEAP_FROZEN = True
-
-
 _REPLICAS: dict = {}
 
 
@@ -291,13 +201,12 @@ def replica_view(spec: TaskSpec, order: RoundOrder) -> tuple[np.ndarray, bool, i
     missing, behind them or corrupt reloads the dense view (counted).
     Returns (U, resynced, bytes read from the dense view).
     """
-    from sparkcnn.replica import Downlink, Replica
+    from sparkcnn.replica import Replica
 
     rep = _REPLICAS.setdefault(spec.run_id, Replica())
     if order.resync:
         rep.invalidate()
-    dls = [Downlink(m.version, codec.decode(m.payload, spec.layout), m.checksum_after, m.base_version, m.assign)
-           for m in order.downlinks]
+    dls = downlinks(order.downlinks, spec.layout)
     fetched = []
 
     def reload():

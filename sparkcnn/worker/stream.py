@@ -27,16 +27,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
-from sparkcnn.worker import blockstore
 from sparkcnn.compression import codec
-from sparkcnn.compression.feedback import make_policy
 from sparkcnn.protocol import (
     Done,
     Piece,
@@ -52,17 +49,9 @@ from sparkcnn.protocol import (
 )
 from sparkcnn.shards import shard_ranges, split_delta, sum_squares
 from sparkcnn.streamwire import decode, encode
-from sparkcnn.worker.round import (
-    _chaos_hit,
-    block_batches,
-    block_state_at,
-    compute,
-    freeze_heap_once,
-    held_state,
-    hold_state,
-    local_root,
-)
-from sparkcnn.worker.trainer import get_trainer
+from sparkcnn.worker import blockstore, chaos
+from sparkcnn.worker.round import block_batches, compute, held_state, hold_state
+from sparkcnn.worker.task import TaskStart, freeze_heap_once, start_task
 from sparkcnn.worker.view import Lookahead, View
 
 log = logging.getLogger(__name__)
@@ -91,7 +80,8 @@ class _Link:
 
         try:
             client = flight.FlightClient(f"grpc+tcp://{host}:{port}")
-            opts = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {self.ticket.token}".encode())])
+            bearer = f"Bearer {self.ticket.token}".encode()
+            opts = flight.FlightCallOptions(headers=[(b"authorization", bearer)])
             desc = flight.FlightDescriptor.for_command(json.dumps(hello).encode())
             return client.do_exchange(desc, opts)
         except Exception as e:  # noqa: BLE001 - any failure to reach it means the same to the task
@@ -182,42 +172,40 @@ def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: 
     """Train ``block`` through one stage of the stream (module docstring); returns the task's totals.
 
     ``initial``: block -> state arrays from a checkpoint (a resumed run's first stage)."""
-    t_task = time.perf_counter()
-    root = local_root(spec, ctx)
-    images, labels = blockstore.get_block(root, spec.run_id, "train", spec.num_blocks, block)
-    trainer = get_trainer(spec, ctx, f"stream block {block} attempt {ctx.attempt}")
+    task = start_task(spec, ctx, block, f"stream block {block}")
     # before the stream opens: a full collection walking TF's objects would stall this task
     # for ~0.3 s mid-stage, and the other blocks' pushes would run its staleness past the bound
     freeze_heap_once()
     link = _Link(ticket, block)
     try:
-        task = _BlockStream(spec, link, trainer, block, images, labels, root, initial, ctx)
-        task.run()
-        if task.last_seq >= 0:
-            state = task.state()
+        stage = _BlockStream(spec, link, task, initial, ctx)
+        stage.run()
+        if stage.last_seq >= 0:
+            state = stage.state()
             # the stage's state goes after its last push was answered, not on that push: on a
             # slow link its megabytes made the push stale enough to be dropped, again and again
-            reply = link.send_state(StageState(task.last_seq, _state_arrays(state)))
+            reply = link.send_state(StageState(stage.last_seq, _state_arrays(state)))
             if reply.refused:
                 log.warning("block %s: the server did not keep its state of exchange %s (%s)", block,
-                            task.last_seq, reply.refused)
-            blockstore.save_state(root, spec.run_id, block, task.last_seq, state)
+                            stage.last_seq, reply.refused)
+            blockstore.save_state(task.root, spec.run_id, block, stage.last_seq, state)
     finally:
         link.close()
-    return StreamTotals(block=block, exchanges=task.exchanges, samples=task.samples, last_seq=task.last_seq,
-                        exposed_comm_s=task.exposed, task_s=time.perf_counter() - t_task)
+    return StreamTotals(block=block, exchanges=stage.exchanges, samples=stage.samples,
+                        last_seq=stage.last_seq, exposed_comm_s=stage.exposed,
+                        task_s=time.perf_counter() - task.t0)
 
 
 class _BlockStream:
     """One block's exchanges of a stage: compute, settle the previous push's reply, push."""
 
-    def __init__(self, spec: TaskSpec, link: _Link, trainer, block: int, images, labels, root: str,
-                 initial: dict, ctx: TaskContextInfo):
-        self.spec, self.link, self.trainer, self.block = spec, link, trainer, block
-        self.images, self.labels = images, labels
+    def __init__(self, spec: TaskSpec, link: _Link, task: TaskStart, initial: dict, ctx: TaskContextInfo):
+        self.spec, self.link, self.block = spec, link, task.block
+        self.trainer, self.policy = task.trainer, task.policy  # the block's, through the stage
+        self.images, self.labels = task.images, task.labels
         start, parts = link.start()
         if start.plan is None:
-            raise ServerGone(f"the parameter server sent no plan for block {block}")
+            raise ServerGone(f"the parameter server sent no plan for block {self.block}")
         self.plan = plan = start.plan
         self.view = View(spec.sparse_downlink, spec.layout)
         self.view.take(start, parts)
@@ -225,18 +213,17 @@ class _BlockStream:
         self.look = Lookahead() if plan.lookahead else None
         if self.look:
             self.look.observe(self.view.weights, self.view.version, None)
-        state, self.reset = _stage_state(spec, plan.expect_state, root, block, initial)
-        self.policy = make_policy(spec.method, spec.momentum_mode, spec.per_step, spec.layout, spec.value_dtype,
-                                  spec.dense_below, spec.momentum, masking=spec.factor_masking)
-        hold_state(spec, trainer, self.policy, state)  # the policy and the trainer keep it through the stage
+        state, self.reset, _ = task.state(initial, plan.expect_state)
+        hold_state(spec, self.trainer, self.policy, state)  # the policy and the trainer keep it
         self.lr, self.density, self.send_state = start.lr, start.density, start.send_state
         self.attempt = max(ctx.attempt, plan.attempt)  # the stage's rerun count
         self.seq, self.step, self.left = plan.seq0, plan.first_step, plan.steps
-        self.executor = f"{socket.gethostname()}:{os.path.realpath(root)}"
-        self.pending = None  # (future of the reply, the push, the block state before it, steps left before it)
+        self.executor = task.executor
+        # (future of the reply, the push, the block state before it, steps left before it)
+        self.pending = None
         self.exposed, self.exchanges, self.samples, self.last_seq = 0.0, 0, 0, -1
         self.wait_s, self.down_bytes, self.resyncs_sent, self.refusals = 0.0, 0, 0, 0
-        self.held: set[int] = set()
+        self.pushed_to = self.seq - 1  # the highest seq pushed: one at or below it is trained again
         self._cpu_marks = self._cpu_now()  # where the CPU outside TF stood at the last push
 
     def state(self) -> dict:
@@ -323,18 +310,20 @@ class _BlockStream:
         push = Push(seq=self.seq, first_step=self.step, steps=n, samples=seen, base_version=base,
                     have=self.view.version, attempt=self.attempt, lr=lr, density=density, loss_sum=loss_sum,
                     correct=correct, nnz=int(sent.nnz), compute_s=compute_s, wait_s=self.wait_s,
-                    view_bytes=self.down_bytes, state_reset=self.reset, replica_resync=self.view.resyncs > self.resyncs_sent,
+                    view_bytes=self.down_bytes, state_reset=self.reset,
+                    replica_resync=self.view.resyncs > self.resyncs_sent,
                     pid=os.getpid(), executor=self.executor, payload=b"" if pieces else payload,
                     state=_state_arrays(self.state()) if self.send_state else (), sumsq=sumsq,
                     overhead_cpu_s=self._overhead_cpu())
         self.resyncs_sent = self.view.resyncs
-        if _hold_hit(spec, self.block, self.seq, self.attempt, self.held):  # chaos: this push arrives stale
-            time.sleep(spec.chaos_hold_s)
+        first_try = self.attempt == 0 and self.seq > self.pushed_to  # neither a rerun nor a retrain
+        self.pushed_to = max(self.pushed_to, self.seq)
+        if chaos.holds(spec, self.block, self.seq, first_try):
+            chaos.hold(spec)  # this push arrives stale
         self.pending = (self.link.send(push, pieces), push, before, self.left)
-        if self.attempt == 0 and _chaos_hit(spec, self.seq, self.block, 1, spec.chaos_kill_p):
+        if chaos.kills(spec, self.seq, self.block, self.attempt):
             self.link.wait(self.pending[0])  # the push has landed: its retry must be a duplicate
-            log.warning("chaos: killing the Python worker (block %s exchange %s)", self.block, self.seq)
-            os._exit(17)
+            chaos.kill_worker(self.block, self.seq)
         self.reset = False
         self.seq, self.step, self.left = self.seq + 1, self.step + n, self.left - n
         self.exchanges += 1
@@ -345,19 +334,3 @@ def _state_arrays(state: dict) -> tuple[StateArray, ...]:
     """A block state (flat float32 arrays by name) as a push carries it."""
     return tuple(StateArray(name, "float32", np.ascontiguousarray(a, np.float32).tobytes())
                  for name, a in sorted(state.items()))
-
-
-def _hold_hit(spec: TaskSpec, block: int, seq: int, attempt: int, held: set) -> bool:
-    """Chaos (``chaos.hold_every``): block 0 holds every n-th push once, so it arrives stale."""
-    n = spec.chaos_hold_every
-    if n <= 0 or block != 0 or attempt != 0 or seq % n != n - 1 or seq in held:
-        return False
-    held.add(seq)
-    return True
-
-
-def _stage_state(spec: TaskSpec, expect_state: int, root: str, block: int, initial: dict) -> tuple[dict, bool]:
-    """The block state the stage continues from: the checkpoint's, or the previous stage's spill."""
-    if block in initial:
-        return dict(initial[block]), False
-    return block_state_at(spec, root, block, expect_state)

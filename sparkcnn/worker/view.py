@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from sparkcnn.buffers import aligned_empty
-from sparkcnn.compression import codec, native
+from sparkcnn.compression import native
 from sparkcnn.protocol import Reply
+from sparkcnn.worker.task import downlinks
 
 FULL_CHECK_EVERY = 64  # replies between full checksums of the replica (each downlink is checked alone)
 
@@ -36,8 +37,6 @@ class View:
 
     def take(self, reply: Reply, parts: list | None = None) -> int:
         """Apply a reply's weights part (with shards: their ``parts``, merged); returns the bytes."""
-        from sparkcnn.replica import Downlink
-
         if parts is not None:
             return self._take_parts(reply, parts)
         nbytes = len(reply.dense) + sum(len(m.payload) for m in reply.downlinks)
@@ -53,8 +52,7 @@ class View:
                 self.w = w
             self.version = reply.dense_version
         if self.sparse and reply.downlinks:
-            dls = [Downlink(m.version, codec.decode(m.payload, self.layout), m.checksum_after, m.base_version,
-                            m.assign) for m in reply.downlinks]
+            dls = downlinks(reply.downlinks, self.layout)
             # each downlink is checked by its O(nnz) checksum; the full O(P) pass only every
             # FULL_CHECK_EVERY replies (at H = 1 it would cost ~1 ms of every step)
             self.replies += 1
@@ -67,7 +65,6 @@ class View:
     def _take_parts(self, reply: Reply, parts: list) -> int:
         """The shards' parts of one reply: dense ranges, concatenated, or the parts of the same
         downlinks, merged (:func:`sparkcnn.shards.merge_downlinks`), at the coordinator's version."""
-        from sparkcnn.replica import Downlink
         from sparkcnn.shards import merge_downlinks
 
         if any(p.dense_version != reply.dense_version for p in parts):
@@ -76,11 +73,11 @@ class View:
         nbytes = sum(len(p.dense) + sum(len(m.payload) for m in p.downlinks) for p in parts)
         dense = [p.dense for p in parts]
         if all(dense):
-            return nbytes - len(b"".join(dense)) + self.take(Reply(**{**_head(reply), "dense": b"".join(dense)}))
+            whole = b"".join(dense)
+            return nbytes - len(whole) + self.take(Reply(**{**_head(reply), "dense": whole}))
         if any(dense):
             raise ViewError("shards answered one reply with dense ranges and downlinks at once")
-        dls = merge_downlinks([[Downlink(m.version, codec.decode(m.payload, self.layout), m.checksum_after,
-                                         m.base_version, m.assign) for m in p.downlinks] for p in parts],
+        dls = merge_downlinks([downlinks(p.downlinks, self.layout) for p in parts],
                               [[int(m.checksum_after, 16) for m in p.downlinks] for p in parts])
         self.changed = _NOTHING
         if dls:
@@ -129,7 +126,8 @@ class Lookahead:
         self.moving: np.ndarray | None = None  # where the velocity may be non-zero (None: anywhere)
         self.dirty: np.ndarray | None = None   # where ``out`` is out of date (None: everywhere)
 
-    def observe(self, w: np.ndarray, version: int, tau: int | None, changed: np.ndarray | None = None) -> None:
+    def observe(self, w: np.ndarray, version: int, tau: int | None,
+                changed: np.ndarray | None = None) -> None:
         """The view ``w`` at ``version``; ``changed``: the indices moved since the last call (None: any)."""
         retau = tau is not None and int(tau) != self.tau
         if retau:
@@ -172,7 +170,8 @@ class Lookahead:
             self._stale(changed)
             return
         if self.velocity is None:  # ``out`` aligned: the gradient's TF call reads it in place
-            self.velocity, self.out = np.empty_like(self.prev), aligned_empty(self.prev.shape, self.prev.dtype)
+            self.velocity = np.empty_like(self.prev)
+            self.out = aligned_empty(self.prev.shape, self.prev.dtype)
         if native.enabled():  # one pass instead of three, bitwise the same
             native.velocity_step(w, self.prev, self.velocity, s)
         else:

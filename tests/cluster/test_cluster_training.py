@@ -38,7 +38,7 @@ COMMON = [f"train.batch_size={BATCH}", "train.lr=0.05", "train.lr_warmup_epochs=
           "train.lr_schedule=constant"]
 
 # local[2,4]: two slots, a task may fail 4 times. 1 epoch = 3 rounds x 2 blocks. With seed 234
-# the reproducible chaos draws (sparkcnn.worker.round._chaos_hit per (seed, round, block, stream))
+# the reproducible chaos draws (sparkcnn.worker.chaos.strikes per (seed, round, block, stream))
 # fail the first attempt of (round, block) (0, 0), (1, 1), (2, 0) at p = 0.1 and kill the
 # Python worker of (1, 0) at p = 0.2: retries in rounds > 0 restore the state the previous
 # round saved. Spark's Python daemon preloads TensorFlow (see cluster_driver.py).
@@ -153,13 +153,10 @@ def _assert_each_round_applied_once(summary: dict, rounds: list[dict], expected:
 
 def _chaos_set(rounds: int, stream: int, p: float, blocks: int = 2) -> set[tuple[int, int]]:
     """(round, block) whose first attempt chaos fails (stream 0) or kills (stream 1): the
-    worker's own reproducible draw, which reads nothing of the spec but its seed."""
-    from types import SimpleNamespace
+    worker's own reproducible draw."""
+    from sparkcnn.worker.chaos import strikes
 
-    from sparkcnn.worker.round import _chaos_hit
-
-    spec = SimpleNamespace(seed=SEED)
-    return {(t, k) for t in range(rounds) for k in range(blocks) if _chaos_hit(spec, t, k, stream, p)}
+    return {(t, k) for t in range(rounds) for k in range(blocks) if strikes(SEED, t, k, stream, p)}
 
 
 def _same_weights(run_a: str, run_b: str) -> list[str]:

@@ -59,7 +59,7 @@ def _placed(spark, frame, blocks, run_id):
 
     def probe(block, ctx):
         from sparkcnn.worker import blockstore
-        from sparkcnn.worker.round import local_root
+        from sparkcnn.worker.task import local_root
 
         x, y = blockstore.get_block(local_root(spec, ctx), spec.run_id, "train", blocks, block)
         return block, len(y), int(np.asarray(x, np.int64).sum()), np.bincount(y, minlength=10).tolist()

@@ -166,7 +166,7 @@ def test_stream_run_in_process(tiny_cfg, tmp_path, monkeypatch):
 
     from sparkcnn.train import train
 
-    monkeypatch.setattr("sparkcnn.worker.round._HEAP_FROZEN", False)
+    monkeypatch.setattr("sparkcnn.worker.task._HEAP_FROZEN", False)
     gc.unfreeze()
     cfg = _cfg(tiny_cfg, engine__master="inprocess")
     seen = {}
@@ -190,9 +190,9 @@ def test_stream_run_in_process(tiny_cfg, tmp_path, monkeypatch):
     finally:
         stream_mod.PSService = real
     svc = seen["svc"]
-    import sparkcnn.worker.round as round_mod
+    import sparkcnn.worker.task as task_mod
 
-    assert round_mod._HEAP_FROZEN and frozen and min(frozen) > 0 and gc.get_freeze_count() == 0
+    assert task_mod._HEAP_FROZEN and frozen and min(frozen) > 0 and gc.get_freeze_count() == 0
     assert summary["transport"] == "stream" and summary["epochs"] == 2
     assert summary["test_accuracy"] > 0.6
     rounds = [r for r in read_jsonl(os.path.join(summary["run_dir"], "metrics.jsonl")) if r["kind"] == "round"]
