@@ -117,7 +117,8 @@ class RoundOrder:
     steps_by_executor: dict = field(default_factory=dict)  # balanced sync: executor -> H (overrides steps)
     return_state: bool = False              # checkpoint exchange: return the block state with the result
     initial_state: dict = field(default_factory=dict)  # block -> state arrays restored from a checkpoint
-    resync: bool = False                    # the block's last result was dropped as too stale: reload the view
+    # the block's last result was dropped as too stale: reload the view
+    resync: bool = False
     block_seq: int = -1                     # async: the block's own job number (-1: seq, as in a sync round)
 
 
@@ -189,7 +190,8 @@ class Arrival:
     def of_push(cls, block: int, p: "Push", piece: tuple = ()) -> "Arrival":
         """A stream task always continues from its own state: never a stale one."""
         return cls(block=block, state_stale=False, piece=piece,
-                   **{f: getattr(p, f) for f in _ARRIVAL_FIELDS if f not in ("block", "state_stale", "piece")})
+                   **{f: getattr(p, f) for f in _ARRIVAL_FIELDS
+                      if f not in ("block", "state_stale", "piece")})
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,8 @@ def make_backend(cfg, run_id: str, spark=None):
         from sparkcnn.backends.inprocess import LocalBackend
 
         return LocalBackend(run_id)
-    spark = spark if spark is not None else get_or_create_spark(cfg.engine.master, app_name=f"sparkcnn {run_id}")
+    spark = spark if spark is not None else get_or_create_spark(cfg.engine.master,
+                                                                app_name=f"sparkcnn {run_id}")
     if is_connect(spark):
         from sparkcnn.backends.connect import ConnectBackend
 
@@ -105,7 +106,8 @@ def resolve_transport(cfg, backend):
 
 
 def resolve_frames(cfg, backend, data=None, test_data=None, local=None):
-    """(train, test or None) :class:`~sparkcnn.data.source.Frame` s, checked (see :mod:`sparkcnn.data.source`);
+    """(train, test or None) :class:`~sparkcnn.data.source.Frame` s, checked
+    (see :mod:`sparkcnn.data.source`);
     ``local``: frames of :func:`~sparkcnn.data.source.local_prepared`, read through ``backend``'s session."""
     from sparkcnn.data.source import attach, local_prepared, training_frames
 
@@ -126,7 +128,8 @@ def _check_blocks(cfg, train) -> None:
         raise BadInput(f"data.num_blocks={cfg.data.num_blocks} exceeds the {train.num_rows} training rows")
 
 
-def build_engine(cfg, backend, run_id: str, sink=None, progress=None, run_dir: str | None = None, frames=None):
+def build_engine(cfg, backend, run_id: str, sink=None, progress=None, run_dir: str | None = None,
+                 frames=None):
     """Model, task spec, placed blocks and engine for ``cfg`` on ``backend`` (benchmarks and tests
     use it too); ``frames``: (train, test) from :func:`resolve_frames`, else ``cfg.data``'s.
 
@@ -153,7 +156,8 @@ def build_engine(cfg, backend, run_id: str, sink=None, progress=None, run_dir: s
         from sparkcnn.transport.stream import StreamEngine as cls
     else:
         cls = AsyncEngine if cfg.engine.mode == "async" else SyncEngine
-    engine = cls(cfg, backend, spec, rows, flat_weights(model), progress=progress, run_dir=run_dir, warmup_started=t0)
+    engine = cls(cfg, backend, spec, rows, flat_weights(model), progress=progress, run_dir=run_dir,
+                 warmup_started=t0)
     if sink is not None:  # records go to ``sink`` (benchmarks); train() opens the run's own
         engine.server.open_records(sink)
     return engine, model
@@ -197,7 +201,8 @@ def resume_config(run_dir: str, overrides=()):
 
 
 def _save_model(model, path: str) -> None:
-    """``model.keras`` at ``path``; Keras writes local files only, so a URI gets a local copy uploaded whole."""
+    """``model.keras`` at ``path``; Keras writes local files only, so a URI gets a local copy
+    uploaded whole."""
     if not runfs.is_uri(path):
         model.save(path)
         return
@@ -245,7 +250,8 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
     try:
         runfs.makedirs(run_dir)
     except OSError as e:
-        raise BadInput(f"run.out_dir {cfg.run.out_dir!r}: cannot create run directory ({e.strerror})") from None
+        raise BadInput(f"run.out_dir {cfg.run.out_dir!r}: cannot create run directory "
+                       f"({e.strerror})") from None
     if backend is None:
         try:
             backend = make_backend(cfg, run_id, spark)
@@ -293,7 +299,8 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
     train_f, test_f = frames
     summary.update(run_id=run_id, run_dir=run_dir, warmup_s=engine.warmup_s, params=int(engine.W.size),
                    model=cfg.model.name, num_blocks=cfg.data.num_blocks, mode=cfg.engine.mode,
-                   steps_per_round=cfg.train.steps_per_round, data=train_f.origin, train_rows=train_f.num_rows,
+                   steps_per_round=cfg.train.steps_per_round, data=train_f.origin,
+                   train_rows=train_f.num_rows,
                    test_rows=test_f.num_rows if test_f is not None else 0, classes=list(train_f.classes),
                    image_shape=list(train_f.shape), **backend.session_info())
     atomic_write_text(runfs.join(run_dir, "summary.json"), json.dumps(summary, indent=2))

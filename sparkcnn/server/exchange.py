@@ -99,7 +99,8 @@ class Taken:
 class Exchange:
     """Dedup, staleness, drop and resync, lambda(tau)/N and the apply (module docstring)."""
 
-    def __init__(self, ps, guard, spec, counters, cursors: Cursors, *, rule: str, max_staleness: int, bsp: bool):
+    def __init__(self, ps, guard, spec, counters, cursors: Cursors, *, rule: str, max_staleness: int,
+                 bsp: bool):
         self.ps, self.guard, self.spec, self.counters, self.cursors = ps, guard, spec, counters, cursors
         self.rule, self.max_staleness, self.bsp = rule, max_staleness, bsp
         self.staleness_hist: dict[int, int] = {}

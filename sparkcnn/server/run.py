@@ -65,7 +65,8 @@ class RunShape:
     downlink_every: int = 1             # ASGD: applied results per downlink (server/exchange.py)
     keep_broadcasts: int = 2            # dense broadcasts orders in flight may still read
     inline_downlinks: int = 1           # downlinks kept for orders and replies
-    aligned_checkpoints: bool = False   # checkpoints at fixed exchange counts (jobs sync: deterministic resume)
+    # checkpoints at fixed exchange counts (jobs sync: deterministic resume)
+    aligned_checkpoints: bool = False
 
 
 class Run:
@@ -85,7 +86,8 @@ class Run:
                                 warmup_steps=g.warmup_steps,
                                 chance_loss=math.log(spec.num_classes) if spec.num_classes > 1 else None)
         self.counters = Counters()
-        self.exchange = Exchange(ps, guard, spec, self.counters, Cursors(shape.pass_steps, cfg.train.batch_size),
+        cursors = Cursors(shape.pass_steps, cfg.train.batch_size)
+        self.exchange = Exchange(ps, guard, spec, self.counters, cursors,
                                  rule=resolve_rule(cfg.ps.staleness, shape.compensated),
                                  max_staleness=cfg.ps.max_staleness, bsp=shape.bsp)
         self.downlink = Downlink(ps, spec, backend, keep_broadcasts=shape.keep_broadcasts,
@@ -169,23 +171,26 @@ class Run:
         every = 1 if ex.bsp else self.shape.downlink_every
         density = self.schedule.down_density(self.epoch_float) if self.downlink.sparse else 1.0
         nnz_down = self.downlink.send(density, every, self.shards)
-        samples = sum(r.samples for r in rs)
+        samples, first = sum(r.samples for r in rs), rs[0] if rs else None
+        where = {} if block is None else {"block": block[0], "block_epoch": block[1], "block_step": block[2],
+                                          "scale": taken.scale}
         rec = ExchangeRecord(
-            round=taken.number, seq=rs[0].seq if rs else -1, epoch=self.epoch if at is None else at[0],
-            round_in_epoch=None if at is None else at[1],
-            lr=rs[0].lr if rs else 0.0, density=rs[0].density if rs else 0.0, version=self.version,
+            round=taken.number, seq=first.seq if first else -1, epoch=self.epoch if at is None else at[0],
+            round_in_epoch=None if at is None else at[1], version=self.version,
+            lr=first.lr if first else 0.0, density=first.density if first else 0.0,
             samples=samples, blocks=len(rs), steps=max((r.steps for r in rs), default=0), staleness=taken.tau,
-            loss=sum(r.loss_sum for r in rs) / max(1, samples), accuracy=sum(r.correct for r in rs) / max(1, samples),
+            loss=sum(r.loss_sum for r in rs) / max(1, samples),
+            accuracy=sum(r.correct for r in rs) / max(1, samples),
             bytes_up=sum(len(r.payload) for r in rs), nnz_up=sum(r.nnz for r in rs),
             # measured: inline downlink bytes per task + the dense bytes each task read
             bytes_down=inline_bytes * len(rs) + sum(r.view_bytes for r in rs), nnz_down=nnz_down,
             dense_bytes=4 * int(self.W.size) * len(rs), rejected=len(taken.out.rejected) if taken.out else 0,
-            state_resets=sum(int(r.state_reset) for r in rs), replica_resyncs=sum(int(r.replica_resync) for r in rs),
-            **({} if block is None else {"block": block[0], "block_epoch": block[1], "block_step": block[2],
-                                         "scale": taken.scale}))
+            state_resets=sum(int(r.state_reset) for r in rs),
+            replica_resyncs=sum(int(r.replica_resync) for r in rs), **where)
         self.check_loss(f"exchange {rec.round}", rec.loss, rec.samples)
         ends = tuple(range(self.next_eval - 1, min(int(self.epoch_float + 1e-9), self.cfg.train.epochs)))
-        return Decision(APPLIED, tau=taken.tau, record=rec, epoch_ends=ends, blocks=tuple(r.block for r in rs),
+        return Decision(APPLIED, tau=taken.tau, record=rec, epoch_ends=ends,
+                        blocks=tuple(r.block for r in rs),
                         checkpoint=self.checkpoints.due(ex.exchanges, aligned=self.shape.aligned_checkpoints))
 
     # -- the guard's actions ------------------------------------------------------------------
@@ -212,7 +217,8 @@ class Run:
             raise Diverged(f"{tag}: training loss {judged:.4g} diverged (guard.action={action})")
         if limit and g.in_a_row >= limit:
             raise Diverged(f"{tag}: training loss {judged:.4g} spiked in {g.in_a_row} judgments in a row "
-                           f"despite guard.action={action}: the run collapsed (guard.max_spikes_in_a_row={limit})")
+                           f"despite guard.action={action}: the run collapsed "
+                           f"(guard.max_spikes_in_a_row={limit})")
         if action == "halve_lr":
             self.schedule.halve_lr()
         else:
@@ -226,7 +232,8 @@ class Run:
     def write(self, decision: Decision, timings: Timings, where: Where = Where(),
               progress_at: tuple | None = None) -> dict:
         """Write an applied exchange's record with what the transport measured."""
-        return self.records.write(dataclasses.replace(decision.record, timings=timings, where=where), progress_at)
+        return self.records.write(dataclasses.replace(decision.record, timings=timings, where=where),
+                                  progress_at)
 
     def evaluate(self, epoch: int) -> dict:
         """Test loss and accuracy of ``W``, by the transport's evaluation."""
@@ -270,7 +277,8 @@ class Run:
                  "engine": {**transport_state, **self.exchange.state_dict(), "next_eval": self.next_eval},
                  "config": self.cfg.to_dict()}
         self.records.flush()  # the records the checkpoint covers are stored first
-        return self.checkpoints.write(position, self.exchange.exchanges, self.ps.state_dict(), state, blocks, t0)
+        return self.checkpoints.write(position, self.exchange.exchanges, self.ps.state_dict(), state, blocks,
+                                      t0)
 
     def restore(self, ckpt) -> dict:
         """The run's state from a loaded checkpoint; returns the transport's own state."""

@@ -82,22 +82,26 @@ class AsyncEngine(Transport):
     """Asynchronous jobs over the same run, worker and records as sync mode."""
 
     def __init__(self, cfg, backend, spec, block_rows: dict[int, int], weights, progress=None,
-                 run_dir: str | None = None, pool_factory=None, monitor=None, warmup_started: float | None = None):
+                 run_dir: str | None = None, pool_factory=None, monitor=None,
+                 warmup_started: float | None = None):
         self.cfg, self.backend, self.spec = cfg, backend, spec
         n = len(block_rows)
         steps = {k: steps_per_epoch(r, cfg.train.batch_size) for k, r in block_rows.items()}
         # replicas and orders may trail by up to max_staleness versions and the jobs in flight
+        keep = cfg.ps.max_staleness + 2 * max(2, n) + 2
         self.server = Run(cfg, spec, weights, RunShape(steps, bsp=False, downlink_every=-(-n // 2),
-                                                       keep_broadcasts=cfg.ps.max_staleness + 2 * max(2, n) + 2),
+                                                       keep_broadcasts=keep),
                           backend=backend, evaluate=partial(tasks.evaluate, backend, spec), progress=progress,
                           run_dir=run_dir)
         self.slots = Slots(cfg, monitor or LoadMonitor(backend), n)
         self._refresh_slots()
-        self.policy = AsyncPolicy(batch_size=cfg.train.batch_size, target_job_seconds=cfg.scheduler.target_job_seconds,
+        self.policy = AsyncPolicy(batch_size=cfg.train.batch_size,
+                                  target_job_seconds=cfg.scheduler.target_job_seconds,
                                   default_steps=cfg.train.steps_per_round, max_staleness=cfg.ps.max_staleness,
                                   max_steps=max(steps.values()))
         # an injectable pool: tests run the same scenario with a synchronous executor
-        self.pool_factory = pool_factory or (lambda k: ThreadPoolExecutor(k, thread_name_prefix="sparkcnn-job"))
+        self.pool_factory = pool_factory or (
+            lambda k: ThreadPoolExecutor(k, thread_name_prefix="sparkcnn-job"))
         self.orders = Orders(n)
         self.warmup_s = self.warmed_up(warmup_started)
 
@@ -143,10 +147,12 @@ class AsyncEngine(Transport):
                           weights=w.weights, weights_version=w.weights_version, downlinks=w.downlinks)
 
     def _job(self, order: RoundOrder, block: int):
-        desc = (f"sparkcnn {self.spec.run_id} epoch {self.server.cursors.block_epoch[block] + 1} block {block} "
+        epoch = self.server.cursors.block_epoch[block] + 1
+        desc = (f"sparkcnn {self.spec.run_id} epoch {epoch} block {block} "
                 f"job {order.seq + 1}")
         t0 = time.perf_counter()
-        out = self.backend.map_blocks(tasks.round_task(self.spec, order), [block], desc, universe=self.num_blocks)
+        out = self.backend.map_blocks(tasks.round_task(self.spec, order), [block], desc,
+                                      universe=self.num_blocks)
         return out, t0, time.perf_counter()
 
     def _refresh_slots(self) -> int:
@@ -165,17 +171,20 @@ class AsyncEngine(Transport):
         r = results[0]
         self.policy.applied(block, r.base_version)
         self.monitor.record(r)
-        decision = self.server.accept(Arrival.of_result(r), inline_bytes=sum(len(m.payload) for m in order.downlinks))
+        decision = self.server.accept(Arrival.of_result(r),
+                                      inline_bytes=sum(len(m.payload) for m in order.downlinks))
         if decision.kind != APPLIED:
             return None
         t2 = time.perf_counter()
         busy_s, slot_s = busy if busy is not None else (0.0, 0.0)
         s = self.slots
-        timings = Timings(compute_s=r.compute_s, task_s=r.task_s, job_s=t1 - t0, apply_s=t2 - t1, wall_s=t2 - t0,
+        timings = Timings(compute_s=r.compute_s, task_s=r.task_s, job_s=t1 - t0, apply_s=t2 - t1,
+                          wall_s=t2 - t0,
                           round_overhead_s=(t1 - t0) - r.task_s,
                           images_per_s=r.samples / (t2 - t0) if t2 > t0 else 0.0,
                           idle_fraction=max(0.0, 1 - (busy_s + r.task_s) / slot_s) if slot_s > 0 else 0.0)
-        where = Where(pid=r.pid, executors=len(s.load.executors), slots=s.live, inflight_limit=s.inflight_limit)
+        where = Where(pid=r.pid, executors=len(s.load.executors), slots=s.live,
+                      inflight_limit=s.inflight_limit)
         progress = (self.samples_done * 1000 // self.total_samples - 1, 1000,
                     min(int(self.epoch_float), self.cfg.train.epochs - 1))
         return decision, self.server.write(decision, timings, where, progress_at=progress)
@@ -237,7 +246,8 @@ class AsyncEngine(Transport):
         if free <= 0 or not idle:
             return
         batch = self.cfg.train.batch_size
-        remaining = self.total_samples - self.samples_done - sum(o.steps[b] * batch for o, b in inflight.values())
+        queued = sum(o.steps[b] * batch for o, b in inflight.values())
+        remaining = self.total_samples - self.samples_done - queued
         for dec in self.policy.decide(self.version, free, idle, in_flight_blocks,
                                       speeds=self.monitor.speeds(range(self.num_blocks)),
                                       executors=list(self.slots.load.executors)):

@@ -111,7 +111,8 @@ class SyncEngine(Transport):
 
     @property
     def rounds_per_epoch(self) -> int:
-        return max(1, math.ceil(max(self.server.cursors.pass_steps.values()) / self.cfg.train.steps_per_round))
+        longest = max(self.server.cursors.pass_steps.values())
+        return max(1, math.ceil(longest / self.cfg.train.steps_per_round))
 
     @property
     def total_rounds(self) -> int:
@@ -129,7 +130,8 @@ class SyncEngine(Transport):
         pass_steps = self.server.cursors.pass_steps
         if self.balanced:
             # per-executor H: every block continues from its own cursor, wrapping into its next pass
-            steps, offsets, by_exec = {k: H for k in pass_steps}, dict(self.balancer.cursor), self.balancer.sized_steps(H)
+            steps, offsets = {k: H for k in pass_steps}, dict(self.balancer.cursor)
+            by_exec = self.balancer.sized_steps(H)
         else:
             steps = {k: max(0, min(H, s - r * H)) for k, s in pass_steps.items()}
             offsets = {k: epoch * s + r * H for k, s in pass_steps.items()}
@@ -188,13 +190,15 @@ class SyncEngine(Transport):
         wall, busy = t2 - start, sum(x.task_s for x in fresh)
         slots = max(1, min(len(fresh), self._parallelism))
         timings = Timings(
-            wall_s=wall, job_s=t1 - t0, apply_s=t2 - t1, compute_s=max((x.compute_s for x in fresh), default=0.0),
+            wall_s=wall, job_s=t1 - t0, apply_s=t2 - t1,
+            compute_s=max((x.compute_s for x in fresh), default=0.0),
             round_overhead_s=(t1 - t0) - max((x.task_s for x in fresh), default=0.0),
             images_per_s=decision.record.samples / wall if wall > 0 else 0.0,
             idle_fraction=max(0.0, 1.0 - busy / (wall * slots)) if wall > 0 else 0.0)
         # which GPU trained each block: Spark's addresses and what its TensorFlow saw
         where = Where(tasks=tuple(TaskStat(x.block, x.compute_s, x.prep_s, x.encode_s, x.pid, x.executor,
-                                           None if x.gpus is None else ",".join(x.gpus), x.devices) for x in fresh))
+                                           None if x.gpus is None else ",".join(x.gpus),
+                                           x.devices) for x in fresh))
         return self.server.write(decision, timings, where, progress_at=(t, self.total_rounds)), t2
 
     # -- the loop -----------------------------------------------------------------------------

@@ -211,7 +211,8 @@ class PushHandler:
                           task_overhead_cpu_s=p.overhead_cpu_s, apply_s=time.perf_counter() - t0,
                           images_per_s=decision.record.samples / max(1e-9, p.compute_s + p.wait_s))
         t = self.cfg.train
-        total = max(1, t.epochs * self.server.cursors.epoch_samples // max(1, t.batch_size * t.steps_per_round))
+        per_exchange = max(1, t.batch_size * t.steps_per_round)
+        total = max(1, t.epochs * self.server.cursors.epoch_samples // per_exchange)
         line = self.server.write(decision, timings, Where(transport="stream"),
                                  progress_at=(decision.record.round, total))
         self.server.chaos_after(line["round"])

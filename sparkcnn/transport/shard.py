@@ -38,7 +38,8 @@ class ShardDisagrees(RuntimeError):
 class RangeShard:
     """W and U of the flat range ``[lo, hi)`` (full-length vectors; only the range moves)."""
 
-    def __init__(self, lo: int, hi: int, weights: np.ndarray, layout, *, density_down: float | None, index: int = 0,
+    def __init__(self, lo: int, hi: int, weights: np.ndarray, layout, *, density_down: float | None,
+                 index: int = 0,
                  selector: str = "threshold", dense_below: int = 16384, value_dtype: str = "float32",
                  keep_downlinks: int = 8, timeout_s: float = 60.0):
         self.span = range(int(lo), int(hi))   # its keys: [lo, hi)
@@ -119,7 +120,8 @@ class RangeShard:
         need = [(r.stream, r.ordinal) for r in e.apply] + [(a.stream, a.ordinal) for a in e.answer]
         if not self.cond.wait_for(lambda: all(k in self.pieces for k in need), timeout=self.timeout_s):
             missing = [k for k in need if k not in self.pieces]
-            raise TimeoutError(f"shard [{self.lo}, {self.hi}): pieces {missing} of version {e.version} never came")
+            raise TimeoutError(f"shard [{self.lo}, {self.hi}): pieces {missing} of version {e.version} "
+                               "never came")
         if e.apply:
             payloads = [self.pieces[(r.stream, r.ordinal)].payload for r in e.apply]
             deltas = [self._checked(r, payload) for r, payload in zip(e.apply, payloads)]
@@ -145,10 +147,12 @@ class RangeShard:
         try:
             delta = codec.decode(payload, self.layout)
         except CodecError as err:
-            raise ShardDisagrees(f"piece {(r.stream, r.ordinal)} was accepted but does not decode: {err}") from None
+            raise ShardDisagrees(f"piece {(r.stream, r.ordinal)} was accepted but does not decode: "
+                                 f"{err}") from None
         got, declared = sum_squares(delta), r.sumsq[self.index]
         if not math.isclose(got, declared, rel_tol=SUMSQ_RTOL, abs_tol=1e-30):
-            raise ShardDisagrees(f"piece {(r.stream, r.ordinal)}: squared norm {got:.6g}, declared {declared:.6g}")
+            raise ShardDisagrees(f"piece {(r.stream, r.ordinal)}: squared norm {got:.6g}, "
+                                 f"declared {declared:.6g}")
         return delta
 
     def _downlink(self, density: float) -> None:

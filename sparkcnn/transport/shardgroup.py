@@ -30,12 +30,14 @@ from sparkcnn.streamwire import encode
 
 
 class ShardCoordinator:
-    def __init__(self, k: int, host: str, token: str, ps, *, selector: str, dense_below: int, value_dtype: str,
+    def __init__(self, k: int, host: str, token: str, ps, *, selector: str, dense_below: int,
+                 value_dtype: str,
                  keep_downlinks: int, timeout_s: float, max_message_bytes: int):
         self.ranges = shard_ranges(ps.layout, k)
         self.procs: list[ShardProcess] = []
         with ThreadPoolExecutor(k, thread_name_prefix="sparkcnn-shard-start") as pool:  # they start at once
-            started = [pool.submit(ShardProcess, host, token, j, lo, hi, ps.layout, density_down=ps.density_down,
+            started = [pool.submit(ShardProcess, host, token, j, lo, hi, ps.layout,
+                                   density_down=ps.density_down,
                                    selector=selector, dense_below=dense_below, value_dtype=value_dtype,
                                    keep_downlinks=keep_downlinks, timeout_s=timeout_s,
                                    max_message_bytes=max_message_bytes)
@@ -86,7 +88,8 @@ class ShardCoordinator:
         message, encoded once)."""
         apply, self._apply = self._apply, []
         down, self._down = self._down, 0.0
-        refs = tuple(PieceRef(stream=r.piece[0], ordinal=r.piece[1], factor=f, samples=r.samples, sumsq=r.sumsq)
+        refs = tuple(PieceRef(stream=r.piece[0], ordinal=r.piece[1], factor=f, samples=r.samples,
+                              sumsq=r.sumsq)
                      for r, f in apply)
         buf = encode(ShardStep(version=self.version, apply=refs, downlink=down, answer=tuple(answers)))
         for p in self.procs:
@@ -102,7 +105,8 @@ class ShardCoordinator:
                                    f"coordinator at {self.version}/{self.view_version}")
             W[lo:hi] = np.frombuffer(st.W, np.float32)
             U[lo:hi] = np.frombuffer(st.U, np.float32)
-        ps.load_state_dict({"W": W, "U": U, "layout": np.asarray(ps.layout, np.int64), "version": self.version,
+        ps.load_state_dict({"W": W, "U": U, "layout": np.asarray(ps.layout, np.int64),
+                            "version": self.version,
                             "view_version": self.view_version})
 
     def kill_last(self) -> None:

@@ -92,7 +92,8 @@ def main() -> int:
     cfg = json.loads(sys.stdin.readline())
     n = sum(cfg["layout"])
     shard = RangeShard(cfg["lo"], cfg["hi"], np.zeros(n, np.float32), cfg["layout"], index=cfg["index"],
-                       density_down=cfg["density_down"], selector=cfg["selector"], dense_below=cfg["dense_below"],
+                       density_down=cfg["density_down"], selector=cfg["selector"],
+                       dense_below=cfg["dense_below"],
                        value_dtype=cfg["value_dtype"], keep_downlinks=cfg["keep_downlinks"],
                        timeout_s=cfg["timeout_s"])
     service = PSService(cfg["host"], _Handler(shard), cfg["max_message_bytes"], token=cfg["token"])
@@ -113,16 +114,19 @@ def main() -> int:
 class ShardProcess:
     """The coordinator's handle on one shard process: start, the log, cuts, close."""
 
-    def __init__(self, host: str, token: str, index: int, lo: int, hi: int, layout, *, density_down: float | None,
+    def __init__(self, host: str, token: str, index: int, lo: int, hi: int, layout, *,
+                 density_down: float | None,
                  selector: str, dense_below: int, value_dtype: str, keep_downlinks: int, timeout_s: float,
                  max_message_bytes: int):
         import pyarrow as pa
         import pyarrow.flight as flight
 
         self._pa, self.host, self.lo, self.hi, self.timeout_s = pa, host, lo, hi, timeout_s
-        self.proc = subprocess.Popen([sys.executable, "-m", "sparkcnn.transport.shardservice"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "sparkcnn.transport.shardservice"],
+                                     stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
-        cfg = dict(host=host, token=token, index=index, lo=lo, hi=hi, layout=list(layout), density_down=density_down,
+        cfg = dict(host=host, token=token, index=index, lo=lo, hi=hi, layout=list(layout),
+                   density_down=density_down,
                    selector=selector, dense_below=dense_below, value_dtype=value_dtype,
                    keep_downlinks=keep_downlinks, timeout_s=timeout_s, max_message_bytes=max_message_bytes)
         self.proc.stdin.write(json.dumps(cfg) + "\n")

@@ -23,8 +23,9 @@ have arrived, so the server state written holds exactly the pushes up to each bl
 state push (:mod:`sparkcnn.transport.streamcut`). Each block's state at the stage's end (the
 epoch-end cut) follows its last push once that push is answered, as a ``StageState`` of its
 own: carried on the push, its megabytes kept that push on a 100 Mbit/s link long enough to be
-dropped as stale, and the retrained push again. Spark still places, retries (a barrier stage restarts as a whole; pushes already applied
-come back as duplicates and are dropped by their key) and shows every stage. The service
+dropped as stale, and the retrained push again. Spark still places, retries (a barrier stage
+restarts as a whole; pushes already applied come back as duplicates and are dropped by their
+key) and shows every stage. The service
 (:mod:`sparkcnn.transport.service`) is closed when the run ends or fails.
 
 ``ps.shards`` > 1: K shard processes keep W and U by key range (:mod:`sparkcnn.shards`). The
@@ -161,7 +162,8 @@ class StreamEngine(Transport):
         steps = max(1, sum(r.get("steps", 0) for r in run.history))
         out.update(transport="stream", exposed_comm_ms_per_step=1000 * self.exposed_s / steps,
                    stream=dict(self.service.counters),
-                   ps_address=f"{self.service.host}:{self.service.port}", ps_peers=sorted(self.service.peer_hosts))
+                   ps_address=f"{self.service.host}:{self.service.port}",
+                   ps_peers=sorted(self.service.peer_hosts))
         return out
 
     def _stage(self, ticket: StreamTicket, t_start: float, on_epoch) -> None:
@@ -172,7 +174,8 @@ class StreamEngine(Transport):
         desc = f"sparkcnn {self.spec.run_id} epoch {e + 1} stream"
         try:
             with _frozen_heap():
-                totals = self.backend.run_stage(stream_task(self.spec, ticket, initial), self.num_blocks, desc)
+                totals = self.backend.run_stage(stream_task(self.spec, ticket, initial), self.num_blocks,
+                                                desc)
         except BaseException:
             if h.failure is not None:
                 raise h.failure from None
@@ -199,7 +202,8 @@ class StreamEngine(Transport):
         return ShardCoordinator(self.cfg.ps.shards, self.service.host, self.service.token, run.ps,
                                 selector=run.schedule.plan.selector, dense_below=c.dense_below,
                                 value_dtype=self.spec.value_dtype, keep_downlinks=run.downlink.inline,
-                                timeout_s=self.cfg.engine.stream_timeout_s, max_message_bytes=self.max_message_bytes)
+                                timeout_s=self.cfg.engine.stream_timeout_s,
+                                max_message_bytes=self.max_message_bytes)
 
     # -- checkpoints --------------------------------------------------------------------------
     def restore(self, ckpt) -> int:
