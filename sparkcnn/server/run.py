@@ -65,8 +65,6 @@ class RunShape:
     downlink_every: int = 1             # ASGD: applied results per downlink (server/exchange.py)
     keep_broadcasts: int = 2            # dense broadcasts orders in flight may still read
     inline_downlinks: int = 1           # downlinks kept for orders and replies
-    # checkpoints at fixed exchange counts (jobs sync: deterministic resume)
-    aligned_checkpoints: bool = False
 
 
 class Run:
@@ -191,7 +189,7 @@ class Run:
         ends = tuple(range(self.next_eval - 1, min(int(self.epoch_float + 1e-9), self.cfg.train.epochs)))
         return Decision(APPLIED, tau=taken.tau, record=rec, epoch_ends=ends,
                         blocks=tuple(r.block for r in rs),
-                        checkpoint=self.checkpoints.due(ex.exchanges, aligned=self.shape.aligned_checkpoints))
+                        checkpoint=self.checkpoints.due(ex.exchanges))
 
     # -- the guard's actions ------------------------------------------------------------------
     def check_loss(self, tag: str, loss: float, samples: int | None = None) -> None:

@@ -96,8 +96,7 @@ class SyncEngine(Transport):
         self.depth = pipeline_depth("sync", cfg.engine.pipeline)
         steps = {k: steps_per_epoch(n, cfg.train.batch_size) for k, n in block_rows.items()}
         # dense broadcasts a round in flight may still read: the rounds in flight plus a spare
-        self.server = Run(cfg, spec, weights, RunShape(steps, bsp=True, keep_broadcasts=self.depth + 1,
-                                                    aligned_checkpoints=True),
+        self.server = Run(cfg, spec, weights, RunShape(steps, bsp=True, keep_broadcasts=self.depth + 1),
                        backend=backend, evaluate=partial(tasks.evaluate, backend, spec), progress=progress,
                        run_dir=run_dir)
         # balanced sync (scheduler.balance, not pipelined)
@@ -120,9 +119,10 @@ class SyncEngine(Transport):
 
     # -- orders -----------------------------------------------------------------------------
     def _is_checkpoint_round(self, t: int) -> bool:
-        every = self.cfg.checkpoint.every_rounds
-        return self.server.checkpoints.enabled and ((every and (t + 1) % every == 0)
-                                                 or (t + 1) % self.rounds_per_epoch == 0)
+        """Round ``t`` ends with a checkpoint: at fixed round counts (so a resumed deterministic run
+        repeats an uninterrupted one; known when the round is ordered) and at every epoch's end."""
+        ck = self.server.checkpoints
+        return ck.enabled and (ck.due(t + 1, aligned=True) or (t + 1) % self.rounds_per_epoch == 0)
 
     def order_for(self, t: int) -> RoundOrder:
         H = self.cfg.train.steps_per_round
