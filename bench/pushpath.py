@@ -1,8 +1,9 @@
 """The path of one stream push through the driver's code: the sparkcnn modules it passes, in order.
 
 Trains a short in-process stream run (async, one step per exchange, sparse both ways) of
-whichever ``sparkcnn`` is first on ``sys.path`` (``--tree DIR`` puts a checkout's first, so two
-trees can be compared), with a profile hook on the parameter-server service's threads. The
+a checkout's ``sparkcnn`` (``--base REV``, in a temporary ``git worktree``, and this working tree
+as the head; each in a child process of its own), with a profile hook on the parameter-server
+service's threads. The
 calls and returns between the service receiving push ``--push`` and sending its reply give the
 sequence of sparkcnn modules that push runs through (consecutive repeats merged), twice:
 ``engine``, the modules of the layers that carry the push and apply the rules (``engine/``
@@ -13,9 +14,9 @@ before the rebuild; ``server/`` and ``transport/`` after), and ``all``, every sp
 - ``returns``: how often the path comes back to a module it had left before (the fewer, the
   more each module's part of the work is done in one visit).
 
-Prints one JSON object. No target: the figure is read before and after a change.
+Prints one JSON object with both paths. No target: the figure is read before and after a change.
 
-    python bench/pushpath.py [--tree DIR] [--push 20] [--out FILE]
+    python bench/pushpath.py [--base REV] [--push 20] [--out FILE]
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import tempfile
 import threading
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-ap.add_argument("--tree", help="a checkout whose sparkcnn/ is measured (default: this one)")
+ap.add_argument("--base", default="da6e4ea", help="the revision measured as the base")
+ap.add_argument("--tree", help=argparse.SUPPRESS)  # the child: the checkout whose sparkcnn/ it measures
 ap.add_argument("--push", type=int, default=20, help="which push of the run to trace (0-based)")
 ap.add_argument("--out", help="also write the JSON here")
 
@@ -83,7 +85,34 @@ def pushes(events: list[str]) -> list[list[str]]:
 def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.tree:
-        sys.path.insert(0, os.path.abspath(a.tree))
+        return measure(a.tree, a.push)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, root)
+    from bench._common import emit
+
+    def child(tree: str) -> dict:
+        got = subprocess.run([sys.executable, os.path.abspath(__file__), "--tree", tree, "--push", str(a.push)],
+                             capture_output=True, text=True, cwd=tree)
+        if got.returncode != 0:
+            raise SystemExit(f"pushpath: the run in {os.path.basename(tree)} failed: {got.stderr[-2000:]}")
+        return json.loads(got.stdout)
+
+    with tempfile.TemporaryDirectory(prefix="sparkcnn-pushpath-base-") as tmp:
+        base_dir = os.path.join(tmp, "base")
+        subprocess.run(["git", "-C", root, "worktree", "add", "--detach", base_dir, a.base], check=True,
+                       capture_output=True)
+        try:
+            base = child(base_dir)
+        finally:
+            subprocess.run(["git", "-C", root, "worktree", "remove", "--force", base_dir], capture_output=True)
+    head = child(root)
+    emit({"bench": "pushpath", "push": a.push, "base": base, "head": head}, a.out)
+    return 0
+
+
+def measure(tree: str, push: int) -> int:
+    """In a child: trace ``push`` of a short stream run of ``tree``'s sparkcnn; print its paths."""
+    sys.path.insert(0, os.path.abspath(tree))
     import sparkcnn
     from sparkcnn import config
     from sparkcnn.data.prepare import prepare
@@ -109,7 +138,8 @@ def main(argv=None) -> int:
 
     PSService.serve_stream = traced
     with tempfile.TemporaryDirectory(prefix="sparkcnn-pushpath-") as tmp:
-        prepare("idx", make_fake_fashion(os.path.join(tmp, "raw"), 1200, 200, seed=3), os.path.join(tmp, "data"))
+        raw = make_fake_fashion(os.path.join(tmp, "raw"), 1200, 200, seed=3)
+        prepare("idx", raw, os.path.join(tmp, "data"))
         cfg = config.load(None, [f"data.path={os.path.join(tmp, 'data')}", f"run.out_dir={tmp}/runs",
                                  "engine.master=inprocess", "engine.transport=stream", "engine.mode=async",
                                  "train.epochs=1", "train.batch_size=32", "train.steps_per_round=1",
@@ -122,23 +152,17 @@ def main(argv=None) -> int:
     # the service threads are those that decoded messages
     served = [p for ev in tracer.events.values() for p in pushes(ev)]
     served = [p for p in served if "sparkcnn.streamwire" in p and len(module_path(p)["path"]) > 3]
-    if len(served) <= a.push:
-        raise SystemExit(f"pushpath: {len(served)} pushes traced, fewer than --push {a.push} + 1")
+    if len(served) <= push:
+        raise SystemExit(f"pushpath: {len(served)} pushes traced, fewer than --push {push} + 1")
     tree = os.path.dirname(os.path.dirname(os.path.abspath(sparkcnn.__file__)))
     commit = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "-C", tree, "status", "--porcelain", "sparkcnn"], capture_output=True,
                                 text=True).stdout.strip())
-    one = served[a.push]
+    one = served[push]
     engine = [m for m in one if m.startswith(ENGINE_LAYERS)]
-    out = {"bench": "pushpath", "commit": commit, "dirty": dirty,
-           "push": a.push, "pushes_traced": len(served), "rounds": summary["rounds"],
-           "engine": module_path(engine), "all": module_path(one)}
-    text = json.dumps(out, indent=1)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as fh:
-            fh.write(text + "\n")
+    print(json.dumps({"commit": commit, "dirty": dirty, "pushes_traced": len(served), "rounds": summary["rounds"],
+                      "engine": module_path(engine), "all": module_path(one)}))
     return 0
 
 
