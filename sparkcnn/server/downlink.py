@@ -49,8 +49,9 @@ class Schedule:
     def down_density(self, epoch: float) -> float:
         """``compression.density_down`` after the density warm-up, which starts at
         ``initial_density_down`` (0: ``initial_density``): early updates are large and dense,
-        and a view that lags them slows training most; but a replica takes a downlink per push
-        of every block, so a start below the uplink's keeps a slow link's downlink in step."""
+        and a view that lags them slows training most; but a replica follows every downlink the
+        pushes of all blocks make (one per ceil(N / 2) results, server/exchange.py), so a start
+        below the uplink's keeps a slow link's downlink in step."""
         c = self.compression
         return min(1.0, self._warmed(epoch, c.density_down, c.initial_density_down))
 
