@@ -19,27 +19,23 @@ state follows the last push, once it is answered, as a message of its own.
 With ``ps.shards`` > 1 a push's delta travels as one piece per shard, sent to the shards
 before the push (which then carries only their norms) reaches the driver, and the reply's
 weights part is the shards' parts, merged (:mod:`sparkcnn.shards`).
+The loop (``_BlockStream``) keeps its parts apart: the cursor, what the server offers, the
+pushes' tally, the CPU meter and the push in flight (:mod:`.streamstate`), the block's training
+(:mod:`.streamwork`) and the connection (:mod:`.streamlink`).
 Nothing here imports Spark.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
 from sparkcnn.compression import codec
 from sparkcnn.protocol import (
-    Done,
-    Piece,
     Push,
-    Reply,
-    ShardReply,
     StageState,
     StateArray,
     StreamTicket,
@@ -47,124 +43,14 @@ from sparkcnn.protocol import (
     TaskContextInfo,
     TaskSpec,
 )
-from sparkcnn.shards import shard_ranges, split_delta, sum_squares
-from sparkcnn.streamwire import decode, encode
+from sparkcnn.shards import sum_squares
 from sparkcnn.worker import blockstore, chaos
-from sparkcnn.worker.round import block_batches, compute, held_state, hold_state
+from sparkcnn.worker.streamlink import Link, ServerGone
+from sparkcnn.worker.streamstate import CpuMeter, Cursor, Offer, Pending, Tally
+from sparkcnn.worker.streamwork import BlockWork, Trained
 from sparkcnn.worker.task import TaskStart, freeze_heap_once, start_task
-from sparkcnn.worker.view import Lookahead, View
 
 log = logging.getLogger(__name__)
-
-
-class ServerGone(RuntimeError):
-    """The parameter server did not answer in time or closed the stream."""
-
-
-class _Link:
-    """One DoExchange stream to the parameter server; every call bounded by ``timeout_s``."""
-
-    def __init__(self, ticket: StreamTicket, block: int):
-        import pyarrow as pa
-
-        self._pa, self.ticket = pa, ticket
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="sparkcnn-push")
-        self.writer, self.reader = self._open(ticket.host, ticket.port, {"block": block})
-        self.shards: list = []  # (writer, reader) of each shard's stream (ps.shards > 1)
-        self.ordinal = -1       # pushes sent (their pieces' key on the shards, with the stream)
-        self.stream = 0
-        self.cpu_s = 0.0        # the push thread's CPU, summed (time.thread_time: waits excluded)
-
-    def _open(self, host: str, port: int, hello: dict):
-        import pyarrow.flight as flight
-
-        try:
-            client = flight.FlightClient(f"grpc+tcp://{host}:{port}")
-            bearer = f"Bearer {self.ticket.token}".encode()
-            opts = flight.FlightCallOptions(headers=[(b"authorization", bearer)])
-            desc = flight.FlightDescriptor.for_command(json.dumps(hello).encode())
-            return client.do_exchange(desc, opts)
-        except Exception as e:  # noqa: BLE001 - any failure to reach it means the same to the task
-            raise ServerGone(f"parameter server at {host}:{port} unreachable ({type(e).__name__})") from None
-
-    def _read(self, reader=None, kind=Reply):
-        try:
-            chunk = (reader or self.reader).read_chunk()
-        except StopIteration:
-            raise ServerGone("the parameter server closed the stream") from None
-        except Exception as e:  # noqa: BLE001 - Flight raises per gRPC status; all mean the server is gone
-            raise ServerGone(f"parameter server stream failed ({type(e).__name__})") from None
-        return decode(chunk.app_metadata, (kind,))
-
-    def start(self):
-        """The first Reply (the plan); with shards, and the shards' parts of its weights."""
-        reply = self._wait(self._pool.submit(self._read))
-        if not self.ticket.shards or reply.plan is None:
-            return reply, None
-        self.stream = reply.plan.stream
-        self.shards = [self._open(h, p, {"stream": self.stream}) for h, p in self.ticket.shards]
-        return reply, self._wait(self._pool.submit(self._pieces, [b""] * len(self.shards), -1, -1))
-
-    def _pieces(self, payloads: list[bytes], have: int, ordinal: int) -> list[ShardReply]:
-        self._write_pieces(payloads, have, ordinal)
-        return [self._read(r, ShardReply) for _, r in self.shards]
-
-    def _write_pieces(self, payloads, have: int, ordinal: int) -> None:
-        for (w, _), payload in zip(self.shards, payloads):
-            w.write_metadata(self._pa.py_buffer(encode(Piece(self.stream, ordinal, have, payload))))
-
-    def send(self, push: Push, pieces: list[bytes] = ()):
-        """Push (its pieces first, to the shards) on the background thread; returns a future of
-        the reply and the shards' parts (None without shards)."""
-        buf = encode(push)
-        self.ordinal += 1
-        ordinal = self.ordinal
-
-        def roundtrip():
-            if self.shards:  # the pieces reach the shards before the push reaches the coordinator
-                self._write_pieces(pieces, push.have, ordinal)
-            reply = self._exchange(buf)
-            return reply, ([self._read(r, ShardReply) for _, r in self.shards] if self.shards else None)
-
-        return self._pool.submit(self._timed, roundtrip)
-
-    def send_state(self, msg: StageState) -> Reply:
-        """A block's end-of-stage state to the coordinator (the shards hold no block state), and
-        its reply; after the stage's last push was answered."""
-        return self._wait(self._pool.submit(self._timed, self._exchange, encode(msg)))
-
-    def _exchange(self, buf: bytes):
-        """One message to the coordinator and its reply."""
-        self.writer.write_metadata(self._pa.py_buffer(buf))
-        return self._read()
-
-    def _timed(self, fn, *args):
-        """``fn(*args)`` on the push thread, its CPU added to ``cpu_s`` (waits excluded)."""
-        t = time.thread_time()
-        try:
-            return fn(*args)
-        finally:
-            self.cpu_s += time.thread_time() - t
-
-    def _wait(self, fut):
-        try:
-            return fut.result(timeout=self.ticket.timeout_s)
-        except FutureTimeout:
-            raise ServerGone(f"parameter server at {self.ticket.host}:{self.ticket.port} did not answer "
-                             f"within {self.ticket.timeout_s:g} s") from None
-
-    def wait(self, fut):
-        return self._wait(fut)
-
-    def close(self) -> None:
-        for writer in [self.writer] + [w for w, _ in self.shards]:
-            try:
-                writer.write_metadata(self._pa.py_buffer(encode(Done())))
-                writer.done_writing()
-                writer.close()
-            except Exception:  # noqa: BLE001 - closing a stream to a server that is gone
-                pass
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: int,
@@ -176,158 +62,107 @@ def run_stream_task(spec: TaskSpec, ticket: StreamTicket, initial: dict, block: 
     # before the stream opens: a full collection walking TF's objects would stall this task
     # for ~0.3 s mid-stage, and the other blocks' pushes would run its staleness past the bound
     freeze_heap_once()
-    link = _Link(ticket, block)
+    link = Link(ticket, block)
     try:
         stage = _BlockStream(spec, link, task, initial, ctx)
         stage.run()
-        if stage.last_seq >= 0:
-            state = stage.state()
+        last_seq = stage.cursor.last_seq
+        if last_seq >= 0:
+            state = stage.work.state()
             # the stage's state goes after its last push was answered, not on that push: on a
             # slow link its megabytes made the push stale enough to be dropped, again and again
-            reply = link.send_state(StageState(stage.last_seq, _state_arrays(state)))
+            reply = link.send_state(StageState(last_seq, _state_arrays(state)))
             if reply.refused:
                 log.warning("block %s: the server did not keep its state of exchange %s (%s)", block,
-                            stage.last_seq, reply.refused)
-            blockstore.save_state(task.root, spec.run_id, block, stage.last_seq, state)
+                            last_seq, reply.refused)
+            blockstore.save_state(task.root, spec.run_id, block, last_seq, state)
     finally:
         link.close()
-    return StreamTotals(block=block, exchanges=stage.exchanges, samples=stage.samples,
-                        last_seq=stage.last_seq, exposed_comm_s=stage.exposed,
+    tally = stage.tally
+    return StreamTotals(block=block, exchanges=tally.exchanges, samples=tally.samples,
+                        last_seq=stage.cursor.last_seq, exposed_comm_s=tally.exposed,
                         task_s=time.perf_counter() - task.t0)
 
 
 class _BlockStream:
     """One block's exchanges of a stage: compute, settle the previous push's reply, push."""
 
-    def __init__(self, spec: TaskSpec, link: _Link, task: TaskStart, initial: dict, ctx: TaskContextInfo):
-        self.spec, self.link, self.block = spec, link, task.block
-        self.trainer, self.policy = task.trainer, task.policy  # the block's, through the stage
-        self.images, self.labels = task.images, task.labels
+    def __init__(self, spec: TaskSpec, link: Link, task: TaskStart, initial: dict, ctx: TaskContextInfo):
+        self.spec, self.link, self.block, self.executor = spec, link, task.block, task.executor
         start, parts = link.start()
         if start.plan is None:
             raise ServerGone(f"the parameter server sent no plan for block {self.block}")
         self.plan = plan = start.plan
-        self.view = View(spec.sparse_downlink, spec.layout)
-        self.view.take(start, parts)
-        self.ranges = shard_ranges(spec.layout, len(link.ticket.shards)) if link.ticket.shards else None
-        self.look = Lookahead() if plan.lookahead else None
-        if self.look:
-            self.look.observe(self.view.weights, self.view.version, None)
-        state, self.reset, _ = task.state(initial, plan.expect_state)
-        hold_state(spec, self.trainer, self.policy, state)  # the policy and the trainer keep it
-        self.lr, self.density, self.send_state = start.lr, start.density, start.send_state
-        self.attempt = max(ctx.attempt, plan.attempt)  # the stage's rerun count
-        self.seq, self.step, self.left = plan.seq0, plan.first_step, plan.steps
-        self.executor = task.executor
-        # (future of the reply, the push, the block state before it, steps left before it)
-        self.pending = None
-        self.exposed, self.exchanges, self.samples, self.last_seq = 0.0, 0, 0, -1
-        self.wait_s, self.down_bytes, self.resyncs_sent, self.refusals = 0.0, 0, 0, 0
-        self.pushed_to = self.seq - 1  # the highest seq pushed: one at or below it is trained again
-        self._cpu_marks = self._cpu_now()  # where the CPU outside TF stood at the last push
-
-    def state(self) -> dict:
-        return held_state(self.spec, self.trainer, self.policy)
-
-    def _cpu_now(self) -> tuple[float, float, float]:
-        return time.thread_time(), self.trainer.tf_thread_s, self.link.cpu_s
-
-    def _overhead_cpu(self) -> float:
-        """The CPU outside TensorFlow since the last call: this thread outside the TF calls (the
-        view, lookahead, momentum policy, codec, messages), and the push thread (Flight). TF's
-        own threads are not in it; the push thread's share is of the pushes landed by now."""
-        now, last = self._cpu_now(), self._cpu_marks
-        self._cpu_marks = now
-        return (now[0] - last[0]) - (now[1] - last[1]) + (now[2] - last[2])
-
-    def snapshot(self) -> dict:
-        """The block state before an exchange, kept until its reply: in the per-step form the
-        policy's references, intact for the two exchanges that reply takes (it steps out of
-        place: ``KEEP``), else copies."""
-        if self.spec.per_step:
-            return self.policy.snapshot()
-        return self.state()
+        self.work = BlockWork(task, start, parts, len(link.ticket.shards), plan.lookahead)
+        state, reset, _ = task.state(initial, plan.expect_state)
+        self.work.hold(state)
+        self.offer = Offer(start)
+        self.cursor = Cursor(plan, max(ctx.attempt, plan.attempt))
+        self.tally = Tally(reset)
+        self.pending: Pending | None = None
+        self.meter = CpuMeter(task.trainer, link)
 
     def run(self) -> None:
         """With ``plan.overlap`` exchange t + 1 computes while push t travels; else each exchange
         waits for the previous reply first (its base then holds the block's own last push)."""
-        while self.left > 0 or self.pending is not None:
+        cursor = self.cursor
+        while cursor.left > 0 or self.pending is not None:
             if self.pending is not None and not self.plan.overlap and self._settle():
                 continue
-            work = self._compute() if self.left > 0 else None
+            work = self._compute() if cursor.left > 0 else None
             if self.pending is not None and self._settle():
                 continue  # the exchange just computed started from the dropped one's state
             if work is None:
                 break
-            self._push(*work)
+            self._push(work)
 
-    def _compute(self) -> tuple:
-        """The next exchange's delta, from the view (extrapolated by the lookahead)."""
-        spec, view = self.spec, self.view
-        n = min(self.plan.h, self.left)
-        before = self.snapshot()  # put back if this push is dropped
-        batches = block_batches(spec, self.block, len(self.labels), self.step, n)
-        w = self.look.weights(view.weights) if self.look else view.weights
-        t0 = time.perf_counter()
-        sent, _, loss_sum, correct, seen = compute(spec, self.trainer, self.policy, None, w, self.images,
-                                                   self.labels, batches, self.lr, self.density, live=True)
-        if self.ranges is None:
-            payload = codec.encode(sent, spec.layout, value_dtype=spec.value_dtype)
-        else:  # a piece per shard; the guard's norm is of the values as they travel
-            payload = [codec.encode(p, spec.layout, value_dtype=spec.value_dtype)
-                       for p in split_delta(sent, self.ranges)]
-        return (n, before, view.version, self.lr, self.density, sent, payload, loss_sum, correct, seen,
-                time.perf_counter() - t0)
+    def _compute(self) -> Trained:
+        """The next exchange, from the view (extrapolated by the lookahead)."""
+        cursor, offer = self.cursor, self.offer
+        return self.work.compute(cursor.step, min(self.plan.h, cursor.left), offer.lr, offer.density)
 
     def _settle(self) -> bool:
         """Wait for the pending push's reply and take it: its downlink, the next lr and density.
         True when the push was dropped (too stale) or refused: the block state and the cursor
         are back where they were before it, to train those steps again."""
-        fut, last, before, left = self.pending
-        self.pending = None
+        pending, self.pending = self.pending, None
         tw = time.perf_counter()
-        reply, parts = self.link.wait(fut)
-        self.wait_s = time.perf_counter() - tw
-        self.exposed += self.wait_s
-        self.down_bytes = self.view.take(reply, parts)
-        if self.look:
-            self.look.observe(self.view.weights, self.view.version, reply.tau, self.view.changed)
-        self.lr, self.density, self.send_state = reply.lr, reply.density, reply.send_state
+        reply, parts = self.link.wait(pending.future)
+        self.tally.waited(time.perf_counter() - tw)
+        self.tally.took(self.work.take(reply, parts))
+        self.offer.take(reply)
+        last = pending.push
         if not reply.retrain:
-            self.refusals, self.last_seq = 0, last.seq
+            self.cursor.kept(last.seq)
             return False
-        self.refusals = self.refusals + 1 if reply.refused else 0
-        if self.refusals > 3:
+        if self.cursor.refused(reply.refused) > 3:
             raise RuntimeError(f"block {self.block} exchange {last.seq}: refused 4 times ({reply.refused})")
-        hold_state(self.spec, self.trainer, self.policy, before)
-        self.seq, self.step, self.left = last.seq, last.first_step, left
+        self.work.hold(pending.before)
+        self.cursor.rewind(last, pending.left)
         return True
 
-    def _push(self, n, before, base, lr, density, sent, payload, loss_sum, correct, seen, compute_s) -> None:
-        spec = self.spec
-        pieces = payload if isinstance(payload, list) else []
+    def _push(self, ex: Trained) -> None:
+        spec, cursor, tally, view = self.spec, self.cursor, self.tally, self.work.view
+        pieces = ex.payload if isinstance(ex.payload, list) else []
         sumsq = tuple(sum_squares(codec.decode(p, spec.layout)) for p in pieces)
-        push = Push(seq=self.seq, first_step=self.step, steps=n, samples=seen, base_version=base,
-                    have=self.view.version, attempt=self.attempt, lr=lr, density=density, loss_sum=loss_sum,
-                    correct=correct, nnz=int(sent.nnz), compute_s=compute_s, wait_s=self.wait_s,
-                    view_bytes=self.down_bytes, state_reset=self.reset,
-                    replica_resync=self.view.resyncs > self.resyncs_sent,
-                    pid=os.getpid(), executor=self.executor, payload=b"" if pieces else payload,
-                    state=_state_arrays(self.state()) if self.send_state else (), sumsq=sumsq,
-                    overhead_cpu_s=self._overhead_cpu())
-        self.resyncs_sent = self.view.resyncs
-        first_try = self.attempt == 0 and self.seq > self.pushed_to  # neither a rerun nor a retrain
-        self.pushed_to = max(self.pushed_to, self.seq)
-        if chaos.holds(spec, self.block, self.seq, first_try):
+        push = Push(seq=cursor.seq, first_step=cursor.step, steps=ex.n, samples=ex.seen, base_version=ex.base,
+                    have=view.version, attempt=cursor.attempt, lr=ex.lr, density=ex.density,
+                    loss_sum=ex.loss_sum, correct=ex.correct, nnz=int(ex.sent.nnz), compute_s=ex.compute_s,
+                    wait_s=tally.wait_s, view_bytes=tally.down_bytes, state_reset=tally.reset,
+                    replica_resync=view.resyncs > tally.resyncs_sent,
+                    pid=os.getpid(), executor=self.executor, payload=b"" if pieces else ex.payload,
+                    state=_state_arrays(self.work.state()) if self.offer.send_state else (),
+                    sumsq=sumsq, overhead_cpu_s=self.meter.overhead())
+        tally.resynced(view.resyncs)
+        first_try = cursor.first_try()  # neither a rerun nor a retrain
+        if chaos.holds(spec, self.block, cursor.seq, first_try):
             chaos.hold(spec)  # this push arrives stale
-        self.pending = (self.link.send(push, pieces), push, before, self.left)
-        if chaos.kills(spec, self.seq, self.block, self.attempt):
-            self.link.wait(self.pending[0])  # the push has landed: its retry must be a duplicate
-            chaos.kill_worker(self.block, self.seq)
-        self.reset = False
-        self.seq, self.step, self.left = self.seq + 1, self.step + n, self.left - n
-        self.exchanges += 1
-        self.samples += seen
+        self.pending = Pending(self.link.send(push, pieces), push, ex.before, cursor.left)
+        if chaos.kills(spec, cursor.seq, self.block, cursor.attempt):
+            self.link.wait(self.pending.future)  # the push has landed: its retry must be a duplicate
+            chaos.kill_worker(self.block, cursor.seq)
+        tally.pushed(ex.seen)
+        cursor.advance(ex.n)
 
 
 def _state_arrays(state: dict) -> tuple[StateArray, ...]:

@@ -126,14 +126,14 @@ def test_service_refuses_strangers_caps_and_rejects_bad_messages():
 
 def test_worker_stops_when_the_server_is_gone(tiny_cfg):
     """A stream task whose server does not answer fails within its timeout, with a clear error."""
-    from sparkcnn.worker.stream import ServerGone, _Link
+    from sparkcnn.worker.streamlink import Link, ServerGone
 
     with socket.socket() as s:  # a port that was free: nobody listens there
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     t0 = time.monotonic()
     with pytest.raises(ServerGone, match=r"parameter server .* (unreachable|stream failed|did not answer)"):
-        _Link(StreamTicket("127.0.0.1", port, "t", timeout_s=2.0), 0).start()
+        Link(StreamTicket("127.0.0.1", port, "t", timeout_s=2.0), 0).start()
     assert time.monotonic() - t0 < 10
 
     import threading
@@ -150,7 +150,7 @@ def test_worker_stops_when_the_server_is_gone(tiny_cfg):
     try:
         t0 = time.monotonic()
         with pytest.raises(ServerGone, match=r"did not answer within 1 s"):
-            _Link(StreamTicket("127.0.0.1", svc.port, svc.token, timeout_s=1.0), 0).start()
+            Link(StreamTicket("127.0.0.1", svc.port, svc.token, timeout_s=1.0), 0).start()
         assert entered.is_set()  # the server was reached, and had not answered
         assert time.monotonic() - t0 < 10
     finally:

@@ -1,0 +1,128 @@
+"""The stream task's connection to the parameter server: one Arrow Flight DoExchange stream to
+the coordinator and, with ``ps.shards`` > 1, one to each shard (:mod:`sparkcnn.shards`).
+
+A push and its reply travel on one background thread (the push thread), so that the task
+computes its next exchange meanwhile; the thread's CPU is summed (``Link.cpu_s``) for the
+records' CPU outside TensorFlow. Every wait is bounded by the ticket's ``timeout_s``: a server
+that does not answer, or closes the stream, is :class:`ServerGone`. Nothing here imports Spark.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+from sparkcnn.protocol import Done, Piece, Push, Reply, ShardReply, StageState, StreamTicket
+from sparkcnn.streamwire import decode, encode
+
+
+class ServerGone(RuntimeError):
+    """The parameter server did not answer in time or closed the stream."""
+
+
+class Link:
+    """One DoExchange stream to the parameter server; every call bounded by ``timeout_s``."""
+
+    def __init__(self, ticket: StreamTicket, block: int):
+        import pyarrow as pa
+
+        self._pa, self.ticket = pa, ticket
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="sparkcnn-push")
+        self.writer, self.reader = self._open(ticket.host, ticket.port, {"block": block})
+        self.shards: list = []  # (writer, reader) of each shard's stream (ps.shards > 1)
+        self.ordinal = -1       # pushes sent (their pieces' key on the shards, with the stream)
+        self.stream = 0
+        self.cpu_s = 0.0        # the push thread's CPU, summed (time.thread_time: waits excluded)
+
+    def _open(self, host: str, port: int, hello: dict):
+        import pyarrow.flight as flight
+
+        try:
+            client = flight.FlightClient(f"grpc+tcp://{host}:{port}")
+            bearer = f"Bearer {self.ticket.token}".encode()
+            opts = flight.FlightCallOptions(headers=[(b"authorization", bearer)])
+            desc = flight.FlightDescriptor.for_command(json.dumps(hello).encode())
+            return client.do_exchange(desc, opts)
+        except Exception as e:  # noqa: BLE001 - any failure to reach it means the same to the task
+            raise ServerGone(f"parameter server at {host}:{port} unreachable ({type(e).__name__})") from None
+
+    def _read(self, reader=None, kind=Reply):
+        try:
+            chunk = (reader or self.reader).read_chunk()
+        except StopIteration:
+            raise ServerGone("the parameter server closed the stream") from None
+        except Exception as e:  # noqa: BLE001 - Flight raises per gRPC status; all mean the server is gone
+            raise ServerGone(f"parameter server stream failed ({type(e).__name__})") from None
+        return decode(chunk.app_metadata, (kind,))
+
+    def start(self):
+        """The first Reply (the plan); with shards, and the shards' parts of its weights."""
+        reply = self._wait(self._pool.submit(self._read))
+        if not self.ticket.shards or reply.plan is None:
+            return reply, None
+        self.stream = reply.plan.stream
+        self.shards = [self._open(h, p, {"stream": self.stream}) for h, p in self.ticket.shards]
+        return reply, self._wait(self._pool.submit(self._pieces, [b""] * len(self.shards), -1, -1))
+
+    def _pieces(self, payloads: list[bytes], have: int, ordinal: int) -> list[ShardReply]:
+        self._write_pieces(payloads, have, ordinal)
+        return [self._read(r, ShardReply) for _, r in self.shards]
+
+    def _write_pieces(self, payloads, have: int, ordinal: int) -> None:
+        for (w, _), payload in zip(self.shards, payloads):
+            w.write_metadata(self._pa.py_buffer(encode(Piece(self.stream, ordinal, have, payload))))
+
+    def send(self, push: Push, pieces: list[bytes] = ()):
+        """Push (its pieces first, to the shards) on the background thread; returns a future of
+        the reply and the shards' parts (None without shards)."""
+        buf = encode(push)
+        self.ordinal += 1
+        ordinal = self.ordinal
+
+        def roundtrip():
+            if self.shards:  # the pieces reach the shards before the push reaches the coordinator
+                self._write_pieces(pieces, push.have, ordinal)
+            reply = self._exchange(buf)
+            return reply, ([self._read(r, ShardReply) for _, r in self.shards] if self.shards else None)
+
+        return self._pool.submit(self._timed, roundtrip)
+
+    def send_state(self, msg: StageState) -> Reply:
+        """A block's end-of-stage state to the coordinator (the shards hold no block state), and
+        its reply; after the stage's last push was answered."""
+        return self._wait(self._pool.submit(self._timed, self._exchange, encode(msg)))
+
+    def _exchange(self, buf: bytes):
+        """One message to the coordinator and its reply."""
+        self.writer.write_metadata(self._pa.py_buffer(buf))
+        return self._read()
+
+    def _timed(self, fn, *args):
+        """``fn(*args)`` on the push thread, its CPU added to ``cpu_s`` (waits excluded)."""
+        t = time.thread_time()
+        try:
+            return fn(*args)
+        finally:
+            self.cpu_s += time.thread_time() - t
+
+    def _wait(self, fut):
+        try:
+            return fut.result(timeout=self.ticket.timeout_s)
+        except FutureTimeout:
+            raise ServerGone(f"parameter server at {self.ticket.host}:{self.ticket.port} did not answer "
+                             f"within {self.ticket.timeout_s:g} s") from None
+
+    def wait(self, fut):
+        return self._wait(fut)
+
+    def close(self) -> None:
+        for writer in [self.writer] + [w for w, _ in self.shards]:
+            try:
+                writer.write_metadata(self._pa.py_buffer(encode(Done())))
+                writer.done_writing()
+                writer.close()
+            except Exception:  # noqa: BLE001 - closing a stream to a server that is gone
+                pass
+        self._pool.shutdown(wait=False, cancel_futures=True)
