@@ -162,10 +162,15 @@ class AsyncEngine(Transport):
         return limit
 
     # -- results ------------------------------------------------------------------------------
-    def on_result(self, order: RoundOrder, block: int, results, t0: float, t1: float, busy=None):
-        """Hand one job's result to the run as it arrives; (the decision, its record line) when
-        applied, else None (a duplicate, or dropped as too stale: the block's next job trains
-        those steps again). ``busy``: (task seconds so far, slot seconds offered), for idleness."""
+    def on_result(self, order: RoundOrder, block: int, results, t0: float, t1: float) -> dict | None:
+        """Hand one job's result to the run as it arrives; its record, or None (a duplicate, or
+        dropped as too stale: the block's next job trains those steps again)."""
+        out = self._take(order, block, results, t0, t1)
+        return None if out is None else out[1]
+
+    def _take(self, order: RoundOrder, block: int, results, t0: float, t1: float, busy=None):
+        """:meth:`on_result`'s (decision, record) when applied, else None. ``busy``: (task seconds
+        so far, slot seconds offered), for the record's idleness."""
         if not results:
             return None
         r = results[0]
@@ -215,7 +220,7 @@ class AsyncEngine(Transport):
                     t_prev = now
                     for fut in done:
                         order, block = inflight.pop(fut)
-                        out = self.on_result(order, block, *fut.result(), busy=(busy_s, slot_s))
+                        out = self._take(order, block, *fut.result(), busy=(busy_s, slot_s))
                         if out is None:
                             continue
                         decision, line = out
