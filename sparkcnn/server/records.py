@@ -210,10 +210,15 @@ class Records:
         self.history.append(line)
         if self._sink:
             self._sink.write(line)
-        if self._progress and progress_at is not None:
+        if progress_at is not None:
+            self.show(line, progress_at)
+        return line
+
+    def show(self, line: dict, progress_at: tuple) -> None:
+        """A written record on the progress bar at (position, total[, epoch])."""
+        if self._progress:
             pos, total, *epoch = progress_at
             self._progress.round({**line, "round": pos, **({"epoch": epoch[0]} if epoch else {})}, total)
-        return line
 
     def write_epoch(self, epoch: int, evaluation: dict, wall_s: float, counters: Counters, *,
                     staleness: dict[int, int] | None = None, exposed_comm_s: float | None = None) -> dict:

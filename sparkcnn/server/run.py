@@ -233,6 +233,10 @@ class Run:
         return self.records.write(dataclasses.replace(decision.record, timings=timings, where=where),
                                   progress_at)
 
+    def show(self, line: dict, progress_at: tuple) -> None:
+        """A record already written, on the progress bar (when the transport shows it later)."""
+        self.records.show(line, progress_at)
+
     def evaluate(self, epoch: int) -> dict:
         """Test loss and accuracy of ``W``, by the transport's evaluation."""
         return self.evaluator(self.W, epoch)

@@ -199,7 +199,7 @@ class SyncEngine(Transport):
         where = Where(tasks=tuple(TaskStat(x.block, x.compute_s, x.prep_s, x.encode_s, x.pid, x.executor,
                                            None if x.gpus is None else ",".join(x.gpus),
                                            x.devices) for x in fresh))
-        return self.server.write(decision, timings, where, progress_at=(t, self.total_rounds)), t2
+        return self.server.write(decision, timings, where), t2
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self, start_round: int = 0, on_epoch=None) -> dict:
@@ -236,6 +236,7 @@ class SyncEngine(Transport):
         epoch_end = (t + 1) % self.rounds_per_epoch == 0
         if not epoch_end:  # else only once its epoch record is written (a resume keeps that epoch's)
             self.last_recorded_round = t
+        self.server.show(rec, (t, self.total_rounds))
         if epoch_end:
             self.server.write_epoch(t // self.rounds_per_epoch, time.perf_counter() - t_start, on_epoch)
             self.last_recorded_round = t
