@@ -94,6 +94,10 @@ KEPT: dict[str, tuple[str, str]] = {
     "2026-12-06-final-3": (
         "the complete final set: every benchmark of `bench/run_all.py`, with the figures",
         RENDERED + "; " + OPEN_ISSUE),
+    "2026-12-06-engine": (
+        ("the engine rebuild: `behaviour.json`, jobs and stream variants before (da6e4ea) and after, "
+         "3 repetitions each; `pushpath.json`, the modules one stream push runs through, before and after"),
+        "the evidence that the rebuild left behaviour unchanged"),
     "archive": (
         ("results from before the dated folders (bench/run_all.py moves older results here): "
          "`accuracy-stream.json`, the seed comparison; `throughput`, `jobcost`, `scale`, `balance`, "
