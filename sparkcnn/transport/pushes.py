@@ -140,12 +140,15 @@ class PushHandler:
             raise WireError(f"block {block} has no plan in this stage")
         if p.seq <= c.last_seq[block]:
             return  # a duplicate (a rerun stage): the run drops it by its key
-        want, left = c.last_seq[block] + 1, self.pass_end[block] - c.block_step[block]
+        plan = self.stage.plans[block]  # the stage's share of the block's pass bounds its pushes
+        want, left = c.last_seq[block] + 1, plan.first_step + plan.steps - c.cursor(block)
         h, batch = self.cfg.train.steps_per_round, self.cfg.train.batch_size
         if p.seq != want:
             raise WireError(f"Push.seq {p.seq}: block {block} expects {want}")
         if p.first_step != c.cursor(block):
             raise WireError(f"Push.first_step {p.first_step}: block {block} is at {c.cursor(block)}")
+        if left <= 0:
+            raise WireError(f"Push.seq {p.seq}: block {block} trained its {plan.steps} steps of the stage")
         if not 1 <= p.steps <= min(h, left):
             raise WireError(f"Push.steps {p.steps}: expected 1..{min(h, left)}")
         if p.samples != p.steps * batch:

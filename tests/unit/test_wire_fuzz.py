@@ -51,7 +51,7 @@ from tests.unit.fake_run import (BATCH, LOSS, P, FakeBackend, apply_expected, de
                                  make_cfg, make_run, make_spec, payloads, server_scale, staleness_lambda)
 
 CAP = 16 * 1024  # engine.max_message_bytes of these runs: a dense float16 payload and a state fit
-PASS = 100       # steps in a block's pass: no fuzzed stage ends (a push past it: the xfail test below)
+PASS = 100       # steps in a block's pass: no fuzzed stage ends (a push past it: the test below)
 FIELDS = ("seq", "first_step", "steps", "samples", "base_version", "lr", "density", "state", "sumsq")
 KINDS = ("valid", "stale", "duplicate", "payload", "bytes", "empty", "truncated", "flipped", "trailing",
          "type", "state", "oversize", *(f"field.{f}" for f in FIELDS))  # field.x: a push with a wrong x
@@ -440,10 +440,6 @@ def test_over_flight_a_token_holder_s_garbage_is_refused_and_a_valid_push_applie
                                rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "PushHandler._check bounds a push's steps by the block's pass (pass_end - block_step), not by "
-    "the stage's plan: once the plan's steps are applied, block_step is back at 0 and pushes of the "
-    "next pass (and past train.epochs) are accepted and applied within the same stage"))
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_a_push_past_the_stage_plan_is_refused(service, mode):
     """A stage plans 2 steps of block 0 (its pass); both are applied, then a push of step 2: the
