@@ -202,7 +202,10 @@ class PushHandler:
                 self.stage.keep_final(self.server.cursors, s.block, q.state)
         self._write(decision, p, t0)
         if self.cut.open and (self.cut.complete() if bsp else session.block in self.cut.states):
-            self.cut.gather(self.cond, lambda: self.failure is not None) if not bsp else self.cut.write()
+            if bsp:
+                self.cut.write()
+            else:
+                self.cut.gather(self.cond, lambda: self.failure is not None)
         elif not self.cut.open and decision.checkpoint:
             self.cut.begin()
         if bsp:
