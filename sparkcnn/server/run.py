@@ -156,6 +156,10 @@ class Run:
             return Decision(HELD if taken.kind == "held" else RETRAIN, tau=taken.tau)
         return self._applied(taken, inline_bytes, at, None if ex.bsp else (r.block, *cursor))
 
+    def held_blocks(self, seq: int) -> tuple[int, ...]:
+        """BSP: the blocks whose result of round ``seq`` is held, waiting for the others."""
+        return tuple(self.exchange.held.get(seq, {}))
+
     def close_round(self, seq: int, *, inline_bytes: int = 0, at: tuple[int, int] | None = None) -> Decision:
         """BSP: apply round ``seq`` with the results that came (a jobs round that lost a block's)."""
         return self._applied(self.exchange.take_round(seq, self.version, self.shards), inline_bytes, at, None)

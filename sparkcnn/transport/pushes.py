@@ -181,7 +181,7 @@ class PushHandler:
             self.stage.keep_push(session, p)
             if not self.cond.wait_for(lambda: p.seq <= self.server.cursors.last_seq[block]
                                       or self.failure is not None, timeout=self.cfg.engine.stream_timeout_s):
-                late = sorted(set(self.pass_end) - set(self.stage.held_blocks(p.seq)))
+                late = sorted(set(self.pass_end) - set(self.server.held_blocks(p.seq)))
                 raise TimeoutError(f"sync stream exchange {p.seq}: blocks {late} did not push within "
                                    f"engine.stream_timeout_s")
             if self.failure is not None:
@@ -193,7 +193,7 @@ class PushHandler:
             # a dense copy (0.9 MB) on a 20 Mbit/s link took long enough for the retrained push to
             # be stale again, ten times in a row in one run (a refusal, or shards, still send it)
             return self._reply(session, have=p.have, retrain=decision.kind == RETRAIN)
-        held = self.stage.take_pushes(p.seq, session, p) if bsp else [(session, p)]
+        held = self.stage.take_pushes(p.seq, decision.blocks, session, p) if bsp else [(session, p)]
         self._to_shards([(s, False) for s, _ in held])
         for s, q in held:
             self.tau[s.block] = decision.tau

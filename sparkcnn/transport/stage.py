@@ -31,7 +31,7 @@ class Stage:
         self.initial: dict = {}              # block -> state from a checkpoint, for the next stage
         self.final: dict = {}                # block -> state its last push of the stage carried
         self.start: dict = {}                # block -> state it started this stage from (when known)
-        self.pushes: dict[int, dict] = {}    # BSP: seq -> block -> (session, push) held for the round
+        self.pushes: dict[int, dict] = {}    # BSP: seq -> block -> (session, push) to answer
 
     def plan(self, cursors, pass_end: dict[int, int]) -> None:
         """Each block's share of the stage, from its cursor (module docstring)."""
@@ -65,12 +65,13 @@ class Stage:
         """BSP: a push held until its round is complete (its sender's reply waits)."""
         self.pushes.setdefault(push.seq, {})[session.block] = (session, push)
 
-    def take_pushes(self, seq: int, session, push) -> list:
-        """BSP: the round's pushes, the completing one (``session``, ``push``) among them."""
-        return [*self.pushes.pop(seq, {}).values(), (session, push)]
-
-    def held_blocks(self, seq: int) -> list[int]:
-        return list(self.pushes.get(seq, {}))
+    def take_pushes(self, seq: int, blocks: tuple, session, push) -> list:
+        """BSP: whom to answer for round ``seq``, which the run applied with ``blocks`` (the run
+        decides who is in a round; the stage only keeps how to answer them); ``session``'s
+        ``push`` completed it."""
+        held = self.pushes.pop(seq, {})
+        held[session.block] = (session, push)
+        return [held[b] for b in blocks]
 
     def done(self, cursors, block: int) -> bool:
         """Whether ``block``'s pass of this stage is applied."""
