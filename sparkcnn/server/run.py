@@ -166,10 +166,13 @@ class Run:
 
     def _applied(self, taken, inline_bytes: int, at: tuple | None, block: tuple | None) -> Decision:
         ex, rs = self.exchange, taken.applied
-        for r in rs:
-            self.counters.add("state_resets", int(r.state_reset))
-            self.counters.add("stale_states", int(r.state_stale))
-            self.counters.add("replica_resyncs", int(r.replica_resync))
+        for r in rs:  # each flag is rarely set: count only what happened (the driver's hot path)
+            if r.state_reset:
+                self.counters.add("state_resets")
+            if r.state_stale:
+                self.counters.add("stale_states")
+            if r.replica_resync:
+                self.counters.add("replica_resyncs")
         every = 1 if ex.bsp else self.shape.downlink_every
         density = self.schedule.down_density(self.epoch_float) if self.downlink.sparse else 1.0
         nnz_down = self.downlink.send(density, every, self.shards)
