@@ -123,6 +123,7 @@ class ExchangeRecord:
     bytes_down: int
     nnz_down: int
     dense_bytes: int          # 4 P per block: what a dense exchange would move each way
+    params: int               # P: the model's parameter count
     rejected: int
     state_resets: int
     replica_resyncs: int
@@ -135,14 +136,13 @@ class ExchangeRecord:
     where: Where = field(default_factory=Where)
 
     def as_dict(self) -> dict:
-        n_blocks, up, down = max(1, self.blocks), self.bytes_up, self.bytes_down
-        params = self.dense_bytes // (4 * n_blocks) if self.blocks else 0
+        up, down = self.bytes_up, self.bytes_down
         head = {k: getattr(self, k) for k in ("round", "seq", "block", "block_epoch", "block_step",
                                                "staleness", "scale", "steps", "lr", "density", "version",
                                                "samples", "blocks", "loss", "accuracy", "bytes_up", "nnz_up")
                 if getattr(self, k) is not None}
         return {"kind": "round", **head,
-                "achieved_density": self.nnz_up / max(1, params * self.blocks),
+                "achieved_density": self.nnz_up / max(1, self.params * self.blocks),
                 "bytes_per_nonzero": up / max(1, self.nnz_up),
                 "bytes_down": down, "nnz_down": self.nnz_down, "dense_bytes": self.dense_bytes,
                 "uplink_ratio": self.dense_bytes / max(1, up),

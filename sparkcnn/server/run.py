@@ -189,7 +189,8 @@ class Run:
             bytes_up=sum(len(r.payload) for r in rs), nnz_up=sum(r.nnz for r in rs),
             # measured: inline downlink bytes per task + the dense bytes each task read
             bytes_down=inline_bytes * len(rs) + sum(r.view_bytes for r in rs), nnz_down=nnz_down,
-            dense_bytes=4 * int(self.W.size) * len(rs), rejected=len(taken.out.rejected) if taken.out else 0,
+            dense_bytes=4 * int(self.W.size) * len(rs), params=int(self.W.size),
+            rejected=len(taken.out.rejected) if taken.out else 0,
             state_resets=sum(int(r.state_reset) for r in rs),
             replica_resyncs=sum(int(r.replica_resync) for r in rs), **where)
         self.check_loss(f"exchange {rec.round}", rec.loss, rec.samples)
