@@ -144,6 +144,10 @@ class PSConfig:
     downlink_every: int = 0     # async: applied results per downlink; 0 = ceil(num_blocks / 2), the
                                 # cadence that keeps a replica's bytes down at about twice its own up
                                 # (server/exchange.py); 1 = after every result (bench/cadence.py)
+    downlink_candidates: bool = True  # sparse float16 downlink: choose D among the entries updates
+                                # touched since the last one (false: scan all P entries of W - U each
+                                # time; the same downlinks bitwise, slower; bench/drivercpu.py). The
+                                # driver's server only: shard processes always use the candidates
 
     def validate(self, p: str) -> None:
         check_field(self.staleness in ("auto", "none", "inverse"), f"{p}.staleness",

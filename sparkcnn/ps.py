@@ -82,6 +82,7 @@ class ParameterServer:
         density_down: float | None,
         sparsifier: Sparsifier | None = None,
         value_dtype: str = "float32",
+        candidates: bool = True,
     ) -> None:
         weights = np.asarray(weights)
         if weights.ndim != 1 or weights.dtype != np.float32:
@@ -111,7 +112,8 @@ class ParameterServer:
         self._checksum = checksum(self._U)
         # sparse servers: the choice of D among R (see ps_downlink), over these same W and U
         self._sparse = (None if self.density_down is None
-                        else SparseDownlink(self._W, self._U, self.layout, self.sparsifier, value_dtype))
+                        else SparseDownlink(self._W, self._U, self.layout, self.sparsifier, value_dtype,
+                                            candidates=candidates))
 
     # -- read-only state -------------------------------------------------------------
 

@@ -38,7 +38,7 @@ class SparseDownlink:
     """
 
     def __init__(self, W: np.ndarray, U: np.ndarray, layout: tuple[int, ...], sparsifier: Sparsifier,
-                 value_dtype: str) -> None:
+                 value_dtype: str, *, candidates: bool = True) -> None:
         self._W, self._U = W, U
         self.layout = layout
         self._offsets = layout_offsets(layout)
@@ -48,6 +48,9 @@ class SparseDownlink:
         # Values are rounded to this dtype before U moves, matching a codec that ships them so
         # (float16 halves downlink bytes).
         self.value_dtype = value_dtype
+        # whether the candidate set may settle a downlink (False: every downlink scans, the same D;
+        # ``ps.downlink_candidates``, for benchmarks of what the short cut saves)
+        self.candidates = candidates
         self._support_buf: tuple[np.ndarray, np.ndarray] | None = None  # for _residual_support
         self._sendable_buf: np.ndarray | None = None  # for _residual_support(sendable=True)
         # float16 downlinks: every i with float16(W[i] - U[i]) != 0 is in one of these index arrays
@@ -74,6 +77,8 @@ class SparseDownlink:
         """``D`` at ``density_down``, applied to ``U``: (D, the change of U's checksum)."""
         # the compiled candidate path settles it, or tells that the candidate set cannot
         # (numpy's _from_candidates would then say the same): the scan chooses
+        if not self.candidates:
+            return self._sparse_downlink(density_down, candidates=False)
         compiled = self._candidates is not None and native.enabled()
         return ((self._compiled_candidates(density_down) if compiled else None)
                 or self._sparse_downlink(density_down, candidates=not compiled))
