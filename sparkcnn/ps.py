@@ -183,6 +183,11 @@ class ParameterServer:
 
     # -- downlink side ---------------------------------------------------------------
 
+    @property
+    def select_cpu_s(self) -> float:
+        """Thread CPU seconds of the last sparse downlink's scan choosing D (0: none scanned)."""
+        return 0.0 if self._sparse is None else self._sparse.select_cpu_s
+
     def downlink(self, density: float | None = None) -> Downlink | None:
         """Move ``U`` towards ``W`` and return the downlink that does it.
 
