@@ -7,8 +7,8 @@ cores: slower than a cluster, which accuracy does not mind), ``--epochs`` epochs
 each N with:
 
 - ``cadence``: the exchange core as it is (a downlink once every ceil(N / 2) applied pushes);
-- ``every_push``: the same run with a downlink after every applied push (the core's
-  ``downlink_every`` set to 1 in this process), the rule before the cadence.
+- ``every_push``: the same run with a downlink after every applied push
+  (``ps.downlink_every=1``), the rule before the cadence.
 
 Each run records its test accuracy per epoch, bytes down per step (what replies carried),
 images/s and the replica resyncs. The check (``passed``): at every N the cadence ends within
@@ -24,7 +24,6 @@ import os
 import shutil
 import sys
 import tempfile
-from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -32,20 +31,6 @@ from bench._common import emit, ensure_data, log  # noqa: E402
 from bench.accuracy import BIDIR, STREAM_SPARSE, run_variant  # noqa: E402
 
 SEED = 42
-
-
-def _every_push():
-    """Runs laid out with a downlink after every applied push."""
-    import dataclasses
-
-    from sparkcnn.server.run import Run
-
-    real = Run.__init__
-
-    def init(self, cfg, spec, weights, shape, **kw):
-        real(self, cfg, spec, weights, dataclasses.replace(shape, downlink_every=1), **kw)
-
-    return mock.patch.object(Run, "__init__", init)
 
 
 def _stop_session() -> None:
@@ -58,14 +43,13 @@ def _stop_session() -> None:
 
 def run(data: str, blocks: int, variant: str, epochs: int, out_dir: str) -> dict:
     overrides = [*STREAM_SPARSE, *BIDIR, f"data.num_blocks={blocks}", f"engine.master=local[{blocks}]",
-                 f"run.seed={SEED}"]
-    if variant == "every_push":
-        with _every_push():
-            r = run_variant(data, f"cadence-{blocks}-{variant}", overrides, epochs, out_dir)
-    else:
-        r = run_variant(data, f"cadence-{blocks}-{variant}", overrides, epochs, out_dir)
+                 f"run.seed={SEED}", *(["ps.downlink_every=1"] if variant == "every_push" else [])]
+    r = run_variant(data, f"cadence-{blocks}-{variant}", overrides, epochs, out_dir)
     steps = r["steps"] or 1
-    return {"blocks": blocks, "variant": variant, "downlink_every": 1 if variant == "every_push" else -(-blocks // 2),
+    from sparkcnn.server.exchange import downlink_cadence
+
+    every = downlink_cadence(1 if variant == "every_push" else 0, blocks)
+    return {"blocks": blocks, "variant": variant, "downlink_every": every,
             "test_accuracy": r["test_accuracy"], "accuracy_per_epoch": r["accuracy_per_epoch"],
             "images_per_s": r["images_per_s"], "bytes_down_per_step": r["bytes_down"] / steps,
             "bytes_up_per_step": r["bytes_up"] / steps, "replica_resyncs": r["replica_resyncs"], "steps": steps,

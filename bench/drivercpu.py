@@ -6,20 +6,22 @@ slice, ``--reps`` times per variant, the variants alternating in one process and
 session so that they see the same machine:
 
 - ``candidates``: the server selects each downlink among the entries pushes touched since the
-  last one (``SparseDownlink._compiled_candidates``, or ``_from_candidates`` without the
-  compiled kernels), as it does by default;
-- ``scan``: the same run with that short cut off (compiled and numpy alike): every downlink
-  scans all P entries of W - U.
+  last one, as it does by default (``ps.downlink_candidates=true``);
+- ``scan``: the same run with that short cut off (``ps.downlink_candidates=false``, compiled
+  and numpy alike): every downlink scans all P entries of W - U.
 
-Both send the same downlinks bitwise (tests/unit/test_ps.py). For each run, the thread CPU of
-the driver's handler per push (``time.thread_time`` around its parts: ``push`` holds
-``apply`` and ``send_downlink``, ``send_downlink`` holds ``downlink`` and ``encode``,
-``downlink`` holds ``select``, the scan's choice (the compiled candidate path makes its
-choice, rounds and applies it in one call inside ``downlink``); ``serve_stream`` is the
-handler thread's whole stream, Flight reads and writes included), the driver process's
-CPU per push, images/s and the
-efficiency against the compute limit taken in the same workers right before and after.
-The first run of the session (traces, compiled kernels' caches) is not counted.
+Both send the same downlinks bitwise (tests/unit/test_ps.py). For each run, the driver's thread
+CPU per push, as the run itself measures it where the work happens: the service's per-stream
+sums (``push``: its handler's calls, from the check to the reply; ``serve_stream``: the handler
+thread's whole stream, Flight reads and writes included) and the exchange records' ``timings``
+(``send_downlink``: the downlink, ``downlink_cpu_s``; ``encode``: its encoding; ``downlink``:
+the rest of it, the choice of D and U += D; ``select``: the scan's choice, 0 where the candidate
+set settled it (the compiled candidate path makes its choice, rounds and applies it in one call
+inside ``downlink``); ``apply``: the server's part outside the downlink, ``server_cpu_s -
+downlink_cpu_s``: dedup and staleness, the apply (decode, guard, sum into W), the record), each
+summed over the run and divided by the messages the handler took; the driver process's CPU per
+push, images/s and the efficiency against the compute limit taken in the same workers right
+before and after. The first run of the session (traces, compiled kernels' caches) is not counted.
 
     python bench/drivercpu.py [--reps 3]
 """
@@ -27,13 +29,9 @@ The first run of the session (traces, compiled kernels' caches) is not counted.
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import statistics
 import sys
-import time
-from collections import defaultdict
-from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -41,61 +39,29 @@ from bench import throughput  # noqa: E402
 from bench._common import emit, ensure_data, log  # noqa: E402
 
 CASE = "async_h1_sparse"
+VARIANTS = {"candidates": ["ps.downlink_candidates=true"], "scan": ["ps.downlink_candidates=false"]}
 
 
-def parts() -> list:
-    """(owner, attribute, name): the handler's parts, each timed on the thread that runs it."""
-    from sparkcnn.ps import ParameterServer
-    from sparkcnn.server import downlink as downlink_mod
-    from sparkcnn.server.downlink import Downlink
-    from sparkcnn.server.exchange import Exchange
-    from sparkcnn.transport import service as psservice
-    from sparkcnn.transport.pushes import PushHandler
+def handler_cpu(records: list[dict], service: dict) -> tuple[int, dict[str, float]]:
+    """(messages the handler took, each part's thread CPU seconds over the run) from the
+    exchange records' timings and the service's sums (module docstring)."""
 
-    from sparkcnn.ps_downlink import SparseDownlink
+    def total(key: str) -> float:
+        return sum(r.get(key, 0.0) for r in records)
 
-    return [(PushHandler, "push", "push"), (Exchange, "apply", "apply"),
-            (Downlink, "send", "send_downlink"), (ParameterServer, "downlink", "downlink"),
-            (SparseDownlink, "_select", "select"), (downlink_mod.codec, "encode", "encode"),
-            (psservice.PSService, "serve_stream", "serve_stream")]
-
-
-def timed(totals: dict, calls: dict) -> list:
-    """Patches that add each part's thread CPU seconds to ``totals[name]`` and count its calls."""
-    patches = []
-    for owner, attr, name in parts():
-        fn = getattr(owner, attr)
-
-        def wrapper(*a, _fn=fn, _name=name, **k):
-            t = time.thread_time()
-            try:
-                return _fn(*a, **k)
-            finally:
-                totals[_name] += time.thread_time() - t
-                calls[_name] += 1
-
-        patches.append(mock.patch.object(owner, attr, functools.wraps(fn)(wrapper)))
-    return patches
+    down, enc = total("downlink_cpu_s"), total("encode_cpu_s")
+    return service["messages"], {
+        "push": service["handler_cpu_s"], "serve_stream": service["stream_cpu_s"],
+        "apply": total("server_cpu_s") - down, "send_downlink": down, "downlink": down - enc,
+        "select": total("select_cpu_s"), "encode": enc}
 
 
 def one_run(data: str, variant: str, limit_steps: int, run_id: str) -> dict:
-    from sparkcnn.ps_downlink import SparseDownlink
-
     h, mode, extra = throughput.STREAM_CASES[CASE]
-    totals: dict[str, float] = defaultdict(float)
-    calls: dict[str, int] = defaultdict(int)
-    patches = timed(totals, calls)
-    if variant == "scan":
-        for short_cut in ("_from_candidates", "_compiled_candidates"):
-            patches.append(mock.patch.object(SparseDownlink, short_cut, lambda self, density: None))
-    for p in patches:
-        p.start()
-    try:
-        r = throughput._stream_once(data, h, mode, extra, limit_steps, run_id)
-    finally:
-        for p in reversed(patches):
-            p.stop()
-    pushes = max(1, calls["push"])  # every push of the run, as the totals
+    records: list[dict] = []
+    r = throughput._stream_once(data, h, mode, [*extra, *VARIANTS[variant]], limit_steps, run_id, records)
+    pushes, totals = handler_cpu(records, r["service"])
+    pushes = max(1, pushes)
     limit = sum(r["limit_before_after"]) / 2
     return {"images_per_s": r["images_per_s"], "limit_before_after": r["limit_before_after"],
             "efficiency_vs_limit": r["images_per_s"] / limit,

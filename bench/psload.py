@@ -15,9 +15,11 @@ earlier than its slot); ``--rate 0`` sends as fast as replies come.
 For each N (``--workers``) and K (``--shards``: ``ps.shards``; with K > 1 each worker sends
 its recorded delta as one piece per shard, split beforehand, and merges nothing: it follows
 the version the replies name), over the middle of the run (the first and last 10 % of
-pushes left out): ``pushes_per_s`` sustained, ``reply_ms`` p50/p99 (push sent to reply read,
-at the worker), ``server_cpu_ms_per_push`` (the CPU of this process, the engine's handler and
-Flight's threads, plus that of the shard processes, over the window / pushes in it; apart:
+pushes left out, in the order their workers read the replies): ``pushes_per_s`` sustained,
+``reply_ms`` p50/p99 (push sent to reply read, at the worker), ``server_cpu_ms_per_push`` (the
+CPU of this process, the engine's handler and Flight's threads, plus that of the shard
+processes, each sampled every 10 ms and read at the window's ends, over the window / pushes
+in it; apart:
 ``coordinator_cpu_ms_per_push`` and ``shard_cpu_ms_per_push``, one per shard; the load
 generator's CPU is its own, ``client_cpu_ms_per_push``),
 ``bytes_per_push`` each way (the whole messages, downlinks and start replies included),
@@ -57,11 +59,11 @@ OFFERED = 1050.0  # pushes/s offered by default: a little over the target, so th
 # -- recorded deltas -------------------------------------------------------------------------------
 def record_deltas(data: str, density: float, count: int, out_dir: str) -> list[dict]:
     """``count`` pushes of a real in-process run (jobs transport, async, one step per exchange, the
-    same model and compression): payload bytes, nnz, loss and correct counts, as the run accepted them."""
-    from unittest import mock
-
+    same model and compression): payload bytes, nnz, loss and correct counts of the results its
+    jobs returned, which the run accepted as they came (the backend the run is handed keeps them)."""
     from sparkcnn import config
-    from sparkcnn.server.run import Run
+    from sparkcnn.backends.inprocess import LocalBackend
+    from sparkcnn.protocol import RoundResult
     from sparkcnn.train import train
 
     cfg = config.load(None, [f"data.path={data}", f"run.out_dir={out_dir}", "run.name=psload-record",
@@ -70,16 +72,19 @@ def record_deltas(data: str, density: float, count: int, out_dir: str) -> list[d
                              f"compression.density={density}", "compression.density_down=0.01",
                              "compression.warmup_epochs=0", "scheduler.target_job_seconds=0.001"])
     got: list[dict] = []
-    real = Run.accept
 
-    def keep(self, r, *a, **kw):
-        if len(got) < count:
-            got.append({"payload": bytes(r.payload), "nnz": int(r.nnz), "loss_sum": float(r.loss_sum),
-                        "correct": int(r.correct), "samples": int(r.samples)})
-        return real(self, r, *a, **kw)
+    class Recording(LocalBackend):
+        """The in-process backend, keeping the first ``count`` training results its jobs return."""
 
-    with mock.patch.object(Run, "accept", keep):
-        train(cfg)
+        def map_blocks(self, fn, blocks, description="", universe=None, split="train"):
+            out = super().map_blocks(fn, blocks, description, universe, split)
+            for r in out:
+                if isinstance(r, RoundResult) and len(got) < count:
+                    got.append({"payload": bytes(r.payload), "nnz": int(r.nnz), "loss_sum": float(r.loss_sum),
+                                "correct": int(r.correct), "samples": int(r.samples)})
+            return out
+
+    train(cfg, backend=Recording("psload-record"))
     return got
 
 
@@ -226,34 +231,21 @@ def client_main() -> None:
 
 
 # -- the server side -------------------------------------------------------------------------------
-class _Marks:
-    """(time, process CPU) after every push the engine answers; and, with shards, each shard
-    process's CPU sampled every 50 ms on a thread (read at a time by interpolation)."""
+class _Cpu:
+    """This process's CPU (the engine's handler and Flight's threads) and, with shards, each shard
+    process's, sampled every 10 ms on a thread; read at a time by interpolation."""
 
     def __init__(self, engine):
-        from unittest import mock
+        self.rows: list[tuple[float, float]] = []                # (time, this process's CPU seconds)
+        self.shard_rows: list[tuple[float, list[float]]] = []   # (time, each shard's CPU seconds)
+        self.engine, self.stop = engine, threading.Event()
+        self.thread = threading.Thread(target=self.sample, daemon=True)
+        self.thread.start()
 
-        from sparkcnn.transport.pushes import PushHandler
-
-        self.rows: list[tuple[float, float]] = []
-        self.shard_rows: list[tuple[float, list[float]]] = []
-        self.engine, self._stop = engine, threading.Event()
-        real = PushHandler.push
-
-        def push(handler, session, p):
-            try:
-                return real(handler, session, p)
-            finally:
-                self.rows.append((time.perf_counter(), time.process_time()))
-
-        self._patch = mock.patch.object(PushHandler, "push", push)
-        self._patch.start()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-
-    def _sample(self) -> None:
+    def sample(self) -> None:
         tick = os.sysconf("SC_CLK_TCK")
-        while not self._stop.wait(0.05):
+        while not self.stop.wait(0.01):
+            self.rows.append((time.perf_counter(), time.process_time()))
             shards = self.engine.server.shards
             if shards is None:
                 continue
@@ -270,18 +262,26 @@ class _Marks:
                 self.shard_rows.append((time.perf_counter(), cpu))
 
     def close(self) -> None:
-        self._patch.stop()
+        self.stop.set()
+        self.thread.join()
 
-    def shard_cpu(self, t: float) -> list[float]:
-        """Each shard's CPU seconds at ``t`` (linear between the samples around it)."""
-        self._stop.set()
-        rows = self.shard_rows
+    @staticmethod
+    def _at(rows: list, t: float) -> list[float]:
+        """The sampled values at ``t`` (linear between the samples around it)."""
         if not rows:
             return []
         after = next((i for i, (ti, _) in enumerate(rows) if ti >= t), len(rows) - 1)
         (t0, a), (t1, b) = rows[max(0, after - 1)], rows[after]
         f = 0.0 if t1 <= t0 else min(1.0, max(0.0, (t - t0) / (t1 - t0)))
         return [x + f * (y - x) for x, y in zip(a, b)]
+
+    def own(self, t: float) -> float:
+        """This process's CPU seconds at ``t``."""
+        return self._at([(ti, [c]) for ti, c in self.rows], t)[0]
+
+    def shard_cpu(self, t: float) -> list[float]:
+        """Each shard's CPU seconds at ``t``."""
+        return self._at(self.shard_rows, t)
 
 
 def _load_backend(deltas_path: str, rate: float):
@@ -345,19 +345,22 @@ def run_case(data_src: str, workers: int, pushes: int, rate: float, density: flo
     backend = _load_backend(deltas_path, rate)(f"psload-{workers}")
     engine, _ = build_engine(cfg, backend, f"psload-{workers}")
     backend.engine = engine
-    marks = _Marks(engine)
+    cpu = _Cpu(engine)
     try:
         summary = engine.run()
     finally:
-        marks.close()
+        cpu.close()
     client = backend.client
-    n = len(marks.rows)
+    # every push's answer, as its worker read it (perf_counter: one clock for all processes here)
+    answered = sorted(t + ms for w in client["workers"].values() for t, ms in w["lat"])
+    n = len(answered)
     lo, hi = n // 10, n - n // 10 - 1
-    (t_lo, c_lo), (t_hi, c_hi) = marks.rows[lo], marks.rows[hi]
+    t_lo, t_hi = answered[lo], answered[hi]
+    c_lo, c_hi = cpu.own(t_lo), cpu.own(t_hi)
     window = (t_lo, t_hi)
     lat = [ms for w in client["workers"].values() for t, ms in w["lat"] if window[0] <= t <= window[1]]
     sent = sum(w["sent"] for w in client["workers"].values())
-    shard_ms = [1000 * (b - a) / (hi - lo) for a, b in zip(marks.shard_cpu(t_lo), marks.shard_cpu(t_hi))]
+    shard_ms = [1000 * (b - a) / (hi - lo) for a, b in zip(cpu.shard_cpu(t_lo), cpu.shard_cpu(t_hi))]
     if shards > 1 and len(shard_ms) != shards:
         raise RuntimeError("psload: the shard processes' CPU could not be read")
     coordinator_ms = 1000 * (c_hi - c_lo) / (hi - lo)

@@ -334,7 +334,9 @@ def measure_stream(data: str, H: int, mode: str, extra: list[str], limit_steps: 
     return out
 
 
-def _stream_once(data: str, H: int, mode: str, extra: list[str], limit_steps: int, run_id: str) -> dict:
+def _stream_once(data: str, H: int, mode: str, extra: list[str], limit_steps: int, run_id: str,
+                 records: list | None = None) -> dict:
+    """One stream run's figures; ``records``: also gets every exchange record of the run."""
     sink = TimedSink(CpuMeter())
     try:
         engine = _engine(data, run_id, [f"train.steps_per_round={H}", "train.epochs=1", f"engine.mode={mode}",
@@ -347,6 +349,8 @@ def _stream_once(data: str, H: int, mode: str, extra: list[str], limit_steps: in
     limit_after = _adjacent_limit(engine, limit_steps) if limit_steps else None
     engine.backend.close()
     rows = sink.rounds()
+    if records is not None:
+        records.extend(r for _, r in rows)
     rate = steady_rate(rows, skip_first=2 * BLOCKS, skip_last=2)
     steady = [r for _, r in rows[rate["first"]:rate["last"] + 1]][1:]
     steps = sum(r["steps"] for r in steady)
@@ -362,7 +366,7 @@ def _stream_once(data: str, H: int, mode: str, extra: list[str], limit_steps: in
         "mean_staleness": sum(r["staleness"] for r in steady) / max(1, len(steady)),
         "bytes_up_per_exchange": sum(r["bytes_up"] for r in steady) / max(1, len(steady)),
         "bytes_down_per_exchange": sum(r["bytes_down"] for r in steady) / max(1, len(steady)),
-        "run_wall_s": run["wall_s"], "test_accuracy": run["test_accuracy"],
+        "run_wall_s": run["wall_s"], "test_accuracy": run["test_accuracy"], "service": run.get("stream"),
         **({"limit_before_after": [limit_before, limit_after]} if limit_steps else {}),
         **_window_cpu(sink, rows, rate),
     }

@@ -141,12 +141,20 @@ class PSConfig:
                                 # data.num_blocks: raised to that, with a log line (stream_staleness_floor)
     shards: int = 1             # stream: processes keeping the weights, each a contiguous range of whole
                                 # tensors (1: the driver alone); the driver still decides every push
+    downlink_every: int = 0     # async: applied results per downlink; 0 = ceil(num_blocks / 2), the
+                                # cadence that keeps a replica's bytes down at about twice its own up
+                                # (server/exchange.py); 1 = after every result (bench/cadence.py)
+    downlink_candidates: bool = True  # sparse float16 downlink: choose D among the entries updates
+                                # touched since the last one (false: scan all P entries of W - U each
+                                # time; the same downlinks bitwise, slower; bench/drivercpu.py). The
+                                # driver's server only: shard processes always use the candidates
 
     def validate(self, p: str) -> None:
         check_field(self.staleness in ("auto", "none", "inverse"), f"{p}.staleness",
                     "one of auto, none, inverse", self.staleness)
         check_field(self.max_staleness >= 1, f"{p}.max_staleness", ">= 1", self.max_staleness)
         check_field(self.shards >= 1, f"{p}.shards", ">= 1", self.shards)
+        check_field(self.downlink_every >= 0, f"{p}.downlink_every", ">= 0", self.downlink_every)
 
 
 TRANSPORTS = ("auto", "jobs", "stream")

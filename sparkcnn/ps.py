@@ -82,6 +82,7 @@ class ParameterServer:
         density_down: float | None,
         sparsifier: Sparsifier | None = None,
         value_dtype: str = "float32",
+        candidates: bool = True,
     ) -> None:
         weights = np.asarray(weights)
         if weights.ndim != 1 or weights.dtype != np.float32:
@@ -111,7 +112,8 @@ class ParameterServer:
         self._checksum = checksum(self._U)
         # sparse servers: the choice of D among R (see ps_downlink), over these same W and U
         self._sparse = (None if self.density_down is None
-                        else SparseDownlink(self._W, self._U, self.layout, self.sparsifier, value_dtype))
+                        else SparseDownlink(self._W, self._U, self.layout, self.sparsifier, value_dtype,
+                                            candidates=candidates))
 
     # -- read-only state -------------------------------------------------------------
 
@@ -180,6 +182,11 @@ class ParameterServer:
             return self.version
 
     # -- downlink side ---------------------------------------------------------------
+
+    @property
+    def select_cpu_s(self) -> float:
+        """Thread CPU seconds of the last sparse downlink's scan choosing D (0: none scanned)."""
+        return 0.0 if self._sparse is None else self._sparse.select_cpu_s
 
     def downlink(self, density: float | None = None) -> Downlink | None:
         """Move ``U`` towards ``W`` and return the downlink that does it.

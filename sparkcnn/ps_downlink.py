@@ -16,6 +16,7 @@ is a crumb that float16 rounds to 0. Both short cuts send what the full scan sen
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
@@ -38,7 +39,7 @@ class SparseDownlink:
     """
 
     def __init__(self, W: np.ndarray, U: np.ndarray, layout: tuple[int, ...], sparsifier: Sparsifier,
-                 value_dtype: str) -> None:
+                 value_dtype: str, *, candidates: bool = True) -> None:
         self._W, self._U = W, U
         self.layout = layout
         self._offsets = layout_offsets(layout)
@@ -48,6 +49,10 @@ class SparseDownlink:
         # Values are rounded to this dtype before U moves, matching a codec that ships them so
         # (float16 halves downlink bytes).
         self.value_dtype = value_dtype
+        # whether the candidate set may settle a downlink (False: every downlink scans, the same D;
+        # ``ps.downlink_candidates``, for benchmarks of what the short cut saves)
+        self.candidates = candidates
+        self.select_cpu_s = 0.0  # thread CPU of the last downlink's scan in _select (0: none)
         self._support_buf: tuple[np.ndarray, np.ndarray] | None = None  # for _residual_support
         self._sendable_buf: np.ndarray | None = None  # for _residual_support(sendable=True)
         # float16 downlinks: every i with float16(W[i] - U[i]) != 0 is in one of these index arrays
@@ -72,6 +77,9 @@ class SparseDownlink:
 
     def move(self, density_down: float) -> tuple[SparseDelta, int]:
         """``D`` at ``density_down``, applied to ``U``: (D, the change of U's checksum)."""
+        self.select_cpu_s = 0.0
+        if not self.candidates:
+            return self._sparse_downlink(density_down, candidates=False)
         # the compiled candidate path settles it, or tells that the candidate set cannot
         # (numpy's _from_candidates would then say the same): the scan chooses
         compiled = self._candidates is not None and native.enabled()
@@ -130,6 +138,7 @@ class SparseDownlink:
         fast = self._from_candidates(density_down) if candidates else None
         if fast is not None:
             return fast
+        c0 = time.thread_time()  # the scan's CPU, for the exchange record (select_cpu_s)
         sendable = None  # float16 downlinks: positions in the support of the entries that do not round to 0
         if self._tracks_candidates():
             support, r, sendable = self._residual_support(sendable=True)
@@ -154,7 +163,9 @@ class SparseDownlink:
             else:
                 idx.append(support[lo:hi])
                 vals.append(r[lo:hi])
-        return np.concatenate(idx), np.concatenate(vals)
+        out = np.concatenate(idx), np.concatenate(vals)
+        self.select_cpu_s = time.thread_time() - c0
+        return out
 
     @staticmethod
     def _sendable(sendable: np.ndarray, k: int) -> np.ndarray | None:

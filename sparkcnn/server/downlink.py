@@ -14,6 +14,7 @@ orders in flight may read them.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,8 +87,14 @@ class ReplyWeights:
     downlinks: tuple = ()
 
 
+NO_CPU = (0.0, 0.0, 0.0)
+
+
 class Downlink:
-    """D = sparsify(W - U) after updates, its inline messages and the dense broadcasts."""
+    """D = sparsify(W - U) after updates, its inline messages and the dense broadcasts.
+
+    ``cpu``: the thread CPU seconds of the last :meth:`send` (the whole downlink, the scan's
+    choice of entries within it, its encoding); ``NO_CPU`` when it made none."""
 
     def __init__(self, ps, spec, backend, *, keep_broadcasts: int, inline: int):
         self.ps, self.spec, self.backend = ps, spec, backend
@@ -98,6 +105,7 @@ class Downlink:
         self._bcast = None
         self._bcast_version = -1
         self._old: list = []
+        self.cpu = NO_CPU
 
     def keep_inline(self, n: int) -> None:
         """Keep the latest ``n`` downlinks (async jobs: the jobs in flight may trail that many)."""
@@ -125,6 +133,7 @@ class Downlink:
         """After an update: D = sparsify(W − U), U += D; kept for the next orders. Returns the
         entries of D (P for the dense downlink, which ships W itself). ``every``: only once the
         view is that many versions behind (0 entries until then). ``shards``: they make it."""
+        self.cpu = NO_CPU
         if not self.sparse:
             return int(self.ps.W.size)
         if shards is not None:  # its entries are the shards' to count
@@ -133,14 +142,18 @@ class Downlink:
             return 0
         if self.ps.version - self.ps.view_version < every:
             return 0
+        c0 = time.thread_time()
         dl = self.ps.downlink(density)
         if dl is None:
             return 0
+        c1 = time.thread_time()
         enc = codec.encode(dl.delta, self.spec.layout,
                            value_dtype="float32" if dl.assign else self.spec.value_dtype)
         msg = DownlinkMsg(version=dl.version, base_version=dl.base_version, checksum_after=dl.checksum_after,
                           assign=dl.assign, payload=enc)
         self.messages = (self.messages + [msg])[-self.inline:]
+        c2 = time.thread_time()
+        self.cpu = (c2 - c0, self.ps.select_cpu_s, c2 - c1)
         return int(dl.delta.nnz)
 
     def since(self, have: int, version: int) -> ReplyWeights:

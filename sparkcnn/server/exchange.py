@@ -25,7 +25,9 @@ a downlink per result, each block would receive N · density_down · P entries p
 4.3 ms of server CPU per push), where the seeds' GS-ASGD sends each worker the top
 ``density_down`` of the accumulated update per push. One downlink per ceil(N / 2)
 results keeps a reply at about two downlinks whatever N, and spreads their selection
-over the results between them; at N <= 2 it is a downlink per result.
+over the results between them; at N <= 2 it is a downlink per result. ``ps.downlink_every``
+sets c instead (:func:`downlink_cadence`; 1: the rule before the cadence, which
+``bench/cadence.py`` compares with it).
 
 Every (block, epoch, step) is applied exactly once: a result moves its block's cursor
 only when it is applied, and a dropped one is trained again over the same steps.
@@ -43,6 +45,11 @@ from sparkcnn.server.apply import Applied, apply_deltas
 from sparkcnn.staleness import held_back, staleness_scale
 
 log = logging.getLogger(__name__)
+
+
+def downlink_cadence(every: int, num_blocks: int) -> int:
+    """ASGD: applied results per downlink, ``ps.downlink_every`` (0: ceil(N / 2), module docstring)."""
+    return every if every > 0 else -(-num_blocks // 2)
 
 
 class Cursors:

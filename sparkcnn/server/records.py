@@ -54,6 +54,12 @@ class Timings:
     task_overhead_cpu_s: float | None = None  # the stream task's CPU outside TensorFlow
     images_per_s: float | None = None
     idle_fraction: float | None = None    # share of the offered task slots left idle
+    # the driver's thread CPU of its part (stream), in seconds: server_cpu_s holds downlink_cpu_s,
+    # which holds select_cpu_s and encode_cpu_s
+    server_cpu_s: float | None = None     # the span of apply_s: accept, apply, downlink, record
+    downlink_cpu_s: float | None = None   # the downlink: choice of D, U += D, its encoding (0: none made)
+    select_cpu_s: float | None = None     # the scan's choice of D's entries (0: the candidate set settled it)
+    encode_cpu_s: float | None = None     # the downlink's encoding
 
     def fields(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None}

@@ -78,7 +78,7 @@ class Run:
         ps = ParameterServer(np.array(weights, np.float32, copy=True), spec.layout,
                              density_down=c.density_down if spec.sparse_downlink else None,
                              sparsifier=Sparsifier(self.schedule.plan.selector, c.dense_below),
-                             value_dtype=spec.value_dtype)
+                             value_dtype=spec.value_dtype, candidates=cfg.ps.downlink_candidates)
         g = cfg.guard
         guard = DivergenceGuard(g.max_norm_factor, g.loss_spike_factor, loss_samples=g.loss_samples,
                                 warmup_steps=g.warmup_steps,

@@ -29,6 +29,7 @@ from functools import partial
 from sparkcnn.backends.monitor import LoadMonitor
 from sparkcnn.protocol import Arrival, RoundOrder, steps_per_epoch
 from sparkcnn.scheduler import AsyncPolicy, DecisionKind, task_slots
+from sparkcnn.server.exchange import downlink_cadence
 from sparkcnn.server.records import Timings, Where
 from sparkcnn.server.run import APPLIED, Run, RunShape
 from sparkcnn.transport import tasks
@@ -89,7 +90,8 @@ class AsyncEngine(Transport):
         steps = {k: steps_per_epoch(r, cfg.train.batch_size) for k, r in block_rows.items()}
         # replicas and orders may trail by up to max_staleness versions and the jobs in flight
         keep = cfg.ps.max_staleness + 2 * max(2, n) + 2
-        self.server = Run(cfg, spec, weights, RunShape(steps, bsp=False, downlink_every=-(-n // 2),
+        every = downlink_cadence(cfg.ps.downlink_every, n)
+        self.server = Run(cfg, spec, weights, RunShape(steps, bsp=False, downlink_every=every,
                                                        keep_broadcasts=keep),
                           backend=backend, evaluate=partial(tasks.evaluate, backend, spec), progress=progress,
                           run_dir=run_dir)

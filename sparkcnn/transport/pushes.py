@@ -174,7 +174,7 @@ class PushHandler:
                 s.answered(shards, self.spec.sparse_downlink)
 
     def _take(self, session: Session, p: Push) -> Reply:
-        block, t0 = session.block, time.perf_counter()
+        block, t0, c0 = session.block, time.perf_counter(), time.thread_time()
         bsp = self.cfg.engine.mode == "sync"
         decision = self.server.accept(Arrival.of_push(block, p, (session.stream, session.ordinal)))
         if decision.kind == HELD:  # BSP: the round's last push applies it
@@ -200,7 +200,7 @@ class PushHandler:
             self.cut.take(s.block, q.state)
             if q.state:
                 self.stage.keep_final(self.server.cursors, s.block, q.state)
-        self._write(decision, p, t0)
+        self._write(decision, p, t0, c0)
         if self.cut.open and (self.cut.complete() if bsp else session.block in self.cut.states):
             if bsp:
                 self.cut.write()
@@ -212,10 +212,13 @@ class PushHandler:
             self.cond.notify_all()
         return self._reply(session, p.have)
 
-    def _write(self, decision, p: Push, t0: float) -> None:
+    def _write(self, decision, p: Push, t0: float, c0: float) -> None:
+        down, select, encode = self.server.downlink.cpu  # its parts' thread CPU (server/downlink.py)
         timings = Timings(compute_s=p.compute_s, exposed_comm_s=p.wait_s, round_overhead_s=p.wait_s,
                           task_overhead_cpu_s=p.overhead_cpu_s, apply_s=time.perf_counter() - t0,
-                          images_per_s=decision.record.samples / max(1e-9, p.compute_s + p.wait_s))
+                          images_per_s=decision.record.samples / max(1e-9, p.compute_s + p.wait_s),
+                          server_cpu_s=time.thread_time() - c0, downlink_cpu_s=down, select_cpu_s=select,
+                          encode_cpu_s=encode)
         t = self.cfg.train
         per_exchange = max(1, t.batch_size * t.steps_per_round)
         total = max(1, t.epochs * self.server.cursors.epoch_samples // per_exchange)

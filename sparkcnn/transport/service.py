@@ -24,6 +24,11 @@ Rules of the listener:
 - :meth:`close` shuts it down; the engine calls it in ``finally`` when the run
   ends or fails.
 
+Besides the refusals, ``counters`` sums over the streams that ended: ``messages`` handed to
+the handler, ``handler_cpu_s`` (the thread CPU of those calls: check, the run's part, reply)
+and ``stream_cpu_s`` (the thread CPU of the whole stream, Flight's reads and writes included);
+each stream adds them once, when it ends.
+
 The token is never logged and never written anywhere by this module.
 """
 
@@ -34,6 +39,7 @@ import json
 import logging
 import secrets
 import threading
+import time
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -90,7 +96,7 @@ class PSService:
         self.handler = handler
         self.max_message_bytes = int(max_message_bytes)
         self.counters = {"unauthenticated_refused": 0, "oversize_refused": 0, "malformed_refused": 0,
-                         "streams": 0}
+                         "streams": 0, "messages": 0, "handler_cpu_s": 0.0, "stream_cpu_s": 0.0}
         self.peer_hosts: set[str] = set()  # the addresses tasks reached the service from
         self._lock = threading.Lock()
         self._server = _Server(f"grpc+tcp://{host}:0", self, {"auth": _Auth(self.token, self)})
@@ -115,6 +121,17 @@ class PSService:
             self.peer_hosts.add(host)
 
     def serve_stream(self, command: bytes, reader, writer) -> None:
+        c0 = time.thread_time()
+        spent = [0, 0.0]  # messages handed to the handler, their thread CPU
+        try:
+            self._serve(command, reader, writer, spent)
+        finally:
+            with self._lock:
+                self.counters["messages"] += spent[0]
+                self.counters["handler_cpu_s"] += spent[1]
+                self.counters["stream_cpu_s"] += time.thread_time() - c0
+
+    def _serve(self, command: bytes, reader, writer, spent: list) -> None:
         try:
             hello = json.loads(command)
             session = self.handler.open(hello) if isinstance(hello, dict) else None
@@ -146,7 +163,10 @@ class PSService:
                     msg = decode(md, accept)
                     if isinstance(msg, Done):
                         return
+                    c0 = time.thread_time()
                     reply = session.push(msg)
+                    spent[0] += 1
+                    spent[1] += time.thread_time() - c0
                 except WireError as e:
                     self.count("malformed_refused")
                     log.warning("block %s: malformed message refused (%s)", block, e)

@@ -45,6 +45,7 @@ from functools import partial
 
 from sparkcnn.errors import BadInput
 from sparkcnn.protocol import StreamTicket, steps_per_epoch
+from sparkcnn.server.exchange import downlink_cadence
 from sparkcnn.server.run import Run, RunShape
 from sparkcnn.transport import tasks
 from sparkcnn.transport.base import Transport
@@ -116,8 +117,9 @@ class StreamEngine(Transport):
         # without it 2-9 points below the jobs transport, async and sync, dense and sparse
         overlap = h == 1
         # a replica may trail by the other blocks' pushes in flight: keep their downlinks
+        every = downlink_cadence(cfg.ps.downlink_every, n)
         self.server = Run(cfg, spec, weights,
-                          RunShape(pass_end, bsp=sync, compensated=overlap, downlink_every=-(-n // 2),
+                          RunShape(pass_end, bsp=sync, compensated=overlap, downlink_every=every,
                                    keep_broadcasts=2, inline_downlinks=4 * n + 4),
                           backend=backend, evaluate=partial(tasks.evaluate, backend, spec), progress=progress,
                           run_dir=run_dir)

@@ -52,6 +52,7 @@ def test_exponent_numbers_that_yaml_reads_as_strings_are_numbers(tmp_path):
     (["train.momentum=1"], r"train\.momentum must be in \[0, 1\)"),
     (["data.num_blocks=0"], r"data\.num_blocks must be in \[1, 4096\]"),
     (["trainepochs"], r"expected section\.key=value"),
+    (["ps.downlink_every=-1"], r"ps\.downlink_every must be >= 0, got -1"),
 ])
 def test_bad_overrides_name_the_field(override, message):
     with pytest.raises(BadInput, match=message):
@@ -105,3 +106,12 @@ def test_the_staleness_floor_leaves_other_configs_alone(overrides, bound):
 def test_a_bad_max_staleness_is_named_on_the_stream_too():
     with pytest.raises(BadInput, match=r"ps\.max_staleness must be >= 1, got 0"):
         config.load(None, ["engine.transport=stream", "engine.mode=async", "ps.max_staleness=0"])
+
+
+def test_ps_downlink_every_sets_the_async_downlink_cadence():
+    """0: a downlink per ceil(N / 2) applied results; else that many."""
+    from sparkcnn.server.exchange import downlink_cadence
+
+    assert config.load(None, []).ps.downlink_every == 0
+    assert [downlink_cadence(0, n) for n in (1, 2, 3, 8)] == [1, 1, 2, 4]
+    assert downlink_cadence(1, 8) == 1 and downlink_cadence(3, 2) == 3

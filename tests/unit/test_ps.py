@@ -237,12 +237,11 @@ def _candidates_against_the_scan(seed, method, ops):
     rng = np.random.default_rng(seed)
     w0 = rng.normal(0, 0.05, n).astype(np.float32)
 
-    def server():
+    def server(candidates):
         return ParameterServer(w0, layout, density_down=0.02, value_dtype="float16",
-                               sparsifier=Sparsifier(method, dense_below=100))
+                               sparsifier=Sparsifier(method, dense_below=100), candidates=candidates)
 
-    fast, ref = server(), server()
-    ref._sparse._from_candidates = ref._sparse._compiled_candidates = lambda density: None  # always the scan
+    fast, ref = server(True), server(False)  # ref: always the scan (ps.downlink_candidates=false)
     taken = []  # whether each candidate path tried settled the downlink
     for name in ("_from_candidates", "_compiled_candidates"):
         def counted(density, _original=getattr(fast._sparse, name)):
