@@ -158,16 +158,19 @@ def problems_of(source: str) -> list[str]:
 BENCHES = sorted(f for f in os.listdir(BENCH) if f.endswith(".py"))
 
 
-# benches not moved yet, each with the reason; strict: a fixed one must leave this list
-NOT_YET = {"pushpath.py": "profiles the service's threads of a base revision too, which has no seam "
-                          "to install a hook from; it replaces PSService.serve_stream"}
+# what a bench may still do, each with its reason: exactly these problems, no others
+ALLOWED = {"pushpath.py": ({"assigns PSService.serve_stream of a sparkcnn name"},
+                           "it profiles the service's threads, of a base revision too: Flight calls the "
+                           "handler on gRPC's own threads, which no Python-level hook reaches (Python "
+                           "3.11 has no setprofile for all threads), so the one wrapper installs it")}
 
 
-@pytest.mark.parametrize("name", [pytest.param(b, marks=pytest.mark.xfail(reason=NOT_YET[b], strict=True))
-                                  if b in NOT_YET else b for b in BENCHES])
+@pytest.mark.parametrize("name", BENCHES)
 def test_bench_uses_public_seams_only(name):
     with open(os.path.join(BENCH, name), encoding="utf-8") as fh:
         found = problems_of(fh.read())
+    allowed, _why = ALLOWED.get(name, (set(), ""))
+    found = [f for f in found if f.split(": ", 1)[1] not in allowed]
     assert not found, f"bench/{name}:\n  " + "\n  ".join(found)
 
 
