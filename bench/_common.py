@@ -13,6 +13,10 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A bench's exit status when it ran to the end and printed its JSON but a target it judges missed
+# (``bench/targets.py``): distinct from a crash (1) and bad arguments (2), so that bench/run_all.py
+# records a miss as a miss and still renders the document.
+EXIT_MISSED = 3
 DATA = os.environ.get("SPARKCNN_BENCH_DATA", os.path.join(ROOT, "data", "fashion-mnist"))
 FMNIST_SRC = "/usr/share/datasets/fashion-mnist"
 
@@ -427,9 +431,13 @@ def provenance() -> dict:
                         "platform": platform.platform()}}
 
 
+_EMITTED: list[dict] = []  # what this process printed, for exit_status()
+
+
 def emit(obj: dict, out: str | None = None) -> None:
     """Print ``obj`` with its provenance as JSON; with ``out``, also write the same text there,
     whole or not at all (its folder made if missing: a long run must not end without its file)."""
+    _EMITTED.append(obj)
     text = json.dumps({**obj, "provenance": provenance()}, indent=2, sort_keys=False)
     print(text)
     if out:
@@ -438,6 +446,17 @@ def emit(obj: dict, out: str | None = None) -> None:
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text + "\n")
         os.replace(tmp, out)
+
+
+def exit_status(bench: str, code: int | None = 0) -> int:
+    """A bench's exit status: ``code`` (its own: 2 on bad arguments) when not 0, else
+    ``EXIT_MISSED`` when a target of what it printed misses under the project's rule
+    (``bench/targets.py``), else 0. ``bench``: its name, as bench/run_all.py saves its JSON."""
+    if code:
+        return code
+    from bench import targets
+
+    return EXIT_MISSED if any(targets.missed(targets.of_result(bench, o)) for o in _EMITTED) else 0
 
 
 class Timer:
