@@ -391,10 +391,11 @@ def _git(*args: str, root: str = ROOT) -> str:
 
 
 def tree_dirty(root: str = ROOT) -> bool:
-    """Whether tracked files differ from the commit, results aside: ``bench/run_all.py`` moves
-    the older ``bench/results/`` files into its archive before the benchmarks start, and what
-    a run measures is the code, not the results folder it writes into."""
-    return bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results",
+    """Whether the tree differs from the commit, results aside: a tracked file changed or an
+    untracked one (not ignored) exists, since a new module or config file changes what runs.
+    ``bench/run_all.py`` moves the older ``bench/results/`` files into its archive before the
+    benchmarks start, and what a run measures is the code, not the results folder it writes into."""
+    return bool(_git("status", "--porcelain", "--untracked-files=normal", "--", ".", ":(exclude)bench/results",
                      root=root))
 
 
@@ -452,7 +453,7 @@ def exit_status(bench: str, code: int | None = 0) -> int:
     """A bench's exit status: ``code`` (its own: 2 on bad arguments) when not 0, else
     ``EXIT_MISSED`` when a target of what it printed misses under the project's rule
     (``bench/targets.py``), else 0. ``bench``: its name, as bench/run_all.py saves its JSON."""
-    if code:
+    if isinstance(code, int) and not isinstance(code, bool) and code:
         return code
     from bench import targets
 
