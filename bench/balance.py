@@ -54,6 +54,7 @@ from bench._common import (  # noqa: E402
     TimedSink,
     emit,
     ensure_data,
+    exit_status,
     log,
     parent_pid,
     slice_data,
@@ -256,4 +257,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_status("balance", main()))

@@ -102,6 +102,7 @@ from bench._common import (  # noqa: E402
     cpu_per_record,
     emit,
     ensure_data,
+    exit_status,
     keras_fit_images_per_s,
     log,
     median,
@@ -494,4 +495,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_status("throughput", main()))
