@@ -369,6 +369,13 @@ def parent_pid(pid: int) -> int | None:
     return st[0] if st else None
 
 
+def slot_count(engine) -> int:
+    """The task slots an async jobs engine runs on: ``engine.slots`` is a count in older engines
+    and a ``Slots`` (``live``: the slots it runs jobs on now) since the engine rebuild."""
+    slots = engine.slots
+    return slots if isinstance(slots, int) else slots.live
+
+
 def spark_backend(spark, run_id: str, pool: str | None = None):
     """A SparkBackend for one engine on the bench's shared session."""
     from sparkcnn.backends.spark import SparkBackend

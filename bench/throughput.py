@@ -108,6 +108,7 @@ from bench._common import (  # noqa: E402
     median,
     run_children,
     slice_data,
+    slot_count,
     spark_backend,
     steady_rate,
 )
@@ -258,7 +259,7 @@ def measure_async(data: str, H: int, target_job_s: float, extra: list[str] = ())
         "round_overhead_ms": 1000 * median(r["round_overhead_s"] for r in steady),
         "round_compute_ms": 1000 * sum(r["compute_s"] for r in steady) / len(steady),
         "job_wall_ms": 1000 * sum(r["wall_s"] for r in steady) / len(steady),
-        "idle_fraction": max(0.0, 1 - busy / (rate["window_s"] * engine.slots)),
+        "idle_fraction": max(0.0, 1 - busy / (rate["window_s"] * slot_count(engine))),
         "mean_staleness": sum(r["staleness"] for r in steady) / len(steady),
         "bytes_up_per_job": sum(r["bytes_up"] for r in steady) / len(steady),
         "bytes_down_per_job": sum(r["bytes_down"] for r in steady) / len(steady),
