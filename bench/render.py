@@ -183,9 +183,15 @@ def run_limit_of(thr: dict | None) -> float | None:
 
 
 def efficiency(thr: dict | None, m: dict, key: str):
-    """images/s of ``m`` over the run's one limit; None without one."""
+    """images/s of ``m`` over the run's one limit; None without one, or for a run that did not train."""
     limit = run_limit_of(thr)
-    return m.get(key) / limit if limit and _num(m.get(key)) else None
+    return m.get(key) / limit if limit and _num(m.get(key)) and m.get("trained") is not False else None
+
+
+def _efficiency_cell(thr: dict | None, m: dict, key: str, decimals: int) -> str:
+    if run_limit_of(thr) is None:
+        return "not judged"
+    return "did not train" if m.get("trained") is False else _f(efficiency(thr, m, key), decimals, 100, " %")
 
 
 def _limit_said(thr: dict | None, decimals: int = 1) -> str:
@@ -333,7 +339,7 @@ def throughput_table(thr: dict | None) -> str:
     one_limit = run_limit_of(thr) is not None
     judged = "not judged"
     body = [[label, _f(m.get(k), 1), tg.accuracy_note(m).replace("test accuracy ", ""),
-             _f(efficiency(thr, m, k), 1, 100, " %") if one_limit else judged,
+             _efficiency_cell(thr, m, k, 1),
              *(_f(_get(m, "cpu", "cpu_ms", part), 1) for part in ("driver", "jvm", "workers")),
              _f(_get(m, "cpu", "compute_share"), 1, 100, " %") if one_limit else judged,
              _f(_get(m, "cpu", "cores_busy"), 1, 100, " %"),
@@ -888,7 +894,7 @@ def transports_block(thr: dict | None, jc: dict | None) -> str:
         return sum(parts) if all(_num(x) for x in parts) else None
 
     body = [[label, _f(m.get(k), 0), tg.accuracy_note(m).replace("test accuracy ", ""),
-             _f(efficiency(thr, m, k), 0, 100, " %") if run_limit_of(thr) else "not judged", _f(overhead(m), 1)]
+             _efficiency_cell(thr, m, k, 0), _f(overhead(m), 1)]
             for label, m, k in rows]
     jvm = [x for x in (_get(k, "jvm_cpu_ms_per_job") for _, k in _items(_get(jc, "kinds"))) if _num(x)]
     spark = (f"Spark's own JVM CPU per job, before any training: {_f(min(jvm), 1)} to {_f(max(jvm), 1)} ms "

@@ -458,3 +458,21 @@ def test_todays_links_and_linkmodel_are_not_judged_and_psload_is_judged_on_every
     assert not re.search(r"\| (holds|\*\*misses\*\*) \|", links)  # 1 repetition, and 3 for the model
     psload = section(doc, "## Parameter server under load")
     assert "| **misses** |" in psload and "2 over the bound" in psload
+
+
+def test_one_limit_divides_every_row_and_a_run_that_did_not_train_gets_no_efficiency(results):
+    thr = json.loads((results / "throughput.json").read_text())
+    old = section(render.render(str(results))["benchmarks"], "## Throughput")
+    assert "| not judged |" in old and "no single compute limit" in old  # limits of its own per case: none shown
+    thr["compute_limit"] = {"images_per_s": 10000.0, "repetitions": [9800.0, 10000.0, 10100.0, 9900.0, 10200.0]}
+    thr["stream"] = {"async_h1_sparse": {"steps_per_exchange": 1, "mode": "async", "images_per_s": 8000.0,
+                                         "test_accuracy": 0.81, "trained": True},
+                     "async_h1_dense": {"steps_per_exchange": 1, "mode": "async", "images_per_s": 5000.0,
+                                        "test_accuracy": 0.47, "trained": False}}
+    (results / "throughput.json").write_text(json.dumps(thr))
+    out = render.render(str(results))
+    doc = section(out["benchmarks"], "## Throughput")
+    assert "| Stream, async, H = 1, sparse | 8000.0 | 0.8100 | 80.0 % |" in doc
+    assert "| Stream, async, H = 1, dense | 5000.0 | 0.4700 | did not train |" in doc
+    assert "10000.0 images/s, the median of 5 repetitions measured once for the run (9800.0 to 10200.0)" in doc
+    assert "80.0 % of it (Stream, async, H = 1, sparse, 8000.0 images/s, test accuracy 0.8100)" in out["headline"]
