@@ -269,6 +269,18 @@ def of_shardmodel(sm: dict | None, pl: dict | None = None) -> list[Target]:
 MOMENTUM_GAP = -0.3  # points: SAMomentum within 0.3 points of momentum correction at N = 8, or better
 
 
+def _seeds(form) -> int:
+    """Seeds behind one cell of momentum.json: its ``accuracies``, else its ``seeds`` (a count or a list)."""
+    if not isinstance(form, dict):
+        return 0
+    for x in (form.get("accuracies"), form.get("seeds")):
+        if isinstance(x, list):
+            return len(x)
+        if isinstance(x, int) and not isinstance(x, bool):
+            return x
+    return 0
+
+
 def of_momentum(mo: dict | None) -> list[Target]:
     """SAMomentum against momentum correction at N = 8, per setting: on the mean over seeds."""
     out = []
@@ -277,7 +289,7 @@ def of_momentum(mo: dict | None) -> list[Target]:
             continue
         gap = r["samomentum_minus_correction_points"]
         forms = [_get(r, f) for f in ("sparsification_aware", "correction")]
-        seeds = [len(f.get("accuracies") or f.get("seeds") or []) if isinstance(f, dict) else 0 for f in forms]
+        seeds = [_seeds(f) for f in forms]
         n = min(seeds) if seeds else None
         figure = (f"{gap:.2f} points (" + " against ".join(_pm(_get(f, "mean"), _get(f, "sd")) for f in forms) + ")")
         out.append(Target(f"`{r.get('setting')}`, N = 8: SAMomentum − correction >= {MOMENTUM_GAP} points", figure,
