@@ -13,6 +13,10 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A bench's exit status when it ran to the end and printed its JSON but a target it judges missed
+# (``bench/targets.py``): distinct from a crash (1) and bad arguments (2), so that bench/run_all.py
+# records a miss as a miss and still renders the document.
+EXIT_MISSED = 3
 DATA = os.environ.get("SPARKCNN_BENCH_DATA", os.path.join(ROOT, "data", "fashion-mnist"))
 FMNIST_SRC = "/usr/share/datasets/fashion-mnist"
 
@@ -365,6 +369,13 @@ def parent_pid(pid: int) -> int | None:
     return st[0] if st else None
 
 
+def slot_count(engine) -> int:
+    """The task slots an async jobs engine runs on: ``engine.slots`` is a count in older engines
+    and a ``Slots`` (``live``: the slots it runs jobs on now) since the engine rebuild."""
+    slots = engine.slots
+    return slots if isinstance(slots, int) else slots.live
+
+
 def spark_backend(spark, run_id: str, pool: str | None = None):
     """A SparkBackend for one engine on the bench's shared session."""
     from sparkcnn.backends.spark import SparkBackend
@@ -387,10 +398,11 @@ def _git(*args: str, root: str = ROOT) -> str:
 
 
 def tree_dirty(root: str = ROOT) -> bool:
-    """Whether tracked files differ from the commit, results aside: ``bench/run_all.py`` moves
-    the older ``bench/results/`` files into its archive before the benchmarks start, and what
-    a run measures is the code, not the results folder it writes into."""
-    return bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results",
+    """Whether the tree differs from the commit, results aside: a tracked file changed or an
+    untracked one (not ignored) exists, since a new module or config file changes what runs.
+    ``bench/run_all.py`` moves the older ``bench/results/`` files into its archive before the
+    benchmarks start, and what a run measures is the code, not the results folder it writes into."""
+    return bool(_git("status", "--porcelain", "--untracked-files=normal", "--", ".", ":(exclude)bench/results",
                      root=root))
 
 
@@ -427,9 +439,13 @@ def provenance() -> dict:
                         "platform": platform.platform()}}
 
 
+_EMITTED: list[dict] = []  # what this process printed, for exit_status()
+
+
 def emit(obj: dict, out: str | None = None) -> None:
     """Print ``obj`` with its provenance as JSON; with ``out``, also write the same text there,
     whole or not at all (its folder made if missing: a long run must not end without its file)."""
+    _EMITTED.append(obj)
     text = json.dumps({**obj, "provenance": provenance()}, indent=2, sort_keys=False)
     print(text)
     if out:
@@ -438,6 +454,17 @@ def emit(obj: dict, out: str | None = None) -> None:
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text + "\n")
         os.replace(tmp, out)
+
+
+def exit_status(bench: str, code: int | None = 0) -> int:
+    """A bench's exit status: ``code`` (its own: 2 on bad arguments) when not 0, else
+    ``EXIT_MISSED`` when a target of what it printed misses under the project's rule
+    (``bench/targets.py``), else 0. ``bench``: its name, as bench/run_all.py saves its JSON."""
+    if isinstance(code, int) and not isinstance(code, bool) and code:
+        return code
+    from bench import targets
+
+    return EXIT_MISSED if any(targets.missed(targets.of_result(bench, o)) for o in _EMITTED) else 0
 
 
 class Timer:

@@ -51,7 +51,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import ROOT, config_of, emit, ensure_data, log, run_children  # noqa: E402
+from bench._common import ROOT, config_of, emit, ensure_data, exit_status, log, run_children  # noqa: E402
 
 SPARSE = ["compression.method=threshold", "compression.density=0.001", "compression.initial_density=0.25",
           "compression.warmup_epochs=3", "compression.dense_below=1000"]  # only biases travel dense
@@ -405,4 +405,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_status("accuracy", main()))

@@ -54,9 +54,11 @@ from bench._common import (  # noqa: E402
     TimedSink,
     emit,
     ensure_data,
+    exit_status,
     log,
     parent_pid,
     slice_data,
+    slot_count,
     spark_backend,
     steady_rate,
 )
@@ -168,7 +170,7 @@ def summarize_async(bench: Bench, engine, rows: list, accuracy: float) -> dict:
             "round_overhead_ms": 1000 * sum(r["round_overhead_s"] for r in steady) / len(steady),
             "mean_staleness": sum(r["staleness"] for r in steady) / len(steady),
             "state_resets": engine.counters["state_resets"],
-            "idle_fraction": max(0.0, 1 - sum(r["task_s"] for r in steady) / (rate["window_s"] * engine.slots)),
+            "idle_fraction": max(0.0, 1 - sum(r["task_s"] for r in steady) / (rate["window_s"] * slot_count(engine))),
             "by_executor": rates_by_executor(bench, steady)}
 
 
@@ -256,4 +258,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_status("balance", main()))

@@ -27,7 +27,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import emit, ensure_data, log  # noqa: E402
+from bench._common import EXIT_MISSED, emit, ensure_data, log  # noqa: E402
 from bench.accuracy import BIDIR, STREAM_SPARSE, run_variant  # noqa: E402
 
 SEED = 42
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     passed = all(c["ok"] for c in checks.values())
     emit({"bench": "cadence", "epochs": args.epochs, "seed": SEED, "runs": runs, "checks": checks,
           "passed": passed}, args.out)
-    return 0 if passed else 1
+    return 0 if passed else EXIT_MISSED
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import ROOT, emit, log  # noqa: E402
+from bench._common import ROOT, emit, exit_status, log  # noqa: E402
 
 TRANSPORTS, MODES = ("jobs", "stream"), ("sync", "async")
 
@@ -365,4 +365,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_status("costmodel", main()))

@@ -68,7 +68,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import emit  # noqa: E402
+from bench._common import emit, exit_status  # noqa: E402
 
 # bytes on a shaped link per byte of payload: a 1448-byte TCP segment (MTU 1500 less 20 bytes of
 # IPv4 and 32 of TCP with timestamps) goes out as a 1514-byte frame with its Ethernet header
@@ -250,7 +250,7 @@ def main(argv=None) -> int:
         return 2
     emit({**out, "links": {k: v for k, v in links.items() if k != "provenance"},
           "links_provenance": links.get("provenance")}, args.out)
-    return 0 if out["passed"] else 1
+    return exit_status("linkmodel")
 
 
 if __name__ == "__main__":

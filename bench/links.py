@@ -56,7 +56,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import emit, ensure_data, log, slice_data  # noqa: E402
+from bench._common import emit, ensure_data, exit_status, log, slice_data  # noqa: E402
 from bench.accuracy import BIDIR, STREAM, STREAM_SPARSE, run_variant  # noqa: E402
 
 SEED = 42
@@ -193,7 +193,7 @@ def main(argv=None) -> int:
            "data": {"train_rows": args.train_rows, "test_rows": args.test_rows} if args.train_rows else "full",
            "testbed": {**testbed, "link_rate": "per cell (rates)"}}
     emit(out, args.out)
-    return 0 if out["passed"] else 1
+    return exit_status("links")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import emit, ensure_data, log  # noqa: E402
+from bench._common import emit, ensure_data, exit_status, log  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASE = ["engine.transport=stream", "engine.mode=async", "train.steps_per_round=1",
@@ -200,4 +200,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_status("momentum", main()))

@@ -45,7 +45,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import ROOT, emit, ensure_data, log, median, slice_data  # noqa: E402
+from bench._common import ROOT, emit, ensure_data, exit_status, log, median, slice_data  # noqa: E402
 
 BATCH = 2  # samples per push: only the server's bookkeeping reads it; small so a block holds many steps
 SETTINGS = ["engine.transport=stream", "engine.mode=async", "train.steps_per_round=1",
@@ -453,7 +453,7 @@ def main() -> int:
           "cases": cases, "shards_against_one": against_one,
           "target": {"pushes_per_s": TARGET_PUSHES_PER_S, "p99_ms": TARGET_P99_MS, "at_workers": max(args.workers),
                      "met": met}}, args.out)
-    return 0 if met else 1
+    return exit_status("psload")
 
 
 if __name__ == "__main__":

@@ -17,14 +17,19 @@ Every measured figure of the README lives between two marker lines that this scr
 fails on a measured figure (a number with a unit of time, speed or size, a ratio, a share or an
 accuracy) anywhere in the README outside them (``hand_figures``).
 
+Every target the benches judge is shown in its section's table (``bench/targets.py`` judges it
+under the project's repetition rule: holds, misses or not judged), and the document opens with the
+line that counts them, which the README's glance block repeats.
+
 Exit status: 0 written (or, with ``--check``, the same); 1 ``--check`` found a difference (a
 unified diff on stdout) or a hand-written figure; 2 no results, or a README without the headline
 block, with a block of an unknown name, twice, or without its end line (nothing is written).
 
 ``--check-fresh`` writes nothing: it exits 1, one line per result, when a result behind the
-document was run at a commit whose ``sparkcnn/`` differs from HEAD's, or from a dirty tree
-(``bench/fresh.py``); it is run when results are published, not by the tests, so that later
-library changes do not turn the suite red.
+document is stale: what it measured changed since its commit (the library, ``conf/``, its bench
+script and the bench modules it imports, ``pyproject.toml``, the installed versions), it ran from
+a dirty tree, or it is not on its folder's manifest (``bench/fresh.py``); it is run when
+results are published, not by the tests, so that later library changes do not turn the suite red.
 """
 
 from __future__ import annotations
@@ -39,6 +44,12 @@ import shlex
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # run as a script: bench/ is on the path, the repository is not
+    sys.path.insert(0, ROOT)
+from bench import fresh  # noqa: E402
+from bench import targets as tg  # noqa: E402
+from bench._common import EXIT_MISSED  # noqa: E402
+
 BEGIN, END = "<!-- benchmarks:begin -->", "<!-- benchmarks:end -->"
 # a README marker line: begin or end, and the block's name ("" for the headline)
 MARKER = re.compile(r"^<!-- benchmarks:(begin|end)(?: ([a-z][a-z0-9-]*))? -->$")
@@ -150,6 +161,65 @@ def measured(doc: dict | None, name: str) -> str:
             f"{' (dirty tree)' if p.get('git_dirty') is True else ''} ({name}.json).")
 
 
+def targets_block(doc: dict | None, name: str, ts: list) -> str:
+    """One section's table of its targets, holding or not: the figure each is judged on, the
+    verdict under the project's rule (``bench/targets.py``) and the repetitions behind it."""
+    if not ts:
+        return ""
+    body = [[t.name, t.figure, f"**{t.verdict}**" if t.verdict == tg.MISSES else t.verdict, t.evidence] for t in ts]
+    return "\n".join([
+        measured(doc, name), "",
+        _table(["Target", "Figure", "Verdict", "Repetitions"], body), "",
+        f"Targets of `bench/{name}.py`: {tg.summary(ts)}. A speed or latency target is judged on the median of "
+        f"at least {tg.MIN_REPS} repetitions, a tail latency on every repetition, an accuracy target on the mean "
+        f"of at least {tg.MIN_SEEDS} seeds (± their sd); with fewer it is not judged, whatever the bench printed."])
+
+
+def run_limit_of(thr: dict | None) -> float | None:
+    """The one compute limit every efficiency of a throughput run divides by, or None (an older
+    file whose stream cases each divide by limits of their own: no efficiency is shown)."""
+    lim = tg.run_limit(thr)
+    return lim["images_per_s"] if lim else None
+
+
+def efficiency(thr: dict | None, m: dict, key: str):
+    """images/s of ``m`` over the run's one limit; None without one, or for a run that did not train."""
+    limit = run_limit_of(thr)
+    return m.get(key) / limit if limit and _num(m.get(key)) and m.get("trained") is not False else None
+
+
+def _efficiency_cell(thr: dict | None, m: dict, key: str, decimals: int) -> str:
+    if run_limit_of(thr) is None:
+        return "not judged"
+    return "did not train" if m.get("trained") is False else _f(efficiency(thr, m, key), decimals, 100, " %")
+
+
+def _limit_said(thr: dict | None, decimals: int = 1) -> str:
+    lim = tg.run_limit(thr)
+    if not lim:
+        return ("not judged: no single compute limit was measured for this run (its stream cases divide by "
+                "limits of their own), so no efficiency is shown")
+    reps = [x for x in lim["repetitions"] if _num(x)]
+    return (f"{_f(lim['images_per_s'], decimals)} images/s, the median of {_plural(len(reps), 'repetition')} "
+            f"measured once for the run ({_f(min(reps), decimals)} to {_f(max(reps), decimals)})")
+
+
+def load_results(results_dir: str) -> tuple[dict, list[tuple[str, str]]]:
+    """({name: parsed JSON or None} for the files a render reads (``fresh.READ``), [(file, why
+    refused)]): with a manifest in the folder, a file not on it or changed since is refused and
+    renders as not measured."""
+    manifest = fresh.read_manifest(results_dir)
+    d, refused = {}, []
+    for n in fresh.READ:
+        why = None
+        if manifest is not None and os.path.isfile(os.path.join(results_dir, f"{n}.json")):
+            why = fresh.off_manifest(results_dir, f"{n}.json", manifest)
+        if why:
+            refused.append((f"{n}.json", why))
+        d[n] = None if why else _load(results_dir, n)
+    return d, refused
+
+
 def _load(results_dir: str, name: str) -> dict | None:
     try:
         with open(os.path.join(results_dir, f"{name}.json"), encoding="utf-8") as fh:
@@ -220,12 +290,13 @@ def seed_table(acc: dict | None, fig) -> str:
             "actual bytes per exchange once the density warm-up is over (1.0 = uncompressed).", "",
             fig("accuracy.png", "Test accuracy per epoch, one line per variant", _draw_accuracy, rows,
                 _get(acc, "reference", "keras"))]
-    return "\n".join(out)
+    block = targets_block(acc, "accuracy", tg.of_accuracy(acc))
+    return "\n".join(out + (["", block] if block else []))
 
 
 def reference_table(acc: dict | None, thr: dict | None) -> str:
     out = ["## Reference rows (same run)", ""]
-    keras, limit = _get(acc, "reference", "keras"), _get(thr, "compute_limit_images_per_s")
+    keras, limit = _get(acc, "reference", "keras"), run_limit_of(thr) or _get(thr, "compute_limit_images_per_s")
     if not isinstance(keras, dict) and limit is None:
         return "\n".join(out + [NOT_MEASURED])
     keras = keras if isinstance(keras, dict) else {}
@@ -265,20 +336,26 @@ def throughput_table(thr: dict | None) -> str:
     rows = throughput_rows(thr)
     if not rows:
         return "\n".join(out + [NOT_MEASURED])
-    body = [[label, _f(m.get(k), 1), _f(m.get("efficiency_vs_limit"), 1, 100, " %"),
+    one_limit = run_limit_of(thr) is not None
+    judged = "not judged"
+    body = [[label, _f(m.get(k), 1), tg.accuracy_note(m).replace("test accuracy ", ""),
+             _efficiency_cell(thr, m, k, 1),
              *(_f(_get(m, "cpu", "cpu_ms", part), 1) for part in ("driver", "jvm", "workers")),
-             _f(_get(m, "cpu", "compute_share"), 1, 100, " %"), _f(_get(m, "cpu", "cores_busy"), 1, 100, " %"),
+             _f(_get(m, "cpu", "compute_share"), 1, 100, " %") if one_limit else judged,
+             _f(_get(m, "cpu", "cores_busy"), 1, 100, " %"),
              _f(m.get("exposed_comm_ms_per_step"), 3)] for label, m, k in rows]
     out += [measured(thr, "throughput"), "",
-            _table(["Transport, mode", "Images/s", "Efficiency vs limit", "CPU ms/exchange: driver", "JVM", "workers",
-                    "Compute share", "Cores busy", "Exposed comm. per step (ms)"], body), "",
-            f"Images/s: steady state, warm-up and drain left out; efficiency: images/s over the compute limit "
-            f"({_f(_get(thr, 'compute_limit_images_per_s'), 1)} images/s). CPU ms per exchange (a round, an async "
+            _table(["Transport, mode", "Images/s", "Test accuracy", "Efficiency vs limit", "CPU ms/exchange: driver",
+                    "JVM", "workers", "Compute share", "Cores busy", "Exposed comm. per step (ms)"], body), "",
+            f"Images/s: steady state, warm-up and drain left out, the median over the repetitions where a case has "
+            f"them; test accuracy: of the same run (missing: the run recorded none). Efficiency: images/s over "
+            f"the compute limit, {_limit_said(thr)}. CPU ms per exchange (a round, an async "
             "job or a stream exchange) of the driver's Python process, the JVM (Spark's driver and executor) and "
             "Spark's Python workers (training included). Compute share: the limit's CPU for the same images over "
             "all CPU used; cores busy: all CPU over wall x cores; their product is the efficiency. Exposed "
             "communication: ms per local step the tasks waited for the driver's replies (stream transport)."]
-    return "\n".join(out)
+    block = targets_block(thr, "throughput", tg.of_throughput(thr))
+    return "\n".join(out + (["", block] if block else []))
 
 
 LINK_NAMES = {"stream-asgd": "ASGD, H = 1", "stream-gs-asgd": "GS-ASGD, H = 1",
@@ -295,9 +372,6 @@ def links_section(ln: dict | None, fig) -> str:
              _f(c.get("test_accuracy"), 4), _f(c.get("bytes_up_per_step"), 1, 1e-3), _f(c.get("bytes_down_per_step"), 1, 1e-3),
              _f(c.get("exposed_comm_ms_per_step"), 1)]
             for r, cells in rates for name, c in cells.items() if isinstance(c, dict)]
-    checks = [[k, _g(_get(v, "ratio")) if _get(v, "ratio") is not None else DASH, _g(_get(v, "target")),
-               "yes" if _get(v, "passed") is True else "no"]
-              for k, v in _items(_get(ln, "checks")) if isinstance(v, dict) and "ratio" in v]
     bed = _get(ln, "testbed") or {}
     n = _get(ln, "reps")
     reps = (f"each cell the median of {n} repetitions, run in turn across the rates" if isinstance(n, int) and n > 1
@@ -306,13 +380,13 @@ def links_section(ln: dict | None, fig) -> str:
             fig("links.png", "Time to 0.88 test accuracy per link rate", _draw_links, rates), "",
             _table(["Link", "Variant", "Images/s", "Time to 0.88 (s)", "Test accuracy", "kB up per step",
                     "kB down per step", "Exposed comm. per step (ms)"], body), "",
-            _table(["Target", "Measured", "Target", "Holds"], checks) if checks else "", "",
             f"{_g(bed.get('hosts'))} hosts of {_g(bed.get('cores_per_host'))} core each in their own network namespaces, "
             f"each behind its own link (shaped in both directions: {bed.get('shaping') or DASH}); the driver and the "
             f"master on the bridge. {_g(_get(ln, 'epochs'))} epochs per cell, one seed; {reps}; time to 0.88 "
             "is read at epoch ends (— where no epoch reached it). Exposed communication: ms per local step the "
             "tasks waited for the driver's replies (stream)."]
-    return "\n".join(x for x in out if x is not None)
+    block = targets_block(ln, "links", tg.of_links(ln))
+    return "\n".join(out + (["", block] if block else []))
 
 
 def linkmodel_section(lm: dict | None) -> str:
@@ -341,9 +415,9 @@ def linkmodel_section(lm: dict | None) -> str:
             "slice of the run in time order; a jobs round adds compute and wire. Held out: the 100 and 20 Mbit/s "
             "cells, none of whose "
             f"figures is an input. Largest held-out error: {_f(_get(lm, 'max_abs_held_out_error'), 1, 100, ' %')} "
-            f"(target {_f(_get(lm, 'target'), 0, 100, ' %')}): "
-            f"{'holds' if _get(lm, 'passed') is True else 'does not hold'}."]
-    return "\n".join(out)
+            f"(target {_f(_get(lm, 'target'), 0, 100, ' %')}); its verdict is in the table below."]
+    block = targets_block(lm, "linkmodel", tg.of_linkmodel(lm))
+    return "\n".join(out + (["", block] if block else []))
 
 
 def _reps_note(cases: list[dict]) -> str:
@@ -379,15 +453,15 @@ def psload_section(pl: dict | None) -> str:
             *([f"K shards against one, at the same N: {versus}. Server CPU per push counts the coordinator and every "
                "shard process; on this machine they share 2 cores with the load generator.", ""] if versus else []),
             f"Target at {_g(t.get('at_workers'))} workers: {_f(t.get('pushes_per_s'), 0)} pushes/s with a reply p99 "
-            f"under {_f(t.get('p99_ms'), 0)} ms: {'holds' if t.get('met') is True else 'does not hold'}"
-            f"{_reps_note(cases)}. One server process "
+            f"under {_f(t.get('p99_ms'), 0)} ms (judged below){_reps_note(cases)}. One server process "
             "(the real stream engine and its Flight service) and one load-generator process share this machine's "
             "cores; the workers replay deltas a real run encoded (uplink density "
             f"{_g(_get(pl, 'density'))}), one push in flight each."]
-    return "\n".join(out)
+    block = targets_block(pl, "psload", tg.of_psload(pl))
+    return "\n".join(out + (["", block] if block else []))
 
 
-def shardmodel_section(sm: dict | None) -> str:
+def shardmodel_section(sm: dict | None, pl: dict | None = None) -> str:
     """shardmodel.json: the per-step speed-up predicted with K shards from psload's per-push costs."""
     out = ["## Predicted speed-up with K parameter-server shards", ""]
     by = _get(sm, "by_shards")
@@ -406,9 +480,10 @@ def shardmodel_section(sm: dict | None) -> str:
             f"the coordinator {_f(f.get('c_0_ms'), 3)} + {_f(f.get('c_w_ms'), 3)} K ms and a shard "
             f"{_f(f.get('s_0_ms'), 3)} + {_f(f.get('s_r_ms'), 3)} f ms (f: its share of the entries; the largest "
             f"tensor bounds it). Pushes/s the server sustains: {caps}. Target, at least "
-            f"{_f(t.get('fraction_of_n'), 1)} N up to N = {_g(t.get('up_to'))} with the best K: "
-            f"{'holds' if t.get('met') is True else 'does not hold'}."]
-    return "\n".join(out)
+            f"{_f(t.get('fraction_of_n'), 1)} N up to N = {_g(t.get('up_to'))} with the best K (judged below, on "
+            "the repetitions of the costs it was fitted on)."]
+    block = targets_block(sm, "shardmodel", tg.of_shardmodel(sm, pl))
+    return "\n".join(out + (["", block] if block else []))
 
 
 MOMENTUM_FORMS = (("correction", "Momentum correction"), ("sparsification_aware", "SAMomentum"))
@@ -451,11 +526,6 @@ def momentum_section(mo: dict | None, fig) -> str:
     settings = _get(mo, "settings") or {}
     said = "; ".join(f"`{k}`: " + (", ".join(f"`{o}`" for o in v) if isinstance(v, list) and v else
                                    "the project's defaults") for k, v in _items(settings))
-    n8 = [r for r in rows if r.get("blocks") == 8 and _num(r.get("samomentum_minus_correction_points"))]
-    verdict = ("Target: at N = 8, SAMomentum within 0.3 points of momentum correction, or better: "
-               + ", ".join(f"`{r.get('setting')}` {_f(r['samomentum_minus_correction_points'], 2)} points "
-                           f"({'holds' if r['samomentum_minus_correction_points'] >= -0.3 else 'does not hold'})"
-                           for r in n8) + ".") if n8 else ""
     out += [measured(mo, "momentum"), "",
             fig("momentum.png", "Final test accuracy by number of blocks, momentum correction and SAMomentum",
                 _draw_momentum, rows), "",
@@ -463,14 +533,15 @@ def momentum_section(mo: dict | None, fig) -> str:
                     "Correction by epoch", "SAMomentum by epoch",
                     "Last epoch's training loss (correction / SAMomentum)",
                     "kB per push (correction / SAMomentum)"], body),
-            "", verdict, "", displacement_sentence(mo), "",
+            "", displacement_sentence(mo), "",
             f"GS-ASGD + MS on the stream at one step per exchange (uplink density 0.001 after a 1-epoch "
             f"warm-up from 0.25, downlink 0.01), {_g(_get(mo, 'epochs'))} epochs, {_g(_get(mo, 'seeds'))} seeds per "
             "cell: mean ± sample standard deviation of the final test accuracy, and the mean after each epoch; "
             "training loss: the mean over the last epoch's pushes. "
             f"N blocks on `local[N]`, one per slot. Settings: {said}. kB per push: bytes up and down per applied "
             "push."]
-    return "\n".join(x for x in out if x is not None)
+    block = targets_block(mo, "momentum", tg.of_momentum(mo))
+    return "\n".join([x for x in out if x is not None] + (["", block] if block else []))
 
 
 def displacement_sentence(mo: dict | None) -> str | None:
@@ -587,6 +658,9 @@ def scale_section(sc: dict | None, cm: dict | None, fig) -> str:
                 "stream: async pushes) and payload (sparse: uplink density 0.001, downlink 0.01); constants "
                 f"fitted on the {_g(_get(cm, 'speedup_curve', 'constants_from'))} setup.", "",
                 fig("speedup.png", "Predicted speed-up vs N", _draw_speedup, curves)]
+    for doc, name, ts in ((sc, "scale", tg.of_scale(sc)), (cm, "costmodel", tg.of_costmodel(cm))):
+        block = targets_block(doc, name, ts)
+        out += ["", block] if block else []
     return "\n".join(out)
 
 
@@ -635,6 +709,8 @@ def balance_section(bal: dict | None, thr: dict | None, fig) -> str:
                    + ("met." if trained else "**not met**, so no share of the solo sum."), ""]
                   if "trained" in bal else []),
                 fig("balance.png", "Images/s by mode, one executor slowed", _draw_balance, modes, bal)]
+        block = targets_block(bal, "balance", tg.of_targets_met(bal))
+        out += ["", block] if block else []
     rows = throughput_rows(thr)
     if rows:
         out += ["", fig("overlap.png", "Exposed communication vs compute per exchange", _draw_overlap, rows), "",
@@ -662,18 +738,28 @@ def jobcost_table(jc: dict | None) -> str:
     return "\n".join(out)
 
 
-def run_table(ra: dict | None) -> str:
+def _exit_said(e: dict) -> str:
+    code = e.get("exit")
+    said = {0: "finished", EXIT_MISSED: "a target missed"}.get(code, "failed") if isinstance(code, int) else DASH
+    return _g(code) + (f" ({e['error']})" if e.get("error") else f" ({said})" if isinstance(code, int) else "")
+
+
+def run_table(ra: dict | None, docs: dict | None = None) -> str:
     out = ["## How this run was made", ""]
     entries = [e for e in _list(_get(ra, "benchmarks")) if isinstance(e, dict)]
     if not entries:
         return "\n".join(out + [NOT_MEASURED])
-    body = [[_g(e.get("name")), f"`{e['command']}`" if e.get("command") else DASH,
-             _g(e.get("exit")) + (f" ({e['error']})" if e.get("error") else ""), _f(e.get("wall_s"), 0)]
+    judged = tg.of_folder(docs or {})
+    body = [[_g(e.get("name")), f"`{e['command']}`" if e.get("command") else DASH, _exit_said(e),
+             tg.summary(judged[e["name"]]) if judged.get(e.get("name")) else DASH, _f(e.get("wall_s"), 0)]
             for e in entries]
-    out += [measured(ra, "run_all"), "", _table(["Benchmark", "Command", "Exit status", "Wall (s)"], body), "",
+    out += [measured(ra, "run_all"), "",
+            _table(["Benchmark", "Command", "Exit status", "Targets", "Wall (s)"], body), "",
             "Each benchmark ran as its own process, one after another on this machine; what it printed is "
-            "saved beside this document's data as `<benchmark>.json`. Exit status 0: finished; a benchmark "
-            "without a JSON renders as not measured."]
+            f"saved beside this document's data as `<benchmark>.json`. Exit status 0: finished with no target "
+            f"missed; {EXIT_MISSED}: finished, a target missed; any other: failed. Targets: what this document "
+            "judges from the JSON (an older bench exited 0 on a missed target). A benchmark without a JSON "
+            "renders as not measured."]
     return "\n".join(out)
 
 
@@ -689,11 +775,14 @@ def method_section(docs_dir: str) -> str:
         "folder.",
         "- **Throughput** (`bench/throughput.py`). Images/s in the steady state, warm-up and drain left out, "
         "against the compute limit: two single-thread processes each training its own block with no "
-        "communication. A shared machine's speed drifts within a minute, so each stream case is measured "
-        "between two limits taken in the same warm Spark workers right before and right after its run "
-        "(`limit_before_after`); the cases with targets run several times, each between its own two limits, "
-        "the median repetition is the result, every repetition stays in `repetitions`, and the ratio to the "
-        "run's limit stays beside it (`efficiency_vs_run_limit`).",
+        "communication, measured once per run with its repetitions (`compute_limit`); every efficiency of a "
+        "table divides by that one limit, and its spread is shown. Older runs divided each stream case by "
+        "limits of its own, taken right before and after it: their efficiencies are shown as not judged. "
+        "Every speed figure carries the test accuracy of the same run, or says it is missing.",
+        "- **Targets.** Every target a benchmark judges is in its section's table, holding or not, and "
+        "counted in the line this document opens with. The rule is in code (`bench/targets.py`): a speed or "
+        "latency target is judged on the median of at least 5 repetitions, a tail latency on every "
+        "repetition, an accuracy target on the mean of at least 2 seeds with their sd; with fewer, not judged.",
         "- **CPU accounting.** Every core-millisecond of an exchange is counted from /proc: the driver's Python, "
         "the JVM and Spark's Python workers, against `training_cpu_ms`, what the limit's processes spend on the "
         "same images. `efficiency_vs_limit` is exactly `compute_share` (training CPU over all CPU used) times "
@@ -716,15 +805,15 @@ def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def headline(acc: dict | None, thr: dict | None, doc_link: str, mo: dict | None = None) -> str:
-    """The README block: three numbers, one line each, the momentum finding when measured, and a
-    link to the whole document."""
+def headline(acc: dict | None, thr: dict | None, doc_link: str, mo: dict | None = None, summary: str = "") -> str:
+    """The README block: three numbers, one line each, the momentum finding when measured, and
+    the targets' summary line with a link to the whole document."""
     by = {_name(r): r for r in seed_rows(acc)}
     ms = by.get("stream-gs-asgd-ms", {})
     seeds = _plural(len(ms["seeds"]), "seed") if isinstance(ms.get("seeds"), list) else f"{DASH} seeds"
-    h1 = [(label, m) for label, m, _ in throughput_rows(thr)
-          if m.get("steps_per_exchange") == 1 and _num(m.get("efficiency_vs_limit"))]
-    best_case, best = max(h1, key=lambda lm: lm[1]["efficiency_vs_limit"], default=(DASH, {}))
+    h1 = [(label, m, efficiency(thr, m, k)) for label, m, k in throughput_rows(thr)
+          if m.get("steps_per_exchange") == 1 and _num(efficiency(thr, m, k))]
+    best_case, best, best_eff = max(h1, key=lambda lm: lm[2], default=(DASH, {}, None))
     up = {n: _stat(by.get(n, {}), "bytes_up")[0] for n in ("stream-gs-asgd", "stream-asgd")}
     fewer = up["stream-asgd"] / up["stream-gs-asgd"] if all(_num(v) and v for v in up.values()) else None
     finding = momentum_finding(mo)
@@ -733,13 +822,17 @@ def headline(acc: dict | None, thr: dict | None, doc_link: str, mo: dict | None 
         f"- **GS-ASGD + model-parameter sparsification, H = 1:** final test accuracy "
         f"{_pm(*_stat(ms, 'test_accuracy'), 4)} over {seeds}, downlink compressed "
         f"{_f(_stat(ms, 'steady_downlink_ratio')[0], 1)}x in the steady state.",
-        f"- **Closest to the compute limit at H = 1:** {_f(best.get('efficiency_vs_limit'), 1, 100, ' %')} of it "
-        f"({best_case}, {_f(best.get('images_per_s'), 1)} images/s).",
+        (f"- **Closest to the compute limit at H = 1:** {_f(best_eff, 1, 100, ' %')} of it "
+         f"({best_case}, {_f(best.get('images_per_s'), 1)} images/s, {tg.accuracy_note(best)})."
+         if h1 else "- **Closest to the compute limit at H = 1:** not judged: no single compute limit was "
+         "measured for this run."),
         f"- **Uplink bytes, H = 1:** GS-ASGD sends {_f(up['stream-gs-asgd'], 1, 1e-6)} MB, ASGD "
         f"{_f(up['stream-asgd'], 1, 1e-6)} MB ({_f(fewer, 1)}x fewer).",
         *([finding] if finding else []),
         "",
-        f"Every table, figure and the machine they were measured on: [{os.path.basename(doc_link)}]({doc_link}).",
+        (f"{summary}; every target, table, figure and the machine they were measured on: " if summary else
+         "Every table, figure and the machine they were measured on: ")
+        + f"[{os.path.basename(doc_link)}]({doc_link}).",
         "", ""])
 
 
@@ -752,6 +845,12 @@ def _transport(run: dict) -> str:
     ov = [o for o in _list(run.get("overrides")) if isinstance(o, str)]
     return ("stream" if "engine.transport=stream" in ov else "jobs") + \
         (", async" if "engine.mode=async" in ov else ", sync")
+
+
+def summary_line(all_targets: list) -> str:
+    """Every target of the folder, counted: BENCHMARKS.md opens with it and the README's results at
+    a glance show it."""
+    return f"**Targets: {tg.summary(all_targets)}**"
 
 
 def glance_block(acc: dict | None) -> str:
@@ -794,18 +893,19 @@ def transports_block(thr: dict | None, jc: dict | None) -> str:
         parts = [_get(m, "cpu", "cpu_ms", p) for p in ("driver", "jvm")]
         return sum(parts) if all(_num(x) for x in parts) else None
 
-    body = [[label, _f(m.get(k), 0), _f(m.get("efficiency_vs_limit"), 0, 100, " %"), _f(overhead(m), 1)]
+    body = [[label, _f(m.get(k), 0), tg.accuracy_note(m).replace("test accuracy ", ""),
+             _efficiency_cell(thr, m, k, 0), _f(overhead(m), 1)]
             for label, m, k in rows]
     jvm = [x for x in (_get(k, "jvm_cpu_ms_per_job") for _, k in _items(_get(jc, "kinds"))) if _num(x)]
     spark = (f"Spark's own JVM CPU per job, before any training: {_f(min(jvm), 1)} to {_f(max(jvm), 1)} ms "
              "(`bench/jobcost.py`)." if jvm else "")
     return "\n".join([
         "",
-        _table(["Transport, mode, H", "Images/s", "Of the compute limit", "Driver + JVM CPU ms per exchange"], body),
+        _table(["Transport, mode, H", "Images/s", "Test accuracy", "Of the compute limit",
+                "Driver + JVM CPU ms per exchange"], body),
         "",
-        f"On {_g(_get(thr, 'master'))}, {_g(_get(thr, 'blocks'))} blocks; compute limit: "
-        f"{_f(_get(thr, 'compute_limit_images_per_s'), 0)} images/s, two processes training with no "
-        f"communication. {spark}".rstrip(),
+        f"On {_g(_get(thr, 'master'))}, {_g(_get(thr, 'blocks'))} blocks; test accuracy of the same run; compute "
+        f"limit, two processes training with no communication: {_limit_said(thr, 0)}. {spark}".rstrip(),
         "", ""])
 
 
@@ -941,12 +1041,16 @@ def render(results_dir: str, figures_dir: str | None = None, *, doc: str | None 
             _plot(os.path.join(figures_dir, name), draw, *data)
         return f"![{title}]({link_dir}/{name})"
 
-    d = {n: _load(results_dir, n) for n in ("accuracy", "throughput", "jobcost", "scale", "balance", "cifar",
-                                             "costmodel", "links", "linkmodel", "psload", "shardmodel",
-                                             "momentum", "run_all")}
-    top = ["# sparkcnn benchmarks", "", f"<!-- results: {results_label(results_dir)} -->", "",
+    d, refused = load_results(results_dir)
+    every = [t for ts in tg.of_folder(d).values() for t in ts]
+    top = ["# sparkcnn benchmarks", "", summary_line(every) + " (each shown in its section below).", "", f"<!-- results: {results_label(results_dir)} -->", "",
            "Generated by `python bench/run_all.py` from the JSON each benchmark printed; do not edit by hand "
            "(re-render with `python bench/render.py RESULTS_DIR`)."]
+    if refused:
+        top += ["", "**Refused, so not shown:** " + "; ".join(f"`{n}`: {why}" for n, why in refused) + "."]
+    elif fresh.read_manifest(results_dir) is None:
+        top += ["", f"This folder has no `{fresh.MANIFEST}` (older runs wrote none): its files are shown as found, "
+                "and `python bench/render.py --check-fresh` fails on it."]
     if _get(d["run_all"], "quick") is True:
         top += ["", "**This is a quick run (`--quick`): short forms of every benchmark, whose figures are not the "
                 "published ones.**"]
@@ -956,12 +1060,13 @@ def render(results_dir: str, figures_dir: str | None = None, *, doc: str | None 
                 throughput_table(d["throughput"]), cifar_table(d["cifar"]),
                 scale_section(d["scale"], d["costmodel"], fig), links_section(d["links"], fig),
                 linkmodel_section(d["linkmodel"]), psload_section(d["psload"]),
-                shardmodel_section(d["shardmodel"]),
+                shardmodel_section(d["shardmodel"], d["psload"]),
                 balance_section(d["balance"], d["throughput"], fig),
-                jobcost_table(d["jobcost"]), run_table(d["run_all"]), method_section(docs_dir)]
+                jobcost_table(d["jobcost"]), run_table(d["run_all"], d), method_section(docs_dir)]
     readme_dir = os.path.dirname(os.path.abspath(readme or os.path.join(ROOT, "README.md")))
     return {"benchmarks": "\n\n".join(["\n".join(top), *sections]) + "\n",
-            "headline": headline(d["accuracy"], d["throughput"], os.path.relpath(doc, readme_dir), d["momentum"]),
+            "headline": headline(d["accuracy"], d["throughput"], os.path.relpath(doc, readme_dir), d["momentum"],
+                                 summary_line(every)),
             "glance": glance_block(d["accuracy"]),
             "transports": transports_block(d["throughput"], d["jobcost"])}
 
@@ -1053,11 +1158,7 @@ def _read(path: str) -> str:
 
 def check_fresh(doc: str, results_dir: str | None = None) -> int:
     """0 when every result behind ``doc`` (the folder its results line names, or ``results_dir``)
-    measured HEAD's sparkcnn/; 1, one line per stale result, otherwise; 2 when there is nothing to judge."""
-    if ROOT not in sys.path:  # run as a script: bench/ is on the path, the repository is not
-        sys.path.insert(0, ROOT)
-    from bench import fresh
-
+    is fresh (``bench/fresh.py``); 1, one line per stale result, otherwise; 2 when there is nothing to judge."""
     named = results_dir or fresh.results_dir_of(_read(doc))
     if named is None:
         print(f"bench/render.py: {doc}: no '<!-- results: DIR -->' line naming its results", file=sys.stderr)
@@ -1072,7 +1173,7 @@ def check_fresh(doc: str, results_dir: str | None = None) -> int:
         return 2
     for line in stale:
         print(f"stale: {named}/{line}")
-    print(f"{checked - len(stale)} of {checked} results in {named} measured HEAD's sparkcnn/")
+    print(f"{checked - len(stale)} of {checked} results in {named} are fresh")
     return 1 if stale else 0
 
 
@@ -1084,7 +1185,7 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="write nothing; diff against the files, exit 1 if they differ")
     ap.add_argument("--check-fresh", action="store_true",
                     help="write nothing; exit 1 if a result of the folder --out names (or RESULTS_DIR) was run "
-                         "at a commit whose sparkcnn/ differs from HEAD's (bench/fresh.py)")
+                         "from code, config or versions that changed since, or is off its manifest (bench/fresh.py)")
     a = ap.parse_args(argv)
     if a.check_fresh:
         return check_fresh(a.out, a.results_dir)

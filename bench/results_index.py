@@ -132,7 +132,7 @@ def _results(folder: str) -> list[tuple[str, dict]]:
     """(file stem, provenance or {}) for each ``*.json`` directly in ``folder``."""
     out = []
     for name in sorted(os.listdir(folder)):
-        if not name.endswith(".json"):
+        if not name.endswith(".json") or name == "manifest.json":  # bench/run_all.py's list of them
             continue
         with open(os.path.join(folder, name), encoding="utf-8") as fh:
             data = json.load(fh)

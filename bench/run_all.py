@@ -21,9 +21,17 @@ lists each benchmark's command, exit status and wall time.
   ``BENCHMARKS.md`` there; nothing in the repository changes.
 
 ``--only`` runs a subset (names below) and renders what the folder holds.
-Exit status: 0 when every benchmark exited 0, 1 otherwise (the others still
-run and the document is still rendered from what exists), 2 on bad arguments
-or a dirty tree.
+
+Each entry of ``run_all.json`` keeps the benchmark's exit status as it was
+(``EXIT_MISSED`` of ``bench/_common.py``: it finished and a target missed) and
+what its targets came to under ``bench/targets.py`` (``targets``, ``missed``).
+``<out>/manifest.json`` lists every result file a run_all invocation wrote with
+its sha256 (``bench/fresh.py``): the render refuses a file not on it.
+
+Exit status: 1 when a benchmark failed (exited other than 0 and
+``EXIT_MISSED``, or printed no JSON), else ``EXIT_MISSED`` when a target
+missed, else 0; the others still run and the document is still rendered from
+what exists. 2 on bad arguments or a dirty tree.
 """
 
 from __future__ import annotations
@@ -40,7 +48,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import ROOT, log, provenance  # noqa: E402
+from bench import fresh, targets  # noqa: E402
+from bench._common import EXIT_MISSED, ROOT, log, provenance, tree_dirty  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results")
 
@@ -86,9 +95,7 @@ def benchmarks(quick: bool, seeds: int) -> dict[str, list[str]]:
 
 
 def _dirty() -> bool:
-    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
-    return bool(out.strip())
+    return tree_dirty()
 
 
 def dated_folder(day: str) -> str:
@@ -134,8 +141,19 @@ def run_one(name: str, argv: list[str], out: str) -> dict:
         return entry
     with open(os.path.join(out, f"{name}.json"), "w", encoding="utf-8") as fh:
         fh.write(proc.stdout)
-    log("%s: exit %d in %.0f s", name, proc.returncode, wall)
+    judged = targets.of_result(name, json.loads(proc.stdout))
+    if judged:
+        entry.update(targets=targets.summary(judged), missed=targets.missed(judged))
+    log("%s: exit %d in %.0f s%s", name, proc.returncode, wall,
+        f"; targets: {entry['targets']}" if judged else "")
     return entry
+
+
+def exit_code(entries: list[dict], render_rc: int = 0) -> int:
+    """1 when the render or a benchmark failed, else EXIT_MISSED when a target missed, else 0."""
+    if render_rc or any(e["exit"] not in (0, EXIT_MISSED) or "error" in e for e in entries):
+        return 1
+    return EXIT_MISSED if any(e["exit"] == EXIT_MISSED or e.get("missed") for e in entries) else 0
 
 
 def write_record(path: str, record: dict) -> None:
@@ -193,13 +211,14 @@ def main(argv=None) -> int:
     entries = [run_one(name, args, out) for name, args in plan.items() if not only or name in only]
     record = {"quick": a.quick, "benchmarks": entries, "archived": moved, "provenance": started}
     write_record(os.path.join(out, "run_all.json"), record)
+    fresh.write_manifest(out, [f"{e['name']}.json" for e in entries if "error" not in e] + ["run_all.json"])
     from bench import render
 
     doc = os.path.join(ROOT, "BENCHMARKS.md") if publish else os.path.join(out, "BENCHMARKS.md")
     readme = ["--readme", os.path.join(ROOT, "README.md")] if publish else []
     rc = render.main([out, "--out", doc, *readme])
     log("results in %s; %s written", os.path.relpath(out, ROOT) if publish else out, doc)
-    return 1 if rc or any(e["exit"] or "error" in e for e in entries) else 0
+    return exit_code(entries, rc)
 
 
 if __name__ == "__main__":

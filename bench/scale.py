@@ -52,7 +52,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import emit  # noqa: E402
+from bench._common import emit, exit_status  # noqa: E402
 from sparkcnn.compression import SparseDelta, Sparsifier, decode_batch, encode  # noqa: E402
 from sparkcnn.compression.delta import Layout  # noqa: E402
 from sparkcnn.compression import native  # noqa: E402
@@ -323,4 +323,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_status("scale", main()))

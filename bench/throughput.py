@@ -6,12 +6,16 @@ functions are reused from one measurement to the next).
 
 - ``keras_images_per_s``: ``model.fit`` in this process (TF default threads),
   before any Spark work.
-- ``compute_limit_images_per_s``: the sum of two independent single-thread TF
-  processes, each training its own half with no communication; measured first
-  and last (``compute_limit_before_after``: the drift of a shared machine's
-  load; ``--quick`` measures it once), the mean is the limit. ``efficiency_vs_limit`` = images/s / limit.
+- ``compute_limit``: measured once per invocation, ``LIMIT_REPS`` times, in the
+  first engine's warm Spark Python workers (each trains its block alone, both at
+  once, single-thread, no communication), after its warm round and before anything is timed:
+  ``images_per_s`` is the median of ``repetitions`` (images/s of both blocks,
+  summed), and ``compute_limit_images_per_s`` the same median. Every
+  ``efficiency_vs_limit`` of the run divides by this one figure, so the rows of
+  one table share one denominator and its spread is known.
 - ``by_steps_per_round[H]`` (H = 1, 10, 50): plain sync rounds driven one at a
-  time (``engine.run_round``); images/s over the rounds after a warm round,
+  time (``engine.run_round``); images/s over the rounds after a warm round, and
+  the ``test_accuracy`` of the weights they reached (read after the timed window),
   ``round_overhead_ms`` = median of (job time − slowest task), next to
   ``round_compute_ms`` (slowest task's training time).
 - ``pipelined`` (H = 10, ``engine.pipeline=true``): ``SyncEngine.run()`` over
@@ -43,26 +47,20 @@ processes spend on the same images. ``efficiency_vs_limit`` = ``compute_share``
 2 cores the CPU that Spark and the driver use per round is training lost.
 
 ``--quick`` (under a minute here): fewer steps, every Spark measurement on a slice
-of the training set (shorter block loads), Spark's start-up (JVM, workers'
+of the training set (shorter block loads), and Spark's start-up (JVM, workers'
 TF import, block loads) overlapping this process's TF import and tracing
-(Spark is idle while Keras is timed), and the limit measured once, in
-the Spark Python workers themselves once they are warm (each trains its block
-alone, both at once, single-thread, no communication: the same limit without
-two more TF start-ups; ``compute_limit_method`` says which was used).
+(Spark is idle while Keras is timed).
 
 - ``stream`` (``engine.transport=stream``): ``StreamEngine.run()`` over one epoch of the
   slice, for ``async_h1_sparse``, ``async_h1_dense``, ``async_h10`` and ``sync_h10`` (sparse:
   uplink 0.001, downlink 0.01); images/s between pushes, ``exposed_comm_ms_per_step`` (what
   the tasks waited for the server's replies, per local step) and the same ``cpu`` accounting;
   and the rest of the grid, sparse: ``async_h50``,
-  ``sync_h1``, ``sync_h50``. A case's ``efficiency_vs_limit`` and ``cpu`` use the compute
-  limit measured right beside it, in the same warm Spark Python workers, before and after
-  its run (``limit_before_after``, half the limit's steps each): a shared machine's speed
-  drifts by more than the targets' margins over the whole bench, less over one case.
-  The cases with targets run ``STREAM_REPS`` times, each between its own two limits; the
-  repetition of median ratio is the result and ``repetitions`` holds all of them (the
-  machine's speed also moves by ~10 % within a minute: one repetition can land on a dip).
-  ``efficiency_vs_run_limit`` is the same images/s against the run's limit.
+  ``sync_h1``, ``sync_h50``. A case's ``efficiency_vs_limit`` and ``cpu`` use the run's
+  one compute limit. The cases with targets run ``STREAM_REPS`` times; the repetition of
+  median images/s is the result and ``repetitions`` holds all of them, each with its own
+  ``test_accuracy`` (the machine's speed moves by ~10 % within a minute: one repetition
+  can land on a dip).
   ``task_overhead_cpu_ms_per_step`` is measured inside the tasks: their CPU outside
   TensorFlow per local step (the task thread outside its TF calls, and its push thread),
   with its median over the repetitions; ``cpu``'s ``non_training_cpu_ms`` is instead all CPU
@@ -70,9 +68,10 @@ two more TF start-ups; ``compute_limit_method`` says which was used).
   the median repetition's run; ``driver_cpu_ms_per_exchange_median`` is the driver's CPU per
   exchange over all repetitions (each repetition's figure in ``repetitions``).
   A case the transport does not run carries ``error``.
-  Every stream case records its ``test_accuracy`` and ``jobs_reference_accuracy``: the
-  jobs transport's on the same slice and mode, dense or with the stream's sparse settings
-  (``jobs_test_accuracy``). A case more than 5 points below it did not train
+  Every stream case records its ``test_accuracy`` and ``jobs_reference_accuracy``: its own
+  variant's reference, the jobs transport at the same mode, H and compression on the same
+  slice (``jobs_test_accuracy``, keyed ``<mode>-h<H>-<dense|sparse>``). A case any of whose
+  repetitions is more than 5 points below it, or that has no reference, did not train
   (``trained: false``): it gets no efficiency and its target fails.
 
 ``--set KEY=VALUE`` (repeatable) applies a config override to every sparkcnn
@@ -94,7 +93,6 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._common import (  # noqa: E402
-    SOLO,
     CpuMeter,
     TimedSink,
     cpu_account,
@@ -102,11 +100,12 @@ from bench._common import (  # noqa: E402
     cpu_per_record,
     emit,
     ensure_data,
+    exit_status,
     keras_fit_images_per_s,
     log,
     median,
-    run_children,
     slice_data,
+    slot_count,
     spark_backend,
     steady_rate,
 )
@@ -160,18 +159,15 @@ def measure_sparkcnn(data: str, H: int, rounds: int, extra: list[str] = (), warm
 
     The first engine on a fresh session needs a warm round (it traces the TF
     functions in both workers); later ones reuse those workers and traces.
-    ``limit_steps`` > 0: first measure the compute limit in the engine's own
-    workers (both blocks at once, ``limit_steps`` steps each, no communication).
+    ``limit_steps`` > 0: first measure the run's one compute limit in the engine's
+    own warm workers (:func:`measure_limit_once`, after the warm rounds).
     ``engine``: one already built by ``_engine`` with these settings.
     """
     if engine is None:
         engine = _engine(data, f"bench-h{H}", [f"train.steps_per_round={H}", *extra])
-    limit = None
-    if limit_steps:
-        log("compute limit: both blocks trained alone in their Spark Python workers, %d steps each", limit_steps)
-        limit = _limit_in_workers(engine, limit_steps)
     for t in range(warm_rounds):
         engine.run_round(t)
+    limit = measure_limit_once(engine, limit_steps) if limit_steps else None
     recs = []
     meter = CpuMeter(rescan_s=float("inf"))
     cpu0 = meter.sample()
@@ -180,6 +176,7 @@ def measure_sparkcnn(data: str, H: int, rounds: int, extra: list[str] = (), warm
         recs.append(engine.run_round(t))
     wall = time.perf_counter() - t0
     cpu1 = meter.sample()
+    accuracy = _test_accuracy(engine)  # after the timed window: the weights these rounds reached
     engine.backend.close()  # unpersist the block placement RDDs
     samples = sum(r["samples"] for r in recs)
     return {
@@ -194,8 +191,18 @@ def measure_sparkcnn(data: str, H: int, rounds: int, extra: list[str] = (), warm
         "bytes_up_per_round": sum(r["bytes_up"] for r in recs) / len(recs),
         "bytes_down_per_round": sum(r["bytes_down"] for r in recs) / len(recs),
         "cpu_ms_per_round": cpu_ms_per(len(recs), cpu0, cpu1), "images_per_round": samples / len(recs),
+        "test_accuracy": accuracy,
         **({"limit": limit} if limit else {}),
     }
+
+
+def _test_accuracy(engine) -> float | None:
+    """Test accuracy of the weights ``engine`` holds now (its own evaluation on the test blocks)."""
+    try:
+        return engine.server.evaluate(0).get("test_accuracy")
+    except Exception as e:  # noqa: BLE001 - a speed figure without its accuracy says so, it is not dropped
+        log("test accuracy not read: %s", e)
+        return None
 
 
 def measure_pipelined(data: str, H: int, extra: list[str] = ()) -> dict:
@@ -257,7 +264,7 @@ def measure_async(data: str, H: int, target_job_s: float, extra: list[str] = ())
         "round_overhead_ms": 1000 * median(r["round_overhead_s"] for r in steady),
         "round_compute_ms": 1000 * sum(r["compute_s"] for r in steady) / len(steady),
         "job_wall_ms": 1000 * sum(r["wall_s"] for r in steady) / len(steady),
-        "idle_fraction": max(0.0, 1 - busy / (rate["window_s"] * engine.slots)),
+        "idle_fraction": max(0.0, 1 - busy / (rate["window_s"] * slot_count(engine))),
         "mean_staleness": sum(r["staleness"] for r in steady) / len(steady),
         "bytes_up_per_job": sum(r["bytes_up"] for r in steady) / len(steady),
         "bytes_down_per_job": sum(r["bytes_down"] for r in steady) / len(steady),
@@ -282,15 +289,24 @@ ACCURACY_GATE = 0.05  # a stream case this far below the jobs transport's accura
 
 
 def trained(case: dict, reference: float | None) -> bool:
-    """Whether a stream case's run trained: its test accuracy is at most ``ACCURACY_GATE`` below
-    the jobs transport's on the same slice, mode and compression (its speed counts only then)."""
-    acc = case.get("test_accuracy")
-    return acc is not None and (reference is None or acc >= reference - ACCURACY_GATE)
+    """Whether a stream case trained: the test accuracy of each of its repetitions (or of its one
+    run) is at most ``ACCURACY_GATE`` below ``reference``, its own variant's accuracy on the jobs
+    transport (same slice, mode, H and compression). No reference: not trained, never a silent
+    pass; its speed counts only when it trained."""
+    reps = case.get("repetitions")
+    accs = [r.get("test_accuracy") for r in reps] if isinstance(reps, list) and reps else [case.get("test_accuracy")]
+    return reference is not None and all(a is not None and a >= reference - ACCURACY_GATE for a in accs)
+
+
+def reference_key(mode: str, h: int, sparse: bool) -> str:
+    """A stream case's own variant on the jobs transport, as ``jobs_test_accuracy`` keys it."""
+    return f"{mode}-h{h}-{'sparse' if sparse else 'dense'}"
 
 
 # the stream cases with targets, each measured STREAM_REPS times between limits (the median counts)
 TARGET_CASES = {"async_h1_sparse": 0.85, "async_h10": 0.93, "sync_h10": 0.9}
 STREAM_REPS = 5  # a target is met as the median of at least 5 repetitions, never one good run
+LIMIT_REPS = 5  # the run's one compute limit: the median of this many, measured once per invocation
 
 
 def _limit_in_workers(engine, steps: int) -> list[dict]:
@@ -300,33 +316,36 @@ def _limit_in_workers(engine, steps: int) -> list[dict]:
                                      universe=BLOCKS)
 
 
-def _adjacent_limit(engine, steps: int) -> float:
-    """:func:`_limit_in_workers` as one figure: images/s of both blocks, summed."""
-    return sum(r["images_per_s"] for r in _limit_in_workers(engine, steps))
+def measure_limit_once(engine, steps: int, reps: int = LIMIT_REPS) -> dict:
+    """The run's one compute limit, in ``engine``'s warm workers: ``reps`` measurements of both
+    blocks trained alone at once (images/s summed), their median the limit."""
+    log("compute limit: both blocks trained alone in their Spark Python workers, %d steps each, %d times",
+        steps, reps)
+    rows = [_limit_in_workers(engine, steps) for _ in range(reps)]
+    each = [sum(r["images_per_s"] for r in row) for row in rows]
+    return {"images_per_s": statistics.median(each), "repetitions": each,
+            "step_ms": [statistics.median(r[b]["step_ms"] for r in rows) for b in range(BLOCKS)],
+            "method": "both blocks trained alone at once in the warm Spark Python workers, single-thread, "
+                      "no communication; once per invocation, before anything is timed"}
 
 
-def measure_stream(data: str, H: int, mode: str, extra: list[str], limit_steps: int = 0, reps: int = 1) -> dict:
+def measure_stream(data: str, H: int, mode: str, extra: list[str], reps: int = 1) -> dict:
     """``StreamEngine.run()`` over one epoch of ``data``: images/s between pushes, leaving out each
     block's first two pushes and the last two (start-up and drain); the exposed communication is
     what the tasks waited for replies, per local step.
 
-    ``limit_steps`` > 0: the compute limit is measured in the same workers right before and right
-    after the run (``limit_before_after``, ``limit_steps`` steps per block), and the run is made
-    ``reps`` times, each between its own two limits: the result is the repetition of median
-    ``images/s / mean(limit_before_after)``, with every repetition's figures in ``repetitions``."""
+    ``reps`` > 1: the run is made ``reps`` times; the result is the repetition of median
+    images/s, with every repetition's figures, its test accuracy included, in ``repetitions``."""
     runs = []
     for i in range(reps):
-        r = _stream_once(data, H, mode, extra, limit_steps, f"bench-stream-{mode}-h{H}" + (f"-r{i}" if i else ""))
+        r = _stream_once(data, H, mode, extra, 0, f"bench-stream-{mode}-h{H}" + (f"-r{i}" if i else ""))
         if "error" in r:
             return r
         runs.append(r)
-    if not limit_steps:
+    if reps == 1:
         return runs[0]
-    for r in runs:
-        r["ratio_to_adjacent_limit"] = r["images_per_s"] / (sum(r["limit_before_after"]) / 2)
-    out = dict(sorted(runs, key=lambda r: r["ratio_to_adjacent_limit"])[len(runs) // 2])
-    out["repetitions"] = [{**{k: r[k] for k in ("images_per_s", "limit_before_after", "ratio_to_adjacent_limit",
-                                                "task_overhead_cpu_ms_per_step")},
+    out = dict(sorted(runs, key=lambda r: r["images_per_s"])[len(runs) // 2])
+    out["repetitions"] = [{**{k: r[k] for k in ("images_per_s", "test_accuracy", "task_overhead_cpu_ms_per_step")},
                            "driver_cpu_ms_per_exchange": r["cpu_ms_per_round"]["driver"]} for r in runs]
     out["task_overhead_cpu_ms_per_step_median"] = statistics.median(r["task_overhead_cpu_ms_per_step"] for r in runs)
     # the driver's CPU per exchange judged as its median over the repetitions too, not the one run above
@@ -334,9 +353,16 @@ def measure_stream(data: str, H: int, mode: str, extra: list[str], limit_steps: 
     return out
 
 
+def _adjacent_limit(engine, steps: int) -> float:
+    """:func:`_limit_in_workers` as one figure: images/s of both blocks, summed."""
+    return sum(r["images_per_s"] for r in _limit_in_workers(engine, steps))
+
+
 def _stream_once(data: str, H: int, mode: str, extra: list[str], limit_steps: int, run_id: str,
                  records: list | None = None) -> dict:
-    """One stream run's figures; ``records``: also gets every exchange record of the run."""
+    """One stream run; ``limit_steps`` > 0 (bench/drivercpu.py) also measures the limit in the same
+    workers right before and after it (``limit_before_after``). This bench divides by its run's one
+    limit instead and passes 0. ``records``: also gets every exchange record of the run."""
     sink = TimedSink(CpuMeter())
     try:
         engine = _engine(data, run_id, [f"train.steps_per_round={H}", "train.epochs=1", f"engine.mode={mode}",
@@ -379,11 +405,6 @@ def short_slice(data: str, quick: bool = False) -> str:
     return slice_data(data, rounds * 10 * BATCH * BLOCKS, 1000)
 
 
-def measure_limit(data: str, steps: int) -> list[dict]:
-    log("compute limit: two single-thread TF processes, %d steps each", steps)
-    return run_children(SOLO, [[data, str(BLOCKS), str(k), str(steps), "1"] for k in range(BLOCKS)])
-
-
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps, about a minute")
@@ -397,8 +418,6 @@ def main(argv=None) -> dict:
     H = 10
     short = short_slice(data, a.quick)
     sync_data = short if a.quick else data  # quick: shorter block loads
-    # quick: the limit is measured in the Spark workers once they are warm (two TF start-ups less)
-    limit = None if a.quick else measure_limit(data, steps)
     log("keras model.fit, %d steps", steps)
     # in this process: it imports TF for the engines anyway (a child would pay a TF start-up)
     first = None
@@ -413,17 +432,15 @@ def main(argv=None) -> dict:
     out = {"quick": a.quick, "model": "fmnist_cnn", "blocks": BLOCKS, "batch_size": BATCH,
            "master": "local[2]", "overrides": a.set,
            "keras_images_per_s": keras_ips, "by_steps_per_round": {}}
-    for i, h in enumerate((10, 50, 1)):  # H = 10 first: it warms the workers and measures a quick limit
+    for i, h in enumerate((10, 50, 1)):  # H = 10 first: it warms the workers, then the run's limit is measured
         n = {10: 5, 50: 2, 1: 10}[h] if a.quick else min(2 * steps // h, 100)
         log("sync H=%d: %d rounds", h, n)
         out["by_steps_per_round"][str(h)] = measure_sparkcnn(sync_data, h, n, warm_rounds=1 if i == 0 else 0,
-                                                             limit_steps=steps if a.quick and i == 0 else 0,
+                                                             limit_steps=steps if i == 0 else 0,
                                                              engine=first if i == 0 else None)
-    if limit is None:
-        limit = out["by_steps_per_round"]["10"].pop("limit")
-    out["solo_step_ms"] = [r["step_ms"] for r in limit]
-    out["compute_limit_method"] = ("quick: both blocks trained alone at once in their warm Spark Python workers"
-                                   if a.quick else "two single-thread TF child processes, before and after")
+    limit = out["compute_limit"] = out["by_steps_per_round"]["10"].pop("limit")
+    limit_ips = out["compute_limit_images_per_s"] = limit["images_per_s"]
+    out["solo_step_ms"] = limit["step_ms"]
 
     sync10 = out["by_steps_per_round"][str(H)]
     log("pipelined sync H=%d: one epoch of %s", H, os.path.basename(short))
@@ -444,43 +461,38 @@ def main(argv=None) -> dict:
         if a.quick and h == 50:  # --quick's slice holds too few exchanges of 50 steps
             continue
         log("stream %s: one epoch of %s", name, os.path.basename(short))
-        out["stream"][name] = measure_stream(short, h, mode, extra, steps // 2,
+        out["stream"][name] = measure_stream(short, h, mode, extra,
                                              reps=1 if a.quick or name not in TARGET_CASES else STREAM_REPS)
 
-    # the jobs transport on the same slice, dense and with the stream's sparse settings: a stream
-    # case more than ACCURACY_GATE below its mode's reference did not train, and gets no efficiency
-    log("jobs references with the stream's sparse settings: one epoch of %s each", os.path.basename(short))
-    refs = {"async-dense": s["test_accuracy"], "sync-dense": p["test_accuracy"],
-            "async-sparse": measure_async(short, H, target, extra=STREAM_SPARSE)["test_accuracy"],
-            "sync-sparse": measure_pipelined(short, H, extra=STREAM_SPARSE)["test_accuracy"]}
+    # each stream case's own variant on the jobs transport (same slice, mode, H and compression):
+    # a case more than ACCURACY_GATE below it, or without it, did not train and gets no efficiency
+    refs = {reference_key("async", H, False): s["test_accuracy"], reference_key("sync", H, False): p["test_accuracy"]}
+    if "1" in out["async_by_steps"]:
+        refs[reference_key("async", 1, False)] = out["async_by_steps"]["1"]["test_accuracy"]
+    for name, m in out["stream"].items():
+        _, mode, extra = STREAM_CASES[name]
+        h = m.get("steps_per_exchange") or STREAM_CASES[name][0]
+        key = reference_key(mode, h, bool(extra))
+        if "error" in m or key in refs:
+            continue
+        log("jobs reference %s: one epoch of %s", key, os.path.basename(short))
+        refs[key] = (measure_async(short, h, target * h / H, extra=extra) if mode == "async"
+                     else measure_pipelined(short, h, extra=extra))["test_accuracy"]
     out["jobs_test_accuracy"] = refs
     for name, m in out["stream"].items():
         if "error" in m:
             continue
-        _, mode, extra = STREAM_CASES[name]
-        m["jobs_reference_accuracy"] = ref = refs[f"{mode}-{'sparse' if extra else 'dense'}"]
+        h, mode, extra = STREAM_CASES[name]
+        m["jobs_reference_accuracy"] = ref = refs.get(reference_key(mode, h, bool(extra)))
         m["trained"] = trained(m, ref)
-
-    before = sum(r["images_per_s"] for r in limit)
-    if a.quick:
-        after = before
-    else:  # the limit again at the end: on a shared machine the load drifts; ratios use the mean
-        after = sum(r["images_per_s"] for r in measure_limit(data, steps))
-    limit_ips = (before + after) / 2
-    out.update(compute_limit_images_per_s=limit_ips, compute_limit_before_after=[before, after])
     for m, key in [*((m, "sparkcnn_images_per_s") for m in out["by_steps_per_round"].values()),
                    (p, "images_per_s"), (s, "images_per_s"),
                    *((m, "images_per_s") for m in out["async_by_steps"].values()),
                    *((m, "images_per_s") for m in out["stream"].values() if "error" not in m and m["trained"])]:
         m["ratio_vs_keras"] = m[key] / keras_ips
-        # a stream case against the limit measured beside it; the run's limit kept for comparison
-        ref = limit_ips
-        if "limit_before_after" in m:
-            ref = sum(m["limit_before_after"]) / 2
-            m["efficiency_vs_run_limit"] = m[key] / limit_ips
-        m["efficiency_vs_limit"] = m[key] / ref
+        m["efficiency_vs_limit"] = m[key] / limit_ips  # every case against the run's one limit
         wall_ms = m.pop("wall_ms_per_round", None) or m["round_wall_ms"]
-        m["cpu"] = cpu_account(m.pop("cpu_ms_per_round"), m.pop("images_per_round"), wall_ms, ref, BLOCKS)
+        m["cpu"] = cpu_account(m.pop("cpu_ms_per_round"), m.pop("images_per_round"), wall_ms, limit_ips, BLOCKS)
 
     targets = {"ratio_vs_keras@50": (">=", 0.9, out["by_steps_per_round"]["50"]["ratio_vs_keras"]),
                "efficiency_vs_limit@50": (">=", 0.85, out["by_steps_per_round"]["50"]["efficiency_vs_limit"]),
@@ -498,4 +510,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_status("throughput", main()))

@@ -110,3 +110,30 @@ def test_a_folder_filled_over_several_invocations_lists_every_benchmark(tmp_path
     ra.write_record(path, {"quick": False, "archived": [], "provenance": {"git_commit": "c"},
                            "benchmarks": [{"name": "peers", "exit": 0}]})
     assert [p["git_commit"] for p in json.loads(open(path).read())["invocations"]] == ["a", "b", "c"]
+
+
+def test_a_missed_target_exits_with_its_own_code_and_a_crash_with_1():
+    from bench._common import EXIT_MISSED
+
+    assert EXIT_MISSED not in (0, 1, 2)
+    ok, missed, crashed = {"exit": 0}, {"exit": EXIT_MISSED}, {"exit": 1}
+    assert ra.exit_code([ok, ok]) == 0
+    assert ra.exit_code([ok, missed]) == EXIT_MISSED
+    assert ra.exit_code([ok, {"exit": 0, "missed": ["p99"]}]) == EXIT_MISSED  # a bench that exits 0 on a miss
+    assert ra.exit_code([missed, crashed]) == 1 and ra.exit_code([ok, {"exit": 0, "error": "no JSON"}]) == 1
+    assert ra.exit_code([ok], render_rc=2) == 1
+
+
+def test_a_bench_exits_with_exit_missed_when_what_it_printed_misses(monkeypatch, capsys):
+    from bench import _common
+
+    monkeypatch.setattr(_common, "_EMITTED", [])
+    assert _common.exit_status("psload", 2) == 2  # its own failure stands
+    _common.emit({"target": {"pushes_per_s": 1000.0, "p99_ms": 50.0, "at_workers": 4, "met": True}, "cases": [
+        {"workers": 4, "shards": 1, "pushes_per_s": 1100.0, "refused": 0, "repetitions": 5,
+         "each": [{"reply_ms": {"p99": p}} for p in (3.0, 4.0, 90.0, 5.0, 4.0)]}]})
+    assert _common.exit_status("psload") == _common.EXIT_MISSED  # one repetition's p99 over the bound
+    monkeypatch.setattr(_common, "_EMITTED", [])
+    _common.emit({"checks": {"sync-dense>=0.91": False}, "runs": [{"name": "sync-dense", "seeds": [1]}]})
+    assert _common.exit_status("accuracy") == 0  # one seed: not judged, so not a miss
+    capsys.readouterr()

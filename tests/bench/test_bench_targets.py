@@ -1,0 +1,48 @@
+"""bench/targets.py: the project's rule for judging a target, in code."""
+
+from bench import targets as tg
+
+
+def test_speed_needs_five_repetitions_and_accuracy_two_seeds():
+    assert tg.judge(tg.SPEED, 1, True) == (tg.NOT_JUDGED, "1 repetition (needs 5)")
+    assert tg.judge(tg.SPEED, 3, True)[0] == tg.NOT_JUDGED
+    assert tg.judge(tg.SPEED, 5, True)[0] == tg.HOLDS and tg.judge(tg.SPEED, 5, False)[0] == tg.MISSES
+    assert tg.judge(tg.ACCURACY, 1, True) == (tg.NOT_JUDGED, "1 seed (needs 2)")
+    assert tg.judge(tg.ACCURACY, 2, False)[0] == tg.MISSES
+    assert tg.judge(tg.SPEED, None, True)[0] == tg.NOT_JUDGED  # repetitions not recorded
+    assert tg.judge(tg.SPEED, 5, None)[0] == tg.NOT_JUDGED  # no verdict recorded
+
+
+def test_a_tail_latency_misses_when_one_repetition_is_over_the_bound():
+    assert tg.judge(tg.TAIL, 5, None, [True] * 5)[0] == tg.HOLDS
+    verdict, evidence = tg.judge(tg.TAIL, 5, None, [True, False, False, True, True])
+    assert verdict == tg.MISSES and "2 over the bound" in evidence
+    assert tg.judge(tg.TAIL, 5, None, [True])[0] == tg.NOT_JUDGED  # each repetition's figure missing
+
+
+def test_psload_holds_on_its_median_but_misses_on_its_tail():
+    case = {"workers": 64, "shards": 1, "pushes_per_s": 1050.0, "refused": 0, "repetitions": 5,
+            "reply_ms": {"p99": 5.1}, "each": [{"reply_ms": {"p99": p}} for p in (3.2, 136.4, 93.5, 5.1, 4.2)]}
+    doc = {"cases": [case], "target": {"pushes_per_s": 1000.0, "p99_ms": 50.0, "at_workers": 64, "met": True}}
+    (t,) = tg.of_psload(doc)
+    assert t.verdict == tg.MISSES and "136.4" in t.figure
+
+
+def test_a_throughput_efficiency_without_one_run_limit_is_not_judged():
+    case = {"efficiency_vs_limit": 0.95, "test_accuracy": 0.8, "trained": True, "repetitions": [{}] * 5}
+    thr = {"stream": {"async_h10": case}, "targets": {"stream.async_h10.efficiency_vs_limit": ">= 0.93"},
+           "targets_met": {"stream.async_h10.efficiency_vs_limit": True}}
+    assert tg.of_throughput(thr)[0].verdict == tg.NOT_JUDGED
+    thr["compute_limit"] = {"images_per_s": 11000.0, "repetitions": [10900.0, 11000.0, 11100.0, 11050.0, 10950.0]}
+    assert tg.of_throughput(thr)[0].verdict == tg.HOLDS
+    case["trained"] = False
+    assert tg.of_throughput(thr)[0].verdict == tg.MISSES
+    case.update(trained=True, test_accuracy=None)
+    (t,) = tg.of_throughput(thr)
+    assert t.verdict == tg.NOT_JUDGED and "test accuracy missing" in t.figure
+
+
+def test_summary_counts_every_verdict():
+    ts = [tg.Target("a", "1", tg.HOLDS, ""), tg.Target("b", "2", tg.MISSES, ""),
+          tg.Target("c", "3", tg.NOT_JUDGED, ""), tg.Target("d", "4", tg.NOT_JUDGED, "")]
+    assert tg.summary(ts) == "1 hold, 1 miss, 2 not judged, of 4"
