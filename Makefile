@@ -37,7 +37,7 @@ train: $(STAMP) data
 	$(VENV)/bin/sparkcnn train --config conf/fashion_mnist.yaml
 
 test: $(STAMP) dataset-package
-	$(PY) -m pytest -q -p no:cacheprovider -m "not packaging" tests
+	$(PY) -m pytest -q -p no:cacheprovider -m "not packaging" --durations=30 tests
 
 # the unit tier alone (tests/unit: numpy, pyarrow and the standard library; no Spark session,
 # no TensorFlow): the quick check while editing
