@@ -1,5 +1,5 @@
-"""Folders of images: ``sparkcnn prepare --format images``, and the folders and files refused
-(exit 2, one line naming them, nothing written)."""
+"""Folders of images: ``sparkcnn prepare --format images``, training on a folder read once, and the
+folders and files refused (exit 2, one line naming them, nothing written)."""
 
 import json
 import os
@@ -10,8 +10,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from sparkcnn import config
 from sparkcnn.cli import main
 from sparkcnn.data.parquet_io import read_split_numpy
+from sparkcnn.errors import BadInput
 
 pytestmark = pytest.mark.spark
 
@@ -107,3 +109,61 @@ def test_prepare_images_bad_folders_exit_2_and_keep_the_earlier_dataset(spark, t
         assert re.search(pattern, err[0]), (case, err)
         assert sorted(os.listdir(os.path.join(out, "train"))) == before, case
     assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
+
+
+def _dcfg(**kw):
+    return config.load(None, [f"data.{k}={v}" for k, v in kw.items()]).data
+
+
+def test_training_frame_reads_the_folder_once(spark, tmp_path):
+    """The placement reads the rows the check query decoded: with the files gone by then, the
+    blocks still hold every image."""
+    import shutil
+
+    from sparkcnn.data.frames import images_from_arrow
+    from sparkcnn.data.source import release, training_frames
+
+    root = tmp_path / "imgs"
+    train = _write_folder(str(root / "train"), n_per_class=5, seed=3)
+    _write_folder(str(root / "test"), n_per_class=2, seed=4)
+    tr, te = training_frames(spark, _dcfg(), str(root))
+    assert (tr.kind, tr.shape, tr.classes, tr.num_rows, te.num_rows) == ("binary", (8, 6, 3), CLASSES, 15, 6)
+    shutil.rmtree(root)
+    got = tr.df.toArrow()
+    x = images_from_arrow(got.column("image"), tr.shape, kind="binary")
+    np.testing.assert_array_equal(x, np.stack([train[p] for p in sorted(train)]))
+    release(tr)
+    release(te)
+    assert not tr.cache.is_cached
+
+
+def test_training_refuses_bad_folders_in_one_line(spark, tmp_path, capsys):
+    import shutil
+
+    from sparkcnn.data.source import frame
+
+    flat = tmp_path / "flat"
+    _write_folder(str(flat / "x"), n_per_class=1)
+    for p in (flat / "x").rglob("*.png"):
+        p.rename(flat / f"{p.parent.name}-{p.name}")
+    with pytest.raises(BadInput, match=rf"{flat}: 3 image\(s\) outside its class sub-folders"):
+        frame(spark, _dcfg(), str(flat))  # x/'s class folders are empty now: the images are loose
+    shutil.rmtree(flat / "x")
+    with pytest.raises(BadInput, match=rf"{flat}: 3 image\(s\) but no class sub-folders \(e\.g\. cat-000"):
+        frame(spark, _dcfg(), str(flat))
+    big = tmp_path / "big"
+    _write_folder(str(big), n_per_class=2, shape=(10, 10, 1))
+    with pytest.raises(BadInput, match=r"cat/000\.png: image is 10x10 = 100 pixels, over data\.max_image_pixels=99"):
+        frame(spark, _dcfg(max_image_pixels=99), str(big))
+    _huge_png_header(str(big / "dog" / "001.png"))
+    with pytest.raises(BadInput, match=r"dog/001\.png: image has more than data\.max_image_pixels"):
+        frame(spark, _dcfg(), str(big))
+
+    empty = tmp_path / "empty"
+    (empty / "cat").mkdir(parents=True)
+    runs = tmp_path / "runs"
+    rc = main(["train", "--no-progress", "--set", f"data.path={empty}", "--set", f"run.out_dir={runs}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == [f"sparkcnn train: error: {empty}: no images found (.png, .jpg, .jpeg) "
+                               "in its 1 sub-folder(s)"]
+    assert not runs.exists()
