@@ -6,12 +6,20 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 FMNIST_SRC ?= /usr/share/datasets/fashion-mnist
 DATA   ?= data/fashion-mnist
+# CIFAR-10 as an archive of JPEG/PNG files in train/<class>/ and test/<class>/ (the default: a copy
+# beside the project, when there is one); the official archives are prepared with --format
+# cifar10-py or cifar10-bin instead
+CIFAR10_JPEG    := ../shared/data/cifar10-jpeg.tar.gz
+CIFAR10_ARCHIVE ?= $(wildcard $(CIFAR10_JPEG))
+CIFAR10_DATA    ?= data/cifar10
+# sha256 of that copy: checked when the archive is that file; other archives are taken as given
+CIFAR10_JPEG_SHA256 := c66dd055920770913e1e33b948d662b700fc24a9d97d719b05f67f9a7624b42f
 DIST   ?= dist
 STAMP  := $(VENV)/.installed
 # the DAG's SparkSubmitOperator; without its pyspark-client requirement (see pyproject's airflow extra)
 AIRFLOW_SPARK_PROVIDER ?= apache-airflow-providers-apache-spark>=6,<7
 
-.PHONY: setup dataset-package data train test test-unit test-packaging bench dist clean
+.PHONY: setup dataset-package data data-cifar10 train test test-unit test-packaging bench dist clean
 
 $(STAMP): pyproject.toml
 	@command -v java >/dev/null || { echo "sparkcnn: Java 17+ is required by Spark (apt-get install openjdk-17-jre-headless)"; exit 1; }
@@ -32,6 +40,20 @@ dataset-package:
 
 data: $(STAMP) dataset-package
 	@test -d $(DATA)/test || $(VENV)/bin/sparkcnn prepare --format idx --source $(FMNIST_SRC) --out $(DATA)
+
+# CIFAR-10 from an archive of image folders: unpacked into a temporary directory (removed after),
+# prepared into $(CIFAR10_DATA) by one Spark pass (conf/cifar10_resnet20.yaml reads it)
+data-cifar10: $(STAMP)
+	@test -n "$(CIFAR10_ARCHIVE)" || { echo "sparkcnn: no CIFAR-10 archive: make data-cifar10 CIFAR10_ARCHIVE=<.tar.gz of train/<class>/ and test/<class>/ images>, or unpack the official archive and run sparkcnn prepare --format cifar10-py (or cifar10-bin) --source <dir> --out $(CIFAR10_DATA)"; exit 2; }
+	@test -f "$(CIFAR10_ARCHIVE)" || { echo "sparkcnn: $(CIFAR10_ARCHIVE): no such archive"; exit 2; }
+	@if [ "$(CIFAR10_ARCHIVE)" = "$(CIFAR10_JPEG)" ]; then \
+	  echo "$(CIFAR10_JPEG_SHA256)  $(CIFAR10_ARCHIVE)" | sha256sum -c --quiet - \
+	    || { echo "sparkcnn: $(CIFAR10_ARCHIVE): sha256 differs from the known copy's"; exit 2; }; fi
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	  tar -xzf "$(CIFAR10_ARCHIVE)" -C "$$tmp" && \
+	  src=$$tmp && if [ ! -d "$$src/train" ] && [ $$(ls "$$tmp" | wc -l) = 1 ]; then src=$$tmp/$$(ls "$$tmp"); fi && \
+	  $(PY) -m sparkcnn prepare --format images --source "$$src" --out $(CIFAR10_DATA) > /dev/null && \
+	  echo "sparkcnn: CIFAR-10 prepared in $(CIFAR10_DATA)"
 
 train: $(STAMP) data
 	$(VENV)/bin/sparkcnn train --config conf/fashion_mnist.yaml

@@ -28,12 +28,17 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     pr = sub.add_parser("prepare", help="validate raw files and write a Parquet dataset")
-    pr.add_argument("--format", required=True, choices=["idx", "cifar10-bin", "cifar10-py", "parquet"])
-    pr.add_argument("--source", required=True, help="directory (or file, for parquet) with the raw data")
+    pr.add_argument("--format", required=True,
+                    choices=["idx", "cifar10-bin", "cifar10-py", "images", "parquet"])
+    pr.add_argument("--source", required=True, help="directory (or file, for parquet) with the raw data; "
+                    "images: one sub-folder per class, or train/ and test/ holding them")
     pr.add_argument("--out", required=True, help="output dataset directory (replaced atomically)")
     pr.add_argument("--height", type=int)
     pr.add_argument("--width", type=int)
     pr.add_argument("--channels", type=int)
+    pr.add_argument("--max-image-pixels", type=int, metavar="N",
+                    help="images: refuse an image over N pixels (default: data.max_image_pixels's)")
+    pr.add_argument("--no-progress", action="store_true", help="images: no progress bar")
 
     tr = sub.add_parser("train", help="train a model; writes runs/<run_id>/")
     tr.add_argument("--config", "-c", help="YAML config (default: built-in defaults)")
@@ -100,7 +105,8 @@ def _scoring_spark():
 def cmd_prepare(a) -> int:
     from sparkcnn.data.prepare import prepare
 
-    summary = prepare(a.format, a.source, a.out, height=a.height, width=a.width, channels=a.channels)
+    summary = prepare(a.format, a.source, a.out, height=a.height, width=a.width, channels=a.channels,
+                      max_image_pixels=a.max_image_pixels, progress=not a.no_progress)
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -16,6 +16,10 @@ from sparkcnn.errors import BadInput
 
 log = logging.getLogger(__name__)
 
+# Pillow refuses to open an image over twice its Image.MAX_IMAGE_PIXELS (~179 M pixels), whatever
+# data.max_image_pixels allows
+MAX_IMAGE_PIXELS_LIMIT = 2 * (1024 * 1024 * 1024 // 4 // 3)
+
 
 def check_field(cond: bool, key: str, rule: str, value) -> None:
     """BadInput "<key> must be <rule>, got <value>" unless ``cond``."""
@@ -50,6 +54,9 @@ class DataConfig:
     classes: list = field(default_factory=list)      # class names; []: metadata, else 0..max(label)
     num_blocks: int = 2               # data blocks = Spark partitions of the training set
     test_blocks: int = 2              # partitions of the test set for distributed evaluation
+    max_image_pixels: int = 25_000_000  # image folders: an image over this many pixels (H*W, read from
+                                      # its header) is refused before decoding (a PNG of 1 MB can hold
+                                      # 900 M pixels); at most Pillow's own limit, MAX_IMAGE_PIXELS_LIMIT
 
     def validate(self, p: str) -> None:
         check_field(self.format in ("auto", "prepared", "parquet", "table", "images"), f"{p}.format",
@@ -63,6 +70,8 @@ class DataConfig:
                     self.classes)
         check_field(1 <= self.num_blocks <= 4096, f"{p}.num_blocks", "in [1, 4096]", self.num_blocks)
         check_field(1 <= self.test_blocks <= 4096, f"{p}.test_blocks", "in [1, 4096]", self.test_blocks)
+        check_field(1 <= self.max_image_pixels <= MAX_IMAGE_PIXELS_LIMIT, f"{p}.max_image_pixels",
+                    f"in [1, {MAX_IMAGE_PIXELS_LIMIT}]", self.max_image_pixels)
 
 
 @dataclass(frozen=True)

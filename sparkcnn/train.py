@@ -152,6 +152,10 @@ def build_engine(cfg, backend, run_id: str, sink=None, progress=None, run_dir: s
     rows = backend.place("train", train_f, spec.num_blocks, spec, spread=cfg.engine.transport == "stream")
     if spec.test_blocks:
         backend.place("test", test_f, spec.test_blocks, spec)
+    from sparkcnn.data.source import release
+
+    for f in (train_f, test_f):  # an image folder's decoded rows: the blocks hold them now
+        release(f)
     if cfg.engine.transport == "stream":
         from sparkcnn.transport.stream import StreamEngine as cls
     else:

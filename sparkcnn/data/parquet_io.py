@@ -37,6 +37,8 @@ META_WIDTH = "sparkcnn.width"
 META_CHANNELS = "sparkcnn.channels"
 META_CLASSES = "sparkcnn.classes"
 META_VERSION = "sparkcnn.format_version"
+META_MEAN = "sparkcnn.mean"  # train split: JSON list, per-channel pixel mean in [0, 1] units
+META_STD = "sparkcnn.std"    # train split: JSON list, per-channel pixel standard deviation, same units
 _DIM_KEYS = {"height": META_HEIGHT, "width": META_WIDTH, "channels": META_CHANNELS}
 _MAX_INT32_OFFSET = 2**31 - 1
 SIDECAR = "sparkcnn.json"  # beside the splits: their metadata for readers that reach them only through Spark
@@ -59,10 +61,11 @@ class DatasetMeta:
 
 
 def write_split(out_dir: str, images: np.ndarray, labels: np.ndarray,
-                classes, rows_per_file: int = 10000) -> list[str]:
+                classes, rows_per_file: int = 10000, extra: dict | None = None) -> list[str]:
     """Write uint8 images (N, H, W, C) and int labels (N,) as `out_dir/part-NNNNN.parquet`.
 
-    Labels must lie in [0, len(classes)). Returns the paths written.
+    Labels must lie in [0, len(classes)); `extra`: more schema metadata (strings), such as
+    `META_MEAN`. Returns the paths written.
     """
     if images.dtype != np.uint8 or images.ndim != 4:
         raise BadInput(f"images must be uint8 (N, H, W, C), got {images.dtype} {images.shape}")
@@ -75,7 +78,7 @@ def write_split(out_dir: str, images: np.ndarray, labels: np.ndarray,
     _, h, w, c = images.shape
     row_bytes = h * w * c
     metadata = {META_HEIGHT: str(h), META_WIDTH: str(w), META_CHANNELS: str(c),
-                META_CLASSES: json.dumps(classes), META_VERSION: FORMAT_VERSION}
+                META_CLASSES: json.dumps(classes), META_VERSION: FORMAT_VERSION, **(extra or {})}
     os.makedirs(out_dir, exist_ok=True)
     paths = []
     # At least one file, so an empty split still carries its schema and metadata.
@@ -96,8 +99,9 @@ def write_split(out_dir: str, images: np.ndarray, labels: np.ndarray,
     return paths
 
 
-def write_sidecar(out: str, splits: dict) -> None:
-    """``<out>/sparkcnn.json``: each split's shape, classes and rows, as in its schema metadata.
+def write_sidecar(out: str, splits: dict, stats: dict | None = None) -> None:
+    """``<out>/sparkcnn.json``: each split's shape, classes and rows, as in its schema metadata;
+    ``stats``: more keys per split (the train split's ``mean`` and ``std``).
 
     Spark (hence a reader of a URI) does not expose Parquet footers' key-value
     metadata, and skips files named ``_*`` even when asked for them by name; a
@@ -107,7 +111,7 @@ def write_sidecar(out: str, splits: dict) -> None:
     for split, (images, classes) in splits.items():
         _, h, w, c = images.shape
         doc["splits"][split] = {"height": h, "width": w, "channels": c, "classes": [str(x) for x in classes],
-                                "rows": int(len(images))}
+                                "rows": int(len(images)), **(stats or {}).get(split, {})}
     with open(os.path.join(out, SIDECAR), "w", encoding="utf-8") as fh:
         json.dump(doc, fh)
 

@@ -9,6 +9,11 @@ Input formats (`format`):
 - `cifar10-bin`: `data_batch_1.bin` … `data_batch_5.bin`, `test_batch.bin`.
 - `cifar10-py`: `data_batch_1` … `data_batch_5`, `test_batch` (pickles, read
   through a restricted unpickler).
+- `images`: a folder of JPEG/PNG images, one sub-folder per class, or one such folder
+  per split in `train/` and `test/` (see `images.scan`); decoded by one Spark job
+  (a local session unless `spark` is given), the files read once
+  (`imagefolder.read_splits`); an image over `max_image_pixels` is refused from its
+  header.
 - `parquet`: a Parquet file or directory (→ split "train"), or a directory
   with `train/` and optionally `test/` subdirectories; see
   `parquet_io.read_parquet_input` for columns and options.
@@ -17,10 +22,14 @@ Every record is checked before anything is written. The output is built in
 `<out>.tmp-<random>` beside `out` and renamed into place only when complete;
 an existing dataset at `out` is moved aside, replaced, then deleted, so a
 failed run never damages an earlier dataset.
+
+The train split's per-channel pixel mean and standard deviation (in [0, 1] units) go into
+its schema metadata (`sparkcnn.mean`, `sparkcnn.std`) and the sidecar, for normalisation.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -29,12 +38,13 @@ import shutil
 import numpy as np
 
 from sparkcnn.data import cifar, idx, parquet_io
+from sparkcnn.data.images import channel_stats
 from sparkcnn.data.labels import check_labels
 from sparkcnn.errors import BadInput
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("idx", "cifar10-bin", "cifar10-py", "parquet")
+FORMATS = ("idx", "cifar10-bin", "cifar10-py", "images", "parquet")
 SPLITS = ("train", "test")
 # Parquet input without class names gets names "0".."k-1"; a label beyond this
 # is almost surely not a class index.
@@ -45,26 +55,37 @@ Splits = dict[str, tuple[np.ndarray, np.ndarray]]  # split → (uint8 NHWC, int 
 
 def prepare(format: str, source, out, *, height: int | None = None,
             width: int | None = None, channels: int | None = None,
-            rows_per_file: int = 10000) -> dict:
+            rows_per_file: int = 10000, spark=None, max_image_pixels: int | None = None,
+            progress: bool = False) -> dict:
     """Read, validate and write `source` as a prepared dataset at `out`.
 
     `height`/`width`/`channels` (pixels, pixels, channels) are needed for
     Parquet input without `sparkcnn.*` metadata; for other formats they are
-    optional and must match the data. Returns a JSON-able summary.
+    optional and must match the data. `images` only: `spark`, the session that
+    decodes (default: the active one, else a local one), `max_image_pixels`
+    (default: data.max_image_pixels's), `progress`, a bar of the decoding tasks.
+    Returns a JSON-able summary.
     """
     source, out = os.fspath(source), os.fspath(out)
     if format not in FORMATS:
         raise BadInput(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
-    splits, classes = _read(format, source, height, width, channels)
+    if format == "images":
+        _check_replaceable(out)  # before the Spark pass, the expensive part
+        splits, classes = _read_images(source, spark, max_image_pixels, progress)
+    else:
+        splits, classes = _read(format, source, height, width, channels)
     shape = _validate(source, splits, classes, {"height": height, "width": width,
                                                 "channels": channels})
     _check_replaceable(out)
+    mean, std = channel_stats(splits["train"][0])
+    stats = {parquet_io.META_MEAN: json.dumps(mean), parquet_io.META_STD: json.dumps(std)}
     tmp = _make_tmp(out)
     try:
         files = {split: parquet_io.write_split(os.path.join(tmp, split), images, labels,
-                                               classes, rows_per_file)
+                                               classes, rows_per_file, stats if split == "train" else None)
                  for split, (images, labels) in splits.items()}
-        parquet_io.write_sidecar(tmp, {split: (images, classes) for split, (images, _) in splits.items()})
+        parquet_io.write_sidecar(tmp, {split: (images, classes) for split, (images, _) in splits.items()},
+                                 {"train": {"mean": mean, "std": std}})
         _replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -72,7 +93,7 @@ def prepare(format: str, source, out, *, height: int | None = None,
     summary = {
         "format": format, "source": source, "out": out,
         "height": shape[0], "width": shape[1], "channels": shape[2],
-        "classes": list(classes),
+        "classes": list(classes), "mean": mean, "std": std,
         "splits": {split: {"rows": int(len(labels)), "files": len(files[split]),
                            "class_counts": np.bincount(labels, minlength=len(classes)).tolist()}
                    for split, (_, labels) in splits.items()},
@@ -80,6 +101,21 @@ def prepare(format: str, source, out, *, height: int | None = None,
     log.info("prepared %s dataset at %s: %s", format, out,
              {s: v["rows"] for s, v in summary["splits"].items()})
     return summary
+
+
+def _read_images(source: str, spark, max_pixels, progress: bool) -> tuple[Splits, tuple[str, ...]]:
+    from sparkcnn.config_sections import DataConfig
+    from sparkcnn.data.imagefolder import read_splits
+
+    if not os.path.isdir(source):
+        raise BadInput(f"{source}: no such image folder")
+    if spark is None:
+        from sparkcnn.backends.session import get_or_create_spark
+
+        spark = get_or_create_spark(app_name="sparkcnn prepare")
+    limit = DataConfig.max_image_pixels if max_pixels is None else max_pixels
+    DataConfig(max_image_pixels=limit).validate("data")
+    return read_splits(spark, source, limit, progress)
 
 
 def _read(format: str, source: str, height, width, channels

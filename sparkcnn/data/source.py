@@ -10,8 +10,10 @@ Accepted inputs (``data=`` of :func:`sparkcnn.fit`, or ``data.path``):
   (:mod:`sparkcnn.data.frames`); shape from ``data.image_shape`` or the column's
   metadata (``{"sparkcnn": {"shape": [H, W, C]}}``), classes from ``data.classes``,
   the label column's ML attribute, or ``max(label) + 1``;
-- a folder of JPEG/PNG images in one sub-folder per class, read with Spark's
-  ``image`` source; classes are the sub-folder names, sorted.
+- a folder of JPEG/PNG images in one sub-folder per class (or a folder holding such
+  ``train/`` and ``test/`` folders), decoded once by byte-sized Spark tasks and cached
+  until the blocks are placed (:mod:`sparkcnn.data.imagefolder`); classes are the
+  sub-folder names, sorted; an image over ``data.max_image_pixels`` is refused from its header.
 
 Everything is validated by one aggregate query in Spark before anything is
 written: a missing or mistyped column, images of unequal size, labels outside
@@ -27,11 +29,11 @@ import json
 import os
 
 from sparkcnn.data.frames import image_kind
+from sparkcnn.data.images import IMAGE_SUFFIXES, split_roots
 from sparkcnn.data.parquet_io import SIDECAR
 from sparkcnn.errors import BadInput
 
 FORMATS = ("auto", "prepared", "parquet", "table", "images")
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +46,8 @@ class Frame:
     classes: tuple[str, ...]       # class names, indexed by label
     num_rows: int
     origin: str                    # what the user gave, for messages and the summary
+    cache: object = None           # a DataFrame this frame persisted (an image folder's decoded rows),
+                                   # to unpersist once its blocks are placed (:func:`release`)
 
 
 def is_dataframe(x) -> bool:
@@ -56,6 +60,10 @@ def training_frames(spark, dcfg, data=None, test_data=None) -> tuple[Frame, Fram
     ``dcfg.test_path``, else a prepared dataset's test split)."""
     data = dcfg.path if data is None else data
     test_data = (dcfg.test_path or None) if test_data is None else test_data
+    roots = None if is_dataframe(data) else _image_splits(spark, dcfg, data)
+    if roots is not None:  # an image folder laid out in train/ (and test/)
+        data = roots["train"]
+        test_data = roots.get("test") if test_data is None else test_data
     if not is_dataframe(data) and _format(spark, dcfg, data) == "prepared":
         train = _prepared(spark, data, "train")
         test = (_prepared(spark, data, "test") if test_data is None
@@ -82,9 +90,15 @@ def local_prepared(dcfg) -> tuple[Frame, Frame] | None:
             raise BadInput(f"data.path {path!r}: no prepared split at {os.path.join(path, 'train')} "
                            "(run 'sparkcnn prepare' first)")
         return None
-    if not os.path.isdir(os.path.join(path, "train")):
+    if not os.path.isdir(os.path.join(path, "train")) or has_images(os.path.join(path, "train")):
         return None
     return _prepared(None, path, "train"), _prepared(None, path, "test")
+
+
+def release(fr: Frame | None) -> None:
+    """Unpersist what ``fr`` cached for itself (once its blocks are placed); no-op otherwise."""
+    if fr is not None and fr.cache is not None:
+        fr.cache.unpersist()
 
 
 def attach(spark, fr: Frame | None) -> Frame | None:
@@ -125,9 +139,9 @@ def _format(spark, dcfg, src: str) -> str:
         raise BadInput(f"data {src!r}: no such path, and no table of that name")
     if not is_uri(src):
         if os.path.isdir(os.path.join(src, "train")):
-            return "prepared"
-        if os.path.isdir(src) and has_images(src):
-            return "images"
+            return "images" if has_images(os.path.join(src, "train")) else "prepared"
+        if os.path.isdir(src) and (has_images(src) or not _has_parquet(src)):
+            return "images"  # a folder without Parquet files is meant as images: scan names what is missing
         return "parquet"
     try:  # a URI: prepared when it has our metadata
         _sidecar(spark, src, "train")
@@ -141,6 +155,20 @@ def table_exists(spark, name: str) -> bool:
         return bool(spark.catalog.tableExists(name))
     except Exception:  # noqa: BLE001 - an unparsable name is no table
         return False
+
+
+def _image_splits(spark, dcfg, src) -> dict[str, str] | None:
+    """``train``/``test`` folders of an image folder laid out in splits, else None."""
+    if not isinstance(src, str) or is_uri(src) or not os.path.isdir(os.path.join(src, "train")):
+        return None
+    return split_roots(src) if _format(spark, dcfg, src) == "images" else None
+
+
+def _has_parquet(root: str) -> bool:
+    for _, _, files in os.walk(root):
+        if any(f.endswith(".parquet") for f in files):
+            return True
+    return False
 
 
 def has_images(root: str) -> bool:
@@ -196,7 +224,20 @@ def _prepared(spark, path: str, split: str) -> Frame:
 
 
 def _images(spark, root: str, dcfg, classes) -> Frame:
-    """A folder of JPEG/PNG files, one sub-folder per class (Spark's image source decodes them)."""
+    """A folder of JPEG/PNG files, one sub-folder per class, decoded once (see the module docstring)."""
+    from sparkcnn.data.imagefolder import folder_frame
+
+    if root.startswith("file:"):
+        root = "/" + root[len("file:"):].lstrip("/")
+    elif is_uri(root):
+        return _uri_images(spark, root, dcfg, classes)
+    d = folder_frame(spark, root, dcfg.max_image_pixels, tuple(classes) if classes else None)
+    return Frame(d.df, "binary", d.shape, d.classes, d.rows, root, cache=d.cache)
+
+
+def _uri_images(spark, root: str, dcfg, classes) -> Frame:
+    """An image folder on a store (hdfs://, s3a://, ...) through Spark's image source, which decodes
+    every file each time the frame is read; local folders take the one-pass route."""
     from pyspark.sql import functions as F
 
     df = read_images(spark, root)

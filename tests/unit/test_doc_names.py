@@ -58,6 +58,7 @@ NOT_CONFIG = {
 # Folders named as parts of a run or a dataset, not of the repository.
 RUNTIME_DIRS = {
     "test/",  # a prepared dataset's test split (sparkcnn prepare writes <out>/train and <out>/test)
+    "train/",  # a prepared dataset's train split, and an image folder's (train/<class>/ images)
 }
 # Top folders of the repository whose files a doc may name (data/, runs/, dist/ are made by runs).
 TRACKED_TOPS = ("bench", "conf", "docker", "docs", "pipelines", "sparkcnn", "tests")
