@@ -3,8 +3,8 @@
 :class:`Backend` is the whole interface: ``map_blocks(fn, blocks)`` runs
 ``fn(block, ctx)`` once per block (``ctx``: the task's
 :class:`~sparkcnn.protocol.TaskContextInfo`, which :func:`spark_task_context`
-reads inside a Spark task) and returns the results; ``gather_blocks`` does the
-same through ``treeAggregate``; the load monitor reads ``executor_samples`` and
+reads inside a Spark task) and returns the results (with ``tree_depth``, gathered
+through ``treeAggregate``); the load monitor reads ``executor_samples`` and
 ``block_homes``. :class:`~sparkcnn.backends.inprocess.LocalBackend` runs in this
 process so algorithm tests need no cluster; :class:`~sparkcnn.backends.spark.SparkBackend`
 runs one Spark job per call, named in the Spark UI, over blocks placed by
@@ -40,16 +40,13 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def map_blocks(self, fn, blocks, description: str = "", universe: int | None = None,
-                   split: str = "train") -> list:
+                   split: str = "train", tree_depth: int | None = None) -> list:
         """``[fn(block, ctx) for block in blocks]``, one task per block, as one job.
 
         ``universe``: the block count of ``split``; blocks then run where :meth:`place` put them.
+        ``tree_depth``: the results come back through a tree of that depth (``treeAggregate``)
+        rather than each straight to the driver; still one result per block, none reduced.
         """
-
-    @abc.abstractmethod
-    def gather_blocks(self, fn, blocks, description: str = "", depth: int = 2,
-                      universe: int | None = None, split: str = "train") -> list:
-        """Like :meth:`map_blocks` (one job, one result per block), gathered through a tree of ``depth``."""
 
     @abc.abstractmethod
     def run_stage(self, fn, universe: int, description: str = "") -> list:

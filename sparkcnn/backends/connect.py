@@ -188,10 +188,8 @@ class ConnectBackend(Backend):
         rows = self._run(df.collect)
         return [decode(r["result"], RESULT_TYPES) for r in sorted(rows, key=lambda r: r["block"])]
 
-    def map_blocks(self, fn, blocks, description="", universe=None, split="train"):
-        return self._over_blocks(fn, list(blocks), universe, split, barrier=False)
-
-    def gather_blocks(self, fn, blocks, description="", depth=2, universe=None, split="train"):
+    def map_blocks(self, fn, blocks, description="", universe=None, split="train", tree_depth=None):
+        """``tree_depth`` is ignored: the results are a few small wire messages, collected."""
         return self._over_blocks(fn, list(blocks), universe, split, barrier=False)
 
     def run_stage(self, fn, universe, description=""):

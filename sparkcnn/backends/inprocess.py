@@ -78,12 +78,9 @@ class LocalBackend(Backend):
             sizes[k] = len(y)
         return sizes
 
-    def map_blocks(self, fn, blocks, description="", universe=None, split="train"):
+    def map_blocks(self, fn, blocks, description="", universe=None, split="train", tree_depth=None):
         self._enter_job()
         return [self._task(fn, b) for b in blocks]
-
-    def gather_blocks(self, fn, blocks, description="", depth=2, universe=None, split="train"):
-        return self.map_blocks(fn, blocks, description, universe, split)
 
     def run_stage(self, fn, universe, description=""):
         return self.map_blocks(fn, list(range(universe)), description, universe)  # one slot: in turn

@@ -23,10 +23,10 @@ DRIVER = "driver"  # the status store's id for the driver (local mode: it runs t
 _BLOCK_NAME = re.compile(r"rdd_(\d+)_(\d+)$")
 
 
-# gather_blocks: one Spark job over the blocks through treeAggregate whose combine step only
-# concatenates the per-block results into a list: nothing is reduced on the executors, because
-# the driver deduplicates and guards each block's delta alone (one bad block must not take
-# others with it).
+# map_blocks with tree_depth: one Spark job over the blocks through treeAggregate whose combine
+# step only concatenates the per-block results into a list: nothing is reduced on the executors,
+# because the driver deduplicates and guards each block's delta alone (one bad block must not
+# take others with it).
 def _gather_one(acc: list, result) -> list:
     acc.append(result)
     return acc
@@ -145,8 +145,12 @@ class SparkBackend(Backend):
             pause = min(0.005, pause * 1.5)
         return False
 
-    def map_blocks(self, fn, blocks, description="", universe=None, split="train"):
+    def map_blocks(self, fn, blocks, description="", universe=None, split="train", tree_depth=None):
         blocks = list(blocks)
+        if tree_depth is not None:
+            rdd = self._rdd(fn, blocks, universe, split)
+            self._describe(description)
+            return rdd.treeAggregate([], _gather_one, _gather_both, depth=tree_depth)
         if universe is not None and sorted(blocks) != list(range(universe)):
             # a subset (async: one block per job): run only those partitions, still at home
             rdd = self._markers(universe, split).mapPartitions(self._part(fn, set(blocks)))
@@ -155,12 +159,6 @@ class SparkBackend(Backend):
         rdd = self._rdd(fn, blocks, universe, split)  # may run the placement job, under its own name
         self._describe(description)
         return rdd.collect()
-
-    def gather_blocks(self, fn, blocks, description="", depth=2, universe=None, split="train"):
-        blocks = list(blocks)
-        rdd = self._rdd(fn, blocks, universe, split)
-        self._describe(description)
-        return rdd.treeAggregate([], _gather_one, _gather_both, depth=depth)
 
     def run_stage(self, fn, universe, description=""):
         """One barrier stage over the placed blocks: every task starts together, where its block

@@ -151,8 +151,8 @@ class SyncEngine(Transport):
         desc = f"sparkcnn {self.spec.run_id} epoch {epoch + 1} round {order.seq + 1}"
         blocks = self.states.blocks
         t0 = time.perf_counter()
-        out = self.backend.gather_blocks(tasks.round_task(self.spec, order), list(blocks), desc,
-                                         depth=self.cfg.engine.tree_depth, universe=len(blocks))
+        out = self.backend.map_blocks(tasks.round_task(self.spec, order), list(blocks), desc,
+                                      universe=len(blocks), tree_depth=self.cfg.engine.tree_depth)
         return out, t0, time.perf_counter()
 
     def run_round(self, t: int) -> dict:

@@ -43,7 +43,7 @@ def test_submit_arguments_name_settings():
 def test_local_backend_hands_tasks_their_context():
     backend = LocalBackend("t-ctx")
     assert isinstance(backend, backends.Backend) and issubclass(SparkBackend, backends.Backend)
-    out = backend.gather_blocks(lambda b, ctx: (b, ctx), [2, 0, 1], "t")
+    out = backend.map_blocks(lambda b, ctx: (b, ctx), [2, 0, 1], "t", tree_depth=2)
     assert [b for b, _ in out] == [2, 0, 1]
     ctx = out[0][1]
     assert (ctx.attempt, ctx.cores, ctx.gpus) == (0, 1, None) and ctx.local_dir  # None: no scheduler assigned GPUs
@@ -58,13 +58,13 @@ def test_spark_backend_jobs_hand_tasks_their_context(spark):
         def fn(b, ctx):
             return b, ctx
 
-        gathered = backend.gather_blocks(fn, range(3), "t gather", universe=3)
+        gathered = backend.map_blocks(fn, range(3), "t gather", universe=3, tree_depth=2)
         assert sorted(b for b, _ in gathered) == [0, 1, 2]
         for _, ctx in gathered:
             assert isinstance(ctx, TaskContextInfo)
             assert (ctx.attempt, ctx.cores, ctx.gpus) == (0, 1, ()) and ctx.local_dir
         assert backend.map_blocks(fn, [1], "t subset", universe=3)[0][0] == 1
-        assert sorted(b for b, _ in backend.gather_blocks(fn, [4, 5], "t plain")) == [4, 5]
+        assert sorted(b for b, _ in backend.map_blocks(fn, [4, 5], "t plain", tree_depth=2)) == [4, 5]
         assert set(backend.block_homes(3)) == {0, 1, 2}
         assert backend.session_info() == {"master": "local[2]", "app_id": spark.sparkContext.applicationId}
     finally:
