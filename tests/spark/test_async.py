@@ -99,7 +99,7 @@ def test_lost_executor_shrinks_jobs_in_flight(tiny_cfg):
     cfg = _async_cfg(tiny_cfg).replace(scheduler__queue_depth=0)  # jobs in flight = live slots
     backend = LocalBackend("t-async-lost")
     engine, _ = build_engine(cfg, backend, backend.run_id)
-    monitor = Losing(backend, min_interval_s=0)
+    monitor = Losing(backend.cluster, min_interval_s=0)
     engine.inject(monitor=monitor)
     pools = []
     engine.inject(pool_factory=lambda n: pools.append(CountingPool(n)) or pools[-1])
@@ -181,7 +181,7 @@ def test_queue_depth_keeps_one_job_waiting_beyond_the_slots(tiny_cfg):
     cfg = _async_cfg(tiny_cfg).replace(data__num_blocks=4, scheduler__queue_depth=1)
     backend = LocalBackend("t-async-queue")
     engine, _ = build_engine(cfg, backend, backend.run_id)
-    engine.inject(monitor=TwoSlots(backend, min_interval_s=0))
+    engine.inject(monitor=TwoSlots(backend.cluster, min_interval_s=0))
     pools = []
     engine.inject(pool_factory=lambda n: pools.append(PeakPool(n)) or pools[-1])
     engine.run()
