@@ -116,7 +116,12 @@ class SparkBackend(Backend):
 
     def run_stage(self, fn, universe, description=""):
         """One barrier stage over the placed blocks: every task starts together, where its block
-        lives; Spark retries the stage as a whole. Its UI name is ``description``."""
+        lives; Spark retries the stage as a whole. Its UI name is ``description``.
+
+        An RDD barrier stage, not Connect's ``mapInArrow(..., barrier=True)``: on a classic
+        session that runs in Spark SQL's own Python workers, away from the ones placement warmed
+        (TensorFlow imported, model built), and measured slower and larger (docs/architecture.md,
+        "Two barrier paths, measured")."""
         from pyspark.traceback_utils import SCCallSiteSync
 
         # the tasks' small results through a one-partition shuffle, so that Spark can rerun the stage
