@@ -306,7 +306,7 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
                    steps_per_round=cfg.train.steps_per_round, data=train_f.origin,
                    train_rows=train_f.num_rows,
                    test_rows=test_f.num_rows if test_f is not None else 0, classes=list(train_f.classes),
-                   image_shape=list(train_f.shape), **backend.session_info())
+                   image_shape=list(train_f.shape), **backend.cluster.session_info())
     atomic_write_text(runfs.join(run_dir, "summary.json"), json.dumps(summary, indent=2))
     try:
         from sparkcnn.report import write_report

@@ -1,11 +1,14 @@
 """The one narrow seam between training logic and Spark.
 
-:class:`Backend` is the whole interface: ``map_blocks(fn, blocks)`` runs
-``fn(block, ctx)`` once per block (``ctx``: the task's
-:class:`~sparkcnn.protocol.TaskContextInfo`, which :func:`spark_task_context`
-reads inside a Spark task) and returns the results; ``gather_blocks`` does the
-same through ``treeAggregate``; the load monitor reads ``executor_samples`` and
-``block_homes``. :class:`~sparkcnn.backends.inprocess.LocalBackend` runs in this
+:class:`Backend` runs things, in the spirit of Horovod's ``run(fn) -> list``: ``place`` puts
+each block on an executor, ``map_blocks(fn, blocks)`` runs ``fn(block, ctx)`` once per
+block as one job and returns the results (``ctx``: the task's
+:class:`~sparkcnn.protocol.TaskContextInfo`, which :func:`spark_task_context` reads inside a
+Spark task; ``tree_depth``: gathered through ``treeAggregate``), ``run_stage`` runs every
+block's task at once as a barrier stage, ``broadcast`` ships a value to every task. What a
+run only reads about its cluster (slots, executors, block homes, the session, the job
+counter) is the separate :class:`~sparkcnn.backends.cluster.ClusterView` at
+``backend.cluster``. :class:`~sparkcnn.backends.inprocess.LocalBackend` runs in this
 process so algorithm tests need no cluster; :class:`~sparkcnn.backends.spark.SparkBackend`
 runs one Spark job per call, named in the Spark UI, over blocks placed by
 :mod:`sparkcnn.backends.placement`; :class:`~sparkcnn.backends.connect.ConnectBackend`
@@ -17,20 +20,20 @@ from __future__ import annotations
 
 import abc
 
+from sparkcnn.backends.cluster import ClusterView
 from sparkcnn.protocol import TaskContextInfo
-from sparkcnn.scheduler import ExecutorSample
 
 
 class Backend(abc.ABC):
-    """Runs task functions over blocks; everything the engines and the load monitor ask of Spark."""
-
-    @property
-    @abc.abstractmethod
-    def parallelism(self) -> int:
-        """Task slots the engines plan for (Spark: ``defaultParallelism``)."""
+    """Runs task functions over blocks: everything the engines ask Spark to do."""
 
     spark = None  # the SparkSession the run uses (None: no Spark)
     resident = True  # block data and state stay on the executor between jobs (Spark Connect: no)
+
+    @property
+    @abc.abstractmethod
+    def cluster(self) -> ClusterView:
+        """The read-only view of the cluster this backend runs on (the load monitor reads it)."""
 
     @abc.abstractmethod
     def place(self, split: str, frame, num_blocks: int, spec, spread: bool = False) -> dict[int, int]:
@@ -40,16 +43,13 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def map_blocks(self, fn, blocks, description: str = "", universe: int | None = None,
-                   split: str = "train") -> list:
+                   split: str = "train", tree_depth: int | None = None) -> list:
         """``[fn(block, ctx) for block in blocks]``, one task per block, as one job.
 
         ``universe``: the block count of ``split``; blocks then run where :meth:`place` put them.
+        ``tree_depth``: the results come back through a tree of that depth (``treeAggregate``)
+        rather than each straight to the driver; still one result per block, none reduced.
         """
-
-    @abc.abstractmethod
-    def gather_blocks(self, fn, blocks, description: str = "", depth: int = 2,
-                      universe: int | None = None, split: str = "train") -> list:
-        """Like :meth:`map_blocks` (one job, one result per block), gathered through a tree of ``depth``."""
 
     @abc.abstractmethod
     def run_stage(self, fn, universe: int, description: str = "") -> list:
@@ -58,14 +58,6 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def driver_host(self) -> str:
         """The one address of the driver that executors reach (the stream's server binds it)."""
-
-    def dynamic_allocation(self) -> bool:
-        """Whether executors come and go (barrier stages refuse it)."""
-        return False
-
-    def stage_slots(self) -> int | None:
-        """Tasks a barrier stage can run at once (None: no limit, tasks run in turn)."""
-        return None
 
     @abc.abstractmethod
     def broadcast(self, value):
@@ -76,32 +68,12 @@ class Backend(abc.ABC):
         """Release a handle from :meth:`broadcast`."""
 
     @abc.abstractmethod
-    def job_mark(self) -> int:
-        """Jobs entered so far: pass to :meth:`wait_job_after`."""
-
-    @abc.abstractmethod
-    def wait_job_after(self, mark: int, timeout: float = 30.0) -> bool:
-        """Wait until a job newer than ``mark`` is submitted; False on timeout (s)."""
-
-    @abc.abstractmethod
     def stop(self) -> None:
         """Cancel the run's jobs."""
 
     @abc.abstractmethod
     def close(self) -> None:
         """Release what the run holds (the session stays open)."""
-
-    @abc.abstractmethod
-    def executor_samples(self) -> list[ExecutorSample]:
-        """Active executors now: task slots, running, failed and completed tasks."""
-
-    @abc.abstractmethod
-    def block_homes(self, universe: int) -> dict[int, str]:
-        """Block -> executor where its next job runs ({} where unknown)."""
-
-    @abc.abstractmethod
-    def session_info(self) -> dict:
-        """``{"master": ..., "app_id": ...}`` of the session the run uses."""
 
 
 def spark_task_context() -> TaskContextInfo:

@@ -14,6 +14,8 @@ DataFrame operations alone:
                       and runs fn(block, ctx); the one-partition shuffle behind it makes the
                       barrier stage a shuffle map stage, which Spark retries as a whole
     map_blocks(fn)    the same without the barrier (evaluation over the test blocks)
+    cluster           ConnectClusterView: what the session's configuration tells (slots of
+                      a local master or spark.default.parallelism); no status store
 
 Results come back as wire messages (:mod:`sparkcnn.streamwire`), not pickles. A block's state
 between stages cannot stay in an executor that the next stage may not run on, so it
@@ -35,6 +37,7 @@ import socket
 import uuid
 
 from sparkcnn.backends.backend import Backend
+from sparkcnn.backends.cluster import ClusterView
 from sparkcnn.errors import BadInput
 from sparkcnn.protocol import EvalResult, StreamTotals
 from sparkcnn.scheduler import ExecutorSample
@@ -98,6 +101,55 @@ def _count_task(batches):
                                                            ("blocks", pa.int32())]))
 
 
+def _conf(spark, key: str, default: str | None = None) -> str | None:
+    """A setting of the session; a key the server does not expose reads as unset."""
+    try:
+        return spark.conf.get(key, default)
+    except Exception:  # noqa: BLE001 - a key the server does not expose reads as unset
+        return default
+
+
+class ConnectClusterView(ClusterView):
+    """A Spark Connect session's cluster as its configuration tells it: no status store, no
+    executor list, no job counter (the jobs transport, which needs one, does not run here)."""
+
+    def __init__(self, spark):
+        self.spark = spark
+
+    @property
+    def parallelism(self) -> int:
+        return self.stage_slots() or 2
+
+    def dynamic_allocation(self) -> bool:
+        return (_conf(self.spark, "spark.dynamicAllocation.enabled") or "false").lower() == "true"
+
+    def stage_slots(self) -> int | None:
+        """Task slots of a local master, or ``spark.default.parallelism``; None when unknown
+        (Spark itself then refuses a barrier stage that does not fit)."""
+        cpus = int(_conf(self.spark, "spark.task.cpus") or 1)
+        m = _LOCAL_MASTER.match(_conf(self.spark, "spark.master") or "")
+        if m:
+            return (os.cpu_count() or 1 if m.group(1) == "*" else int(m.group(1))) // max(1, cpus)
+        par = _conf(self.spark, "spark.default.parallelism")
+        return int(par) if par else None
+
+    def session_info(self) -> dict:
+        return {"master": _conf(self.spark, "spark.master") or "",
+                "app_id": _conf(self.spark, "spark.app.id") or ""}
+
+    def executor_samples(self) -> list[ExecutorSample]:
+        return [ExecutorSample("default", self.parallelism, 0, 0)]
+
+    def block_homes(self, universe: int) -> dict[int, str]:
+        return {}
+
+    def job_mark(self) -> int:
+        raise NotImplementedError("the jobs transport does not run on Spark Connect")
+
+    def wait_job_after(self, mark, timeout=30.0):
+        raise NotImplementedError("the jobs transport does not run on Spark Connect")
+
+
 class _Value:
     """:meth:`ConnectBackend.broadcast`'s handle: the value itself, shipped with the task."""
 
@@ -116,16 +168,11 @@ class ConnectBackend(Backend):
         self.tag = f"sparkcnn-{run_id}-{uuid.uuid4().hex[:8]}"
         self._placed: dict = {}  # (split, n) -> (persisted DataFrame, image shape, task spec)
         self._keys: dict[int, list[int]] = {}
+        self._cluster = ConnectClusterView(spark)
 
     @property
-    def parallelism(self) -> int:
-        return self.stage_slots() or 2
-
-    def _conf(self, key: str, default: str | None = None) -> str | None:
-        try:
-            return self.spark.conf.get(key, default)
-        except Exception:  # noqa: BLE001 - a key the server does not expose reads as unset
-            return default
+    def cluster(self) -> ConnectClusterView:
+        return self._cluster
 
     def _partition_keys(self, n: int) -> list[int]:
         """For k < n, a bigint whose partition under ``repartition(n, key)`` is k: Spark's
@@ -188,10 +235,8 @@ class ConnectBackend(Backend):
         rows = self._run(df.collect)
         return [decode(r["result"], RESULT_TYPES) for r in sorted(rows, key=lambda r: r["block"])]
 
-    def map_blocks(self, fn, blocks, description="", universe=None, split="train"):
-        return self._over_blocks(fn, list(blocks), universe, split, barrier=False)
-
-    def gather_blocks(self, fn, blocks, description="", depth=2, universe=None, split="train"):
+    def map_blocks(self, fn, blocks, description="", universe=None, split="train", tree_depth=None):
+        """``tree_depth`` is ignored: the results are a few small wire messages, collected."""
         return self._over_blocks(fn, list(blocks), universe, split, barrier=False)
 
     def run_stage(self, fn, universe, description=""):
@@ -200,7 +245,7 @@ class ConnectBackend(Backend):
     def driver_host(self) -> str:
         """The Spark driver's address, which must be one of this process's: the parameter-server
         service runs here and the tasks reach it there."""
-        host = self._conf("spark.driver.host") or "127.0.0.1"
+        host = _conf(self.spark, "spark.driver.host") or "127.0.0.1"
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 s.bind((socket.gethostbyname(host), 0))
@@ -209,30 +254,11 @@ class ConnectBackend(Backend):
                            f"process, which must be on the Spark driver's host ({host}); it is not") from None
         return host
 
-    def dynamic_allocation(self) -> bool:
-        return (self._conf("spark.dynamicAllocation.enabled") or "false").lower() == "true"
-
-    def stage_slots(self) -> int | None:
-        """Task slots of a local master, or ``spark.default.parallelism``; None when unknown
-        (Spark itself then refuses a barrier stage that does not fit)."""
-        cpus = int(self._conf("spark.task.cpus") or 1)
-        m = _LOCAL_MASTER.match(self._conf("spark.master") or "")
-        if m:
-            return (os.cpu_count() or 1 if m.group(1) == "*" else int(m.group(1))) // max(1, cpus)
-        par = self._conf("spark.default.parallelism")
-        return int(par) if par else None
-
     def broadcast(self, value):
         return _Value(value)
 
     def unpersist(self, bcast):
         pass
-
-    def job_mark(self) -> int:
-        raise NotImplementedError("the jobs transport does not run on Spark Connect")
-
-    def wait_job_after(self, mark, timeout=30.0):
-        raise NotImplementedError("the jobs transport does not run on Spark Connect")
 
     def stop(self):
         self.spark.interruptTag(self.tag)
@@ -241,12 +267,3 @@ class ConnectBackend(Backend):
         for placed, _, _ in self._placed.values():
             placed.unpersist()
         self._placed.clear()
-
-    def session_info(self) -> dict:
-        return {"master": self._conf("spark.master") or "", "app_id": self._conf("spark.app.id") or ""}
-
-    def executor_samples(self) -> list[ExecutorSample]:
-        return [ExecutorSample("default", self.parallelism, 0, 0)]
-
-    def block_homes(self, universe: int) -> dict[int, str]:
-        return {}

@@ -15,10 +15,54 @@ import tempfile
 import threading
 
 from sparkcnn.backends.backend import Backend
+from sparkcnn.backends.cluster import ClusterView
 from sparkcnn.protocol import TaskContextInfo
 from sparkcnn.scheduler import ExecutorSample
 
 log = logging.getLogger(__name__)
+
+
+class _Jobs:
+    """Jobs entered so far, counted by :class:`LocalBackend` and read by its view."""
+
+    def __init__(self):
+        self.count = 0
+        self.changed = threading.Condition()
+
+    def enter(self) -> None:
+        with self.changed:
+            self.count += 1
+            self.changed.notify_all()
+
+    def wait_after(self, mark: int, timeout: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.count > mark, timeout)
+
+
+class LocalClusterView(ClusterView):
+    """This process as the cluster: one executor ``local`` with one slot, every block at home."""
+
+    def __init__(self, jobs: _Jobs):
+        self.jobs = jobs
+
+    @property
+    def parallelism(self) -> int:
+        return 1
+
+    def executor_samples(self) -> list[ExecutorSample]:
+        return [ExecutorSample("local", 1, 0, 0)]  # one task at a time in this process
+
+    def block_homes(self, universe: int) -> dict[int, str]:
+        return {k: "local" for k in range(universe)}
+
+    def session_info(self) -> dict:
+        return {"master": "inprocess", "app_id": None}
+
+    def job_mark(self) -> int:
+        return self.jobs.count
+
+    def wait_job_after(self, mark: int, timeout: float = 30.0) -> bool:
+        return self.jobs.wait_after(mark, timeout)
 
 
 class LocalBackend(Backend):
@@ -31,13 +75,13 @@ class LocalBackend(Backend):
         # one "executor" with one slot: concurrent jobs (pipelining, async) take turns,
         # as tasks do on a single-core executor; the worker's TF model is not shared
         self._slot = threading.Lock()
-        self._jobs = 0  # jobs entered so far (job_mark / wait_job_after)
-        self._jobs_cv = threading.Condition()
+        self._jobs = _Jobs()  # jobs entered so far (the view's job_mark / wait_job_after)
+        self._cluster = LocalClusterView(self._jobs)
         self._local_dir = os.path.join(tempfile.gettempdir(), f"sparkcnn-{os.getuid()}")
 
     @property
-    def parallelism(self) -> int:
-        return 1
+    def cluster(self) -> LocalClusterView:
+        return self._cluster
 
     def _task(self, fn, block):
         for attempt in range(self.max_attempts):
@@ -48,18 +92,6 @@ class LocalBackend(Backend):
                 if attempt + 1 == self.max_attempts:
                     raise
                 log.warning("block %s attempt %s failed; retrying", block, attempt, exc_info=True)
-
-    def _enter_job(self):
-        with self._jobs_cv:
-            self._jobs += 1
-            self._jobs_cv.notify_all()
-
-    def job_mark(self) -> int:
-        return self._jobs
-
-    def wait_job_after(self, mark: int, timeout: float = 30.0) -> bool:
-        with self._jobs_cv:
-            return self._jobs_cv.wait_for(lambda: self._jobs > mark, timeout)
 
     def place(self, split, frame, num_blocks, spec, spread=False):
         """Read a prepared split (``frame.df`` is its directory) into this process's block store."""
@@ -78,12 +110,9 @@ class LocalBackend(Backend):
             sizes[k] = len(y)
         return sizes
 
-    def map_blocks(self, fn, blocks, description="", universe=None, split="train"):
-        self._enter_job()
+    def map_blocks(self, fn, blocks, description="", universe=None, split="train", tree_depth=None):
+        self._jobs.enter()
         return [self._task(fn, b) for b in blocks]
-
-    def gather_blocks(self, fn, blocks, description="", depth=2, universe=None, split="train"):
-        return self.map_blocks(fn, blocks, description, universe, split)
 
     def run_stage(self, fn, universe, description=""):
         return self.map_blocks(fn, list(range(universe)), description, universe)  # one slot: in turn
@@ -102,15 +131,6 @@ class LocalBackend(Backend):
 
     def close(self):
         pass
-
-    def executor_samples(self) -> list[ExecutorSample]:
-        return [ExecutorSample("local", 1, 0, 0)]  # one task at a time in this process
-
-    def block_homes(self, universe: int) -> dict[int, str]:
-        return {k: "local" for k in range(universe)}
-
-    def session_info(self) -> dict:
-        return {"master": "inprocess", "app_id": None}
 
 
 class _LocalBroadcast:

@@ -1,14 +1,17 @@
-"""Load monitor: executor load and block homes from the backend, block speed from each block's last task.
+"""Load monitor: executor load and block homes from the cluster view, block speed from each block's last task.
 
 Feeds the async scheduler (:class:`~sparkcnn.scheduler.AsyncPolicy`) with
 
 - executors: one :class:`~sparkcnn.scheduler.ExecutorSample` per active executor
   (task slots, running, failed and completed tasks), from
-  :meth:`~sparkcnn.backends.backend.Backend.executor_samples` (on Spark: its own
+  :meth:`~sparkcnn.backends.cluster.ClusterView.executor_samples` (on Spark: its own
   status store, what the Spark UI shows);
 - block speeds: images / compute seconds of each block's last task, with the
   executor holding the block's cached marker partition (where its next job runs),
-  from :meth:`~sparkcnn.backends.backend.Backend.block_homes`.
+  from :meth:`~sparkcnn.backends.cluster.ClusterView.block_homes`.
+
+It reads a :class:`~sparkcnn.backends.cluster.ClusterView` (``backend.cluster``) and nothing
+else: it cannot run a job.
 
 Live task slots are ``sum(cores)`` over active executors
 (:func:`~sparkcnn.scheduler.task_slots`): they shrink when an executor is lost
@@ -21,6 +24,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from sparkcnn.backends.cluster import ClusterView
 from sparkcnn.protocol import RoundResult
 from sparkcnn.scheduler import BlockSpeed, ExecutorSample
 
@@ -32,11 +36,11 @@ class LoadSample:
 
 
 class LoadMonitor:
-    """Samples a :class:`~sparkcnn.backends.backend.Backend`'s executors and keeps each
+    """Samples the executors of a :class:`~sparkcnn.backends.cluster.ClusterView` and keeps each
     block's measured speed and home executor. Subclasses may override :meth:`_read` (tests)."""
 
-    def __init__(self, backend, min_interval_s: float = 0.5, clock=time.monotonic):
-        self.backend = backend
+    def __init__(self, cluster: ClusterView, min_interval_s: float = 0.5, clock=time.monotonic):
+        self.cluster = cluster
         self.min_interval_s = min_interval_s  # s between executor reads; callers in between get the cache
         self.clock = clock
         self._last: LoadSample | None = None
@@ -56,7 +60,7 @@ class LoadMonitor:
         return self._last
 
     def _read(self) -> list[ExecutorSample]:
-        return self.backend.executor_samples()
+        return self.cluster.executor_samples()
 
     # -- blocks -------------------------------------------------------------------------
     def record(self, result: RoundResult) -> None:
@@ -70,5 +74,5 @@ class LoadMonitor:
         at = self.sample().at
         if at != self._homes_at and any(k not in self._home for k in blocks):
             self._homes_at = at  # one look-up per sample at most
-            self._home.update(self.backend.block_homes(len(blocks)))
+            self._home.update(self.cluster.block_homes(len(blocks)))
         return {k: BlockSpeed(k, self._speed.get(k), self._home.get(k)) for k in blocks}

@@ -95,7 +95,7 @@ class AsyncEngine(Transport):
                                                        keep_broadcasts=keep),
                           backend=backend, evaluate=partial(tasks.evaluate, backend, spec), progress=progress,
                           run_dir=run_dir)
-        self.slots = Slots(cfg, monitor or LoadMonitor(backend), n)
+        self.slots = Slots(cfg, monitor or LoadMonitor(backend.cluster), n)
         self._refresh_slots()
         self.policy = AsyncPolicy(batch_size=cfg.train.batch_size,
                                   target_job_seconds=cfg.scheduler.target_job_seconds,

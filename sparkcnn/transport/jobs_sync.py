@@ -105,7 +105,7 @@ class SyncEngine(Transport):
         self.states = BlockStates(sorted(block_rows))
         self.last_applied_round: int | None = None   # W holds rounds up to this one
         self.last_recorded_round: int | None = None  # metrics hold rounds (and epochs) up to this one
-        self._parallelism = backend.parallelism  # a py4j call on Spark: read once, not per round
+        self._parallelism = backend.cluster.parallelism  # a py4j call on Spark: read once, not per round
         self.warmup_s = self.warmed_up(warmup_started)
 
     @property
@@ -151,8 +151,8 @@ class SyncEngine(Transport):
         desc = f"sparkcnn {self.spec.run_id} epoch {epoch + 1} round {order.seq + 1}"
         blocks = self.states.blocks
         t0 = time.perf_counter()
-        out = self.backend.gather_blocks(tasks.round_task(self.spec, order), list(blocks), desc,
-                                         depth=self.cfg.engine.tree_depth, universe=len(blocks))
+        out = self.backend.map_blocks(tasks.round_task(self.spec, order), list(blocks), desc,
+                                      universe=len(blocks), tree_depth=self.cfg.engine.tree_depth)
         return out, t0, time.perf_counter()
 
     def run_round(self, t: int) -> dict:
@@ -214,9 +214,9 @@ class SyncEngine(Transport):
                         order = self.order_for(next_t)
                         # the next round on this block starts from this round's state
                         self.states.ordered(next_t)
-                        mark = self.backend.job_mark() if self.depth > 1 else None
+                        mark = self.backend.cluster.job_mark() if self.depth > 1 else None
                         inflight.append((order, pool.submit(self._job, order)))
-                        if mark is not None and not self.backend.wait_job_after(mark):
+                        if mark is not None and not self.backend.cluster.wait_job_after(mark):
                             log.warning("round %s: job not registered within 30 s", next_t)
                         next_t += 1
                     order, fut = inflight.popleft()

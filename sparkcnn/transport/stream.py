@@ -87,10 +87,10 @@ def stream_task(spec, ticket: StreamTicket, initial: dict):
 def check_limits(backend, num_blocks: int, sync: bool) -> None:
     """A barrier stage needs a slot per block at once and no dynamic allocation (one-line errors);
     checked before the blocks are placed, which on the stream is a barrier stage too."""
-    if backend.dynamic_allocation():
+    if backend.cluster.dynamic_allocation():
         raise BadInput("engine.transport=stream runs barrier stages, which Spark refuses under dynamic "
                        "allocation: set spark.dynamicAllocation.enabled=false")
-    slots = backend.stage_slots()
+    slots = backend.cluster.stage_slots()
     if backend.spark is None and sync:
         raise BadInput("engine.transport=stream with engine.mode=sync needs every block running at once: "
                        "use a Spark master, not engine.master=inprocess")

@@ -1,7 +1,7 @@
 """The functions Spark runs for a run, built on the driver from plain values.
 
-Each ``*_task`` returns ``fn(block, ctx)`` for :meth:`Backend.map_blocks` /
-:meth:`Backend.gather_blocks`; the closure captures the spec, the order or the
+Each ``*_task`` returns ``fn(block, ctx)`` for :meth:`Backend.map_blocks` (with
+``tree_depth`` for a sync round); the closure captures the spec, the order or the
 weights, and imports the worker module only when it runs on an executor, so
 the driver side never imports the executor's modules (nor TensorFlow).
 :func:`evaluate` and :func:`block_states` are the two small jobs every

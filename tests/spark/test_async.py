@@ -99,7 +99,7 @@ def test_lost_executor_shrinks_jobs_in_flight(tiny_cfg):
     cfg = _async_cfg(tiny_cfg).replace(scheduler__queue_depth=0)  # jobs in flight = live slots
     backend = LocalBackend("t-async-lost")
     engine, _ = build_engine(cfg, backend, backend.run_id)
-    monitor = Losing(backend, min_interval_s=0)
+    monitor = Losing(backend.cluster, min_interval_s=0)
     engine.inject(monitor=monitor)
     pools = []
     engine.inject(pool_factory=lambda n: pools.append(CountingPool(n)) or pools[-1])
@@ -119,9 +119,9 @@ def test_duplicate_results_are_dropped_and_counted(tiny_cfg):
     """A speculative or retried duplicate of a (round, block) result is applied once."""
 
     class Duplicating(LocalBackend):
-        def gather_blocks(self, fn, blocks, description="", depth=2, universe=None, split="train"):
-            acc = super().gather_blocks(fn, blocks, description, depth, universe, split)
-            return acc + [acc[0]]
+        def map_blocks(self, fn, blocks, description="", universe=None, split="train", tree_depth=None):
+            acc = super().map_blocks(fn, blocks, description, universe, split, tree_depth)
+            return acc + [acc[0]] if tree_depth is not None else acc  # a sync round's gather
 
     backend = Duplicating("t-dup")
     engine, _ = build_engine(tiny_cfg, backend, backend.run_id)
@@ -181,7 +181,7 @@ def test_queue_depth_keeps_one_job_waiting_beyond_the_slots(tiny_cfg):
     cfg = _async_cfg(tiny_cfg).replace(data__num_blocks=4, scheduler__queue_depth=1)
     backend = LocalBackend("t-async-queue")
     engine, _ = build_engine(cfg, backend, backend.run_id)
-    engine.inject(monitor=TwoSlots(backend, min_interval_s=0))
+    engine.inject(monitor=TwoSlots(backend.cluster, min_interval_s=0))
     pools = []
     engine.inject(pool_factory=lambda n: pools.append(PeakPool(n)) or pools[-1])
     engine.run()

@@ -39,11 +39,12 @@ def test_sync_training_loss_falls_and_run_dir_complete(spark, tiny_cfg):
 
 
 class RecordingBackend(SparkBackend):
-    """Spark backend that keeps the raw task results of the last gather job."""
+    """Spark backend that keeps the raw task results of the last gather job (a sync round)."""
 
-    def gather_blocks(self, fn, blocks, description="", depth=2, universe=None, split="train"):
-        out = super().gather_blocks(fn, blocks, description, depth, universe, split)
-        self.last = list(out)
+    def map_blocks(self, fn, blocks, description="", universe=None, split="train", tree_depth=None):
+        out = super().map_blocks(fn, blocks, description, universe, split, tree_depth)
+        if tree_depth is not None:
+            self.last = list(out)
         return out
 
 

@@ -28,7 +28,7 @@ def result(block: int, samples: int, compute_s: float) -> RoundResult:
 
 
 def test_local_backend_is_one_slot_and_results_give_speeds():
-    monitor = LoadMonitor(LocalBackend("t-mon"))
+    monitor = LoadMonitor(LocalBackend("t-mon").cluster)
     assert monitor.sample().executors == (ExecutorSample("local", 1, 0, 0),)
     monitor.record(result(1, 640, 2.0))
     monitor.record(result(0, 0, 0.0))  # an empty task measures nothing
@@ -46,7 +46,7 @@ def test_samples_are_cached_for_min_interval():
             return [ExecutorSample("e1", self.reads, 0, 0)]
 
     clock = Clock()
-    monitor = Counting(LocalBackend("t-mon"), min_interval_s=0.5, clock=clock)
+    monitor = Counting(LocalBackend("t-mon").cluster, min_interval_s=0.5, clock=clock)
     first = monitor.sample()
     clock.t += 0.4
     assert monitor.sample() is first and monitor.reads == 1
@@ -66,8 +66,8 @@ def test_no_status_store_warns_once_and_uses_default_parallelism(caplog):
     class Session:
         sparkContext = NoStore()
 
-    monitor = LoadMonitor(SparkBackend(Session(), "t-mon"), min_interval_s=0)
-    with caplog.at_level(logging.WARNING, logger="sparkcnn.backends.spark"):
+    monitor = LoadMonitor(SparkBackend(Session(), "t-mon").cluster, min_interval_s=0)
+    with caplog.at_level(logging.WARNING, logger="sparkcnn.backends.status"):
         samples = [monitor.sample() for _ in range(3)]
     assert all(s.executors == (ExecutorSample("default", 6, 0, 0),) for s in samples)
     assert len([r for r in caplog.records if "status store" in r.getMessage()]) == 1
@@ -78,7 +78,7 @@ def test_no_status_store_warns_once_and_uses_default_parallelism(caplog):
 def test_status_store_on_local_spark(spark):
     """local[2]: the driver is the one executor, with 2 slots; its task counts grow with a job."""
     backend = SparkBackend(spark, "t-monitor")
-    monitor = LoadMonitor(backend, min_interval_s=0)
+    monitor = LoadMonitor(backend.cluster, min_interval_s=0)
     [before] = monitor.sample().executors
     assert (before.executor_id, before.cores, before.running_tasks) == ("driver", 2, 0)
     assert task_slots(monitor.sample().executors, blocks=4) == 2

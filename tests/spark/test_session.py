@@ -11,6 +11,7 @@ import pytest
 import pyspark
 from sparkcnn.backends import backend as backends
 from sparkcnn.backends import session as B
+from sparkcnn.backends.cluster import ClusterView
 from sparkcnn.backends.inprocess import LocalBackend
 from sparkcnn.backends.spark import SparkBackend
 from sparkcnn.protocol import TaskContextInfo
@@ -43,12 +44,13 @@ def test_submit_arguments_name_settings():
 def test_local_backend_hands_tasks_their_context():
     backend = LocalBackend("t-ctx")
     assert isinstance(backend, backends.Backend) and issubclass(SparkBackend, backends.Backend)
-    out = backend.gather_blocks(lambda b, ctx: (b, ctx), [2, 0, 1], "t")
+    assert isinstance(backend.cluster, ClusterView)
+    out = backend.map_blocks(lambda b, ctx: (b, ctx), [2, 0, 1], "t", tree_depth=2)
     assert [b for b, _ in out] == [2, 0, 1]
     ctx = out[0][1]
     assert (ctx.attempt, ctx.cores, ctx.gpus) == (0, 1, None) and ctx.local_dir  # None: no scheduler assigned GPUs
-    assert backend.block_homes(2) == {0: "local", 1: "local"}
-    assert backend.session_info() == {"master": "inprocess", "app_id": None}
+    assert backend.cluster.block_homes(2) == {0: "local", 1: "local"}
+    assert backend.cluster.session_info() == {"master": "inprocess", "app_id": None}
 
 
 @pytest.mark.spark
@@ -58,15 +60,15 @@ def test_spark_backend_jobs_hand_tasks_their_context(spark):
         def fn(b, ctx):
             return b, ctx
 
-        gathered = backend.gather_blocks(fn, range(3), "t gather", universe=3)
+        gathered = backend.map_blocks(fn, range(3), "t gather", universe=3, tree_depth=2)
         assert sorted(b for b, _ in gathered) == [0, 1, 2]
         for _, ctx in gathered:
             assert isinstance(ctx, TaskContextInfo)
             assert (ctx.attempt, ctx.cores, ctx.gpus) == (0, 1, ()) and ctx.local_dir
         assert backend.map_blocks(fn, [1], "t subset", universe=3)[0][0] == 1
-        assert sorted(b for b, _ in backend.gather_blocks(fn, [4, 5], "t plain")) == [4, 5]
-        assert set(backend.block_homes(3)) == {0, 1, 2}
-        assert backend.session_info() == {"master": "local[2]", "app_id": spark.sparkContext.applicationId}
+        assert sorted(b for b, _ in backend.map_blocks(fn, [4, 5], "t plain", tree_depth=2)) == [4, 5]
+        assert set(backend.cluster.block_homes(3)) == {0, 1, 2}
+        assert backend.cluster.session_info() == {"master": "local[2]", "app_id": spark.sparkContext.applicationId}
     finally:
         backend.close()
 
