@@ -34,7 +34,7 @@ def main(argv=None) -> dict:
     run_id = f"blocks-{time.time_ns()}"
 
     def build(block, ctx):
-        import sparkcnn.worker.round  # noqa: F401  (import cost as in a real task)
+        import sparkcnn.worker.jobs  # noqa: F401  (import cost as in a real task)
         t = time.perf_counter()
         x, y = blockstore.get_block(ctx.local_dir, run_id, "train", a.blocks, block,
                                     load=lambda: blockstore.read_block(train_dir, a.blocks, block))

@@ -63,7 +63,7 @@ def record_deltas(data: str, density: float, count: int, out_dir: str) -> list[d
     jobs returned, which the run accepted as they came (the backend the run is handed keeps them)."""
     from sparkcnn import config
     from sparkcnn.backends.inprocess import LocalBackend
-    from sparkcnn.protocol import RoundResult
+    from sparkcnn.protocol import ExchangeResult
     from sparkcnn.train import train
 
     cfg = config.load(None, [f"data.path={data}", f"run.out_dir={out_dir}", "run.name=psload-record",
@@ -79,7 +79,7 @@ def record_deltas(data: str, density: float, count: int, out_dir: str) -> list[d
         def map_blocks(self, fn, blocks, description="", universe=None, split="train"):
             out = super().map_blocks(fn, blocks, description, universe, split)
             for r in out:
-                if isinstance(r, RoundResult) and len(got) < count:
+                if isinstance(r, ExchangeResult) and len(got) < count:
                     got.append({"payload": bytes(r.payload), "nnz": int(r.nnz), "loss_sum": float(r.loss_sum),
                                 "correct": int(r.correct), "samples": int(r.samples)})
             return out

@@ -2,8 +2,8 @@
 
 Every message is a frozen dataclass of plain values; nothing crosses as a dict
 or a positional tuple, and each field has one meaning. The driver builds a
-:class:`TaskSpec` once per run and a :class:`RoundOrder` per exchange; a task
-answers each order with one :class:`RoundResult` per block. Spark hands a task
+:class:`TaskSpec` once per run and a :class:`ExchangeOrder` per exchange; a task
+answers each order with one :class:`ExchangeResult` per block. Spark hands a task
 its context (attempt, cores, GPUs, local directory) and the engine's task
 function passes it on as a :class:`TaskContextInfo`, so the worker never
 imports pyspark.
@@ -98,7 +98,7 @@ class InlineWeights:
 
 
 @dataclass(frozen=True)
-class RoundOrder:
+class ExchangeOrder:
     """What one exchange asks of its blocks."""
 
     seq: int                 # exchange number in the run: sync round t, async job j
@@ -123,7 +123,7 @@ class RoundOrder:
 
 
 @dataclass(frozen=True)
-class RoundResult:
+class ExchangeResult:
     """One block's answer to an order."""
 
     block: int
@@ -160,7 +160,7 @@ class RoundResult:
 @dataclass(frozen=True)
 class Arrival:
     """A block's result as the server takes it, whichever transport carried it: the fields a
-    ``RoundResult`` (jobs) and a ``Push`` (stream) share, under one name each."""
+    ``ExchangeResult`` (jobs) and a ``Push`` (stream) share, under one name each."""
 
     block: int
     seq: int                 # with the block, the exactly-once key
@@ -183,7 +183,7 @@ class Arrival:
     piece: tuple = ()        # with shards: (stream, ordinal), the pieces' key on the shards
 
     @classmethod
-    def of_result(cls, r: "RoundResult") -> "Arrival":
+    def of_result(cls, r: "ExchangeResult") -> "Arrival":
         return cls(**{f: getattr(r, f) for f in _ARRIVAL_FIELDS})
 
     @classmethod

@@ -102,7 +102,7 @@ def preloaded_daemon() -> None:
         import tensorflow  # noqa: F401
 
         import sparkcnn.models  # noqa: F401
-        import sparkcnn.worker.round  # noqa: F401
+        import sparkcnn.worker.jobs  # noqa: F401
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 
 from sparkcnn.backends.cluster import ClusterView
-from sparkcnn.protocol import RoundResult
+from sparkcnn.protocol import ExchangeResult
 from sparkcnn.scheduler import BlockSpeed, ExecutorSample
 
 
@@ -63,7 +63,7 @@ class LoadMonitor:
         return self.cluster.executor_samples()
 
     # -- blocks -------------------------------------------------------------------------
-    def record(self, result: RoundResult) -> None:
+    def record(self, result: ExchangeResult) -> None:
         """Remember the speed of a finished task: ``samples / compute_s`` of its block."""
         if result.compute_s > 0 and result.samples > 0:
             self._speed[result.block] = result.samples / result.compute_s

@@ -71,7 +71,7 @@ class Schedule:
 
 @dataclass(frozen=True)
 class OrderWeights:
-    """The weights part of a jobs-transport order (``RoundOrder``'s fields of the same names)."""
+    """The weights part of a jobs-transport order (``ExchangeOrder``'s fields of the same names)."""
 
     weights: object          # a broadcast of float32 bytes: W, or the view U
     weights_version: int

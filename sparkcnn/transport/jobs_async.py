@@ -27,7 +27,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from functools import partial
 
 from sparkcnn.backends.monitor import LoadMonitor
-from sparkcnn.protocol import Arrival, RoundOrder, steps_per_epoch
+from sparkcnn.protocol import Arrival, ExchangeOrder, steps_per_epoch
 from sparkcnn.scheduler import AsyncPolicy, DecisionKind, task_slots
 from sparkcnn.server.exchange import downlink_cadence
 from sparkcnn.server.records import Timings, Where
@@ -136,19 +136,19 @@ class AsyncEngine(Transport):
         return self.server.epoch_float
 
     # -- orders -----------------------------------------------------------------------------
-    def order_for_block(self, block: int, steps: int) -> RoundOrder:
+    def order_for_block(self, block: int, steps: int) -> ExchangeOrder:
         c, run = self.server.cursors, self.server
         steps = max(1, min(steps, c.pass_steps[block] - c.block_step[block]))
         # orders are made while samples remain, so the epoch is below train.epochs
         lr, density = run.schedule_now()
         seq, block_seq, initial = self.orders.take(block)
         w = run.downlink.order_weights(self.version)
-        return RoundOrder(seq=seq, steps={block: steps}, step_offset={block: c.cursor(block)}, lr=lr,
+        return ExchangeOrder(seq=seq, steps={block: steps}, step_offset={block: c.cursor(block)}, lr=lr,
                           density=density, base_version=self.version, expect_state={block: c.last_seq[block]},
                           initial_state=initial, resync=block in run.exchange.resync, block_seq=block_seq,
                           weights=w.weights, weights_version=w.weights_version, downlinks=w.downlinks)
 
-    def _job(self, order: RoundOrder, block: int):
+    def _job(self, order: ExchangeOrder, block: int):
         epoch = self.server.cursors.block_epoch[block] + 1
         desc = (f"sparkcnn {self.spec.run_id} epoch {epoch} block {block} "
                 f"job {order.seq + 1}")
@@ -164,13 +164,13 @@ class AsyncEngine(Transport):
         return limit
 
     # -- results ------------------------------------------------------------------------------
-    def on_result(self, order: RoundOrder, block: int, results, t0: float, t1: float) -> dict | None:
+    def on_result(self, order: ExchangeOrder, block: int, results, t0: float, t1: float) -> dict | None:
         """Hand one job's result to the run as it arrives; its record, or None (a duplicate, or
         dropped as too stale: the block's next job trains those steps again)."""
         out = self._take(order, block, results, t0, t1)
         return None if out is None else out[1]
 
-    def _take(self, order: RoundOrder, block: int, results, t0: float, t1: float, busy=None):
+    def _take(self, order: ExchangeOrder, block: int, results, t0: float, t1: float, busy=None):
         """:meth:`on_result`'s (decision, record) when applied, else None. ``busy``: (task seconds
         so far, slot seconds offered), for the record's idleness."""
         if not results:

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from sparkcnn.checkpoint import int_keys, json_keys
-from sparkcnn.protocol import Arrival, RoundOrder, steps_per_epoch
+from sparkcnn.protocol import Arrival, ExchangeOrder, steps_per_epoch
 from sparkcnn.scheduler import pipeline_depth, size_sync_steps
 from sparkcnn.server.records import TaskStat, Timings, Where
 from sparkcnn.server.run import APPLIED, Run, RunShape
@@ -124,7 +124,7 @@ class SyncEngine(Transport):
         ck = self.server.checkpoints
         return ck.enabled and (ck.due(t + 1, aligned=True) or (t + 1) % self.rounds_per_epoch == 0)
 
-    def order_for(self, t: int) -> RoundOrder:
+    def order_for(self, t: int) -> ExchangeOrder:
         H = self.cfg.train.steps_per_round
         epoch, r = divmod(t, self.rounds_per_epoch)
         pass_steps = self.server.cursors.pass_steps
@@ -138,14 +138,14 @@ class SyncEngine(Transport):
             by_exec = {}
         lr, density = self.server.schedule.at(epoch + r / self.rounds_per_epoch)
         w = self.server.downlink.order_weights(self.version)
-        return RoundOrder(seq=t, steps=steps, step_offset=offsets, lr=lr, density=density,
+        return ExchangeOrder(seq=t, steps=steps, step_offset=offsets, lr=lr, density=density,
                           base_version=self.version, expect_state=dict(self.states.from_round),
                           state_wait_s=5.0 if self.depth > 1 else 0.0, steps_by_executor=by_exec,
                           return_state=self._is_checkpoint_round(t) and self.depth == 1,
                           initial_state=self.states.take_initial(), weights=w.weights,
                           weights_version=w.weights_version, downlinks=w.downlinks)
 
-    def _job(self, order: RoundOrder):
+    def _job(self, order: ExchangeOrder):
         """One Spark job: every block's share of the round. Runs in a pool thread."""
         epoch = order.seq // self.rounds_per_epoch
         desc = f"sparkcnn {self.spec.run_id} epoch {epoch + 1} round {order.seq + 1}"
@@ -162,7 +162,7 @@ class SyncEngine(Transport):
         return self._complete(order, *self._job(order), None)[0]
 
     # -- completion ---------------------------------------------------------------------------
-    def _complete(self, order: RoundOrder, results, t0: float, t1: float, last_done: float | None) -> dict:
+    def _complete(self, order: ExchangeOrder, results, t0: float, t1: float, last_done: float | None) -> dict:
         """Hand the round's results to the run, which applies the fresh ones once all are in;
         write its record with this transport's timings."""
         t = order.seq

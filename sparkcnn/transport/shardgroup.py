@@ -24,7 +24,7 @@ import numpy as np
 
 from sparkcnn.server.apply import Applied
 from sparkcnn.transport.shardservice import ShardProcess
-from sparkcnn.protocol import Answer, PieceRef, RoundResult, ShardInit, ShardStep
+from sparkcnn.protocol import Answer, PieceRef, ExchangeResult, ShardInit, ShardStep
 from sparkcnn.shards import shard_ranges
 from sparkcnn.streamwire import encode
 
@@ -51,14 +51,14 @@ class ShardCoordinator:
         init = ShardInit(W=ps.W.tobytes(), U=ps.U.tobytes(), version=ps.version, view_version=ps.view_version)
         for p in self.procs:
             p.send(init)
-        self._apply: list[tuple[RoundResult, float]] = []
+        self._apply: list[tuple[ExchangeResult, float]] = []
         self._down = 0.0
 
     @property
     def locations(self) -> tuple[tuple[str, int], ...]:
         return tuple(p.location for p in self.procs)
 
-    def apply(self, results: list[RoundResult], factor: float, guard=None) -> Applied:
+    def apply(self, results: list[ExchangeResult], factor: float, guard=None) -> Applied:
         """:func:`sparkcnn.server.apply.apply_deltas` for the coordinator: the guard judges each
         result's declared norm; the good ones make one version, applied by the shards at ``step``."""
         rejected, good = {}, []

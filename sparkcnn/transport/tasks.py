@@ -10,23 +10,23 @@ transport runs besides its exchanges.
 
 from __future__ import annotations
 
-from sparkcnn.protocol import RoundOrder, TaskSpec
+from sparkcnn.protocol import ExchangeOrder, TaskSpec
 
 
 def _on_worker(name: str, spec: TaskSpec, arg):
-    """``fn(block, ctx)`` calling ``sparkcnn.worker.round.<name>(spec, arg, block, ctx)`` on the executor."""
+    """``fn(block, ctx)`` calling ``sparkcnn.worker.jobs.<name>(spec, arg, block, ctx)`` on the executor."""
 
     def fn(block, ctx):
-        from sparkcnn.worker import round as worker_round
+        from sparkcnn.worker import jobs as worker_jobs
 
-        return getattr(worker_round, name)(spec, arg, block, ctx)
+        return getattr(worker_jobs, name)(spec, arg, block, ctx)
 
     return fn
 
 
-def round_task(spec: TaskSpec, order: RoundOrder):
-    """One block's share of ``order`` -> :class:`~sparkcnn.protocol.RoundResult`."""
-    return _on_worker("run_block_round", spec, order)
+def round_task(spec: TaskSpec, order: ExchangeOrder):
+    """One block's share of ``order`` -> :class:`~sparkcnn.protocol.ExchangeResult`."""
+    return _on_worker("run_block_exchange", spec, order)
 
 
 def eval_task(spec: TaskSpec, weights: bytes):

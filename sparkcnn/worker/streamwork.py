@@ -21,7 +21,7 @@ from sparkcnn.compression import codec
 from sparkcnn.compression.delta import SparseDelta
 from sparkcnn.protocol import Reply
 from sparkcnn.shards import shard_ranges, split_delta
-from sparkcnn.worker.round import block_batches, compute, held_state, hold_state
+from sparkcnn.worker.jobs import block_batches, compute, held_state, hold_state
 from sparkcnn.worker.task import TaskStart
 from sparkcnn.worker.view import Lookahead, View
 

@@ -46,7 +46,7 @@ def test_make_dist_builds_a_wheel_and_a_py_files_zip(dist, executor_python, tmp_
         names = z.namelist()
         assert names == [n for n in whl.namelist() if n.startswith("sparkcnn/")]  # the package alone
         assert any(n.endswith(".dist-info/entry_points.txt") for n in whl.namelist())
-    for module in ("__init__", "__main__", "cli", "train", "transport/tasks", "worker/round"):
+    for module in ("__init__", "__main__", "cli", "train", "transport/tasks", "worker/jobs"):
         assert f"sparkcnn/{module}.py" in names
     assert not any("__pycache__" in n or n.startswith("tests/") for n in names)
     # the zip alone makes sparkcnn importable where it is not installed

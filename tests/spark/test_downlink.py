@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from sparkcnn.worker import round as worker
+from sparkcnn.worker import jobs as worker
 from sparkcnn.backends.inprocess import LocalBackend
 from sparkcnn.backends.spark import SparkBackend
 from sparkcnn.train import build_engine

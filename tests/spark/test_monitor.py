@@ -7,7 +7,7 @@ import pytest
 from sparkcnn.backends.inprocess import LocalBackend
 from sparkcnn.backends.monitor import LoadMonitor
 from sparkcnn.backends.spark import SparkBackend
-from sparkcnn.protocol import RoundResult
+from sparkcnn.protocol import ExchangeResult
 from sparkcnn.scheduler import ExecutorSample, task_slots
 
 
@@ -19,9 +19,9 @@ class Clock:
         return self.t
 
 
-def result(block: int, samples: int, compute_s: float) -> RoundResult:
+def result(block: int, samples: int, compute_s: float) -> ExchangeResult:
     """A block's answer with the fields the monitor reads; the rest zero."""
-    return RoundResult(block=block, seq=0, attempt=0, base_version=0, payload=b"", samples=samples,
+    return ExchangeResult(block=block, seq=0, attempt=0, base_version=0, payload=b"", samples=samples,
                        steps=0, loss_sum=0.0, correct=0, nnz=0, prep_s=0.0, compute_s=compute_s, encode_s=0.0,
                        task_s=0.0, state_reset=False, state_stale=False, replica_resync=False, view_bytes=0,
                        pid=0, executor="local", lr=0.1, density=1.0, first_step=0)

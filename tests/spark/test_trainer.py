@@ -103,7 +103,7 @@ def test_per_step_gradient_is_clipped_to_the_block_cap_and_batchnorm_statistics_
     import dataclasses
 
     from sparkcnn.compression.feedback import make_policy
-    from sparkcnn.worker.round import clip_gradient, compute
+    from sparkcnn.worker.jobs import clip_gradient, compute
 
     tr, rng = trainer, np.random.default_rng(5)
     x, y = rng.standard_normal((8, 8, 8, 1)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32)
@@ -156,7 +156,7 @@ def test_a_clipped_gradient_without_batchnorm_is_scaled_by_the_policy_as_clippin
 
     from sparkcnn.compression.feedback import make_policy
     from sparkcnn.protocol import TaskSpec
-    from sparkcnn.worker.round import clip_gradient, compute
+    from sparkcnn.worker.jobs import clip_gradient, compute
     from sparkcnn.worker.trainer import Trainer
 
     spec = TaskSpec(run_id="t", num_blocks=1, test_blocks=1, model_name="tests.spark.test_trainer:tiny_plain",
@@ -189,7 +189,7 @@ def test_live_compute_matches_the_state_passing_form(trainer, per_step, method):
     the steps and the state it leaves are exactly those of passing the state each step."""
     from sparkcnn.compression.feedback import make_policy
     from sparkcnn.protocol import TaskSpec
-    from sparkcnn.worker.round import compute, held_state, hold_state
+    from sparkcnn.worker.jobs import compute, held_state, hold_state
 
     tr, rng = trainer, np.random.default_rng(6)
     layout = tuple(b - a for a, b in zip(tr.offsets[:-1], tr.offsets[1:]))

@@ -18,7 +18,7 @@ def _loaded_after(module: str) -> list[str]:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("module", ["sparkcnn.worker.round", "sparkcnn.worker.trainer"])
+@pytest.mark.parametrize("module", ["sparkcnn.worker.jobs", "sparkcnn.worker.trainer"])
 def test_worker_modules_import_no_pyspark(module):
     loaded = _loaded_after(module)
     assert module in loaded

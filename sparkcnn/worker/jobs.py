@@ -9,7 +9,7 @@ Worker round for block ``k`` starting from the replica ``V`` (version ``b``)::
     payload = encode(S)
 
 Everything a task needs arrives as plain values: :class:`TaskSpec`,
-:class:`RoundOrder` and the task's :class:`TaskContextInfo`. Nothing here
+:class:`ExchangeOrder` and the task's :class:`TaskContextInfo`. Nothing here
 imports Spark; TensorFlow is reached through :mod:`sparkcnn.worker.trainer`.
 """
 
@@ -25,8 +25,8 @@ from sparkcnn.compression.delta import SparseDelta
 from sparkcnn.compression.feedback import mask_momentum
 from sparkcnn.protocol import (
     EvalResult,
-    RoundOrder,
-    RoundResult,
+    ExchangeOrder,
+    ExchangeResult,
     TaskContextInfo,
     TaskSpec,
     steps_per_epoch,
@@ -36,7 +36,7 @@ from sparkcnn.worker.devices import VISIBLE
 from sparkcnn.worker.task import downlinks, freeze_heap_once, local_root, start_task
 from sparkcnn.worker.trainer import batch_indices, get_trainer
 
-def _weights(spec: TaskSpec, order: RoundOrder) -> tuple[np.ndarray, bool, int]:
+def _weights(spec: TaskSpec, order: ExchangeOrder) -> tuple[np.ndarray, bool, int]:
     """(weights the block starts from, replica resynced, dense bytes read)."""
     if not spec.sparse_downlink:
         data = order.weights.value
@@ -147,7 +147,8 @@ def clip_gradient(g: np.ndarray, trainable: np.ndarray | None, max_norm: float) 
     return g, norm
 
 
-def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, ctx: TaskContextInfo) -> RoundResult:
+def run_block_exchange(spec: TaskSpec, order: ExchangeOrder, block: int,
+                       ctx: TaskContextInfo) -> ExchangeResult:
     """Train ``block`` for its steps of ``order``; return its encoded delta and stats (module docstring)."""
     task = start_task(spec, ctx, block, f"block {block} exchange {order.seq}")
     state, state_reset, state_stale = task.state(order.initial_state, order.expect_state.get(block, -1),
@@ -172,7 +173,7 @@ def run_block_round(spec: TaskSpec, order: RoundOrder, block: int, ctx: TaskCont
     blockstore.save_state(task.root, spec.run_id, block, order.seq, new_state)
     if batches and chaos.fails(spec, order.seq, block, ctx.attempt):
         chaos.fail(block, order.seq)
-    return RoundResult(
+    return ExchangeResult(
         block=block, seq=order.seq, attempt=ctx.attempt, base_version=order.base_version, payload=payload,
         samples=seen, steps=len(batches), loss_sum=loss_sum, correct=correct, nnz=int(sent.nnz),
         prep_s=t1 - task.t0, compute_s=t2 - t1, encode_s=t3 - t2, task_s=time.perf_counter() - task.t0,
@@ -194,7 +195,7 @@ def _load_policy(policy, state: dict) -> None:
 _REPLICAS: dict = {}
 
 
-def replica_view(spec: TaskSpec, order: RoundOrder) -> tuple[np.ndarray, bool, int]:
+def replica_view(spec: TaskSpec, order: ExchangeOrder) -> tuple[np.ndarray, bool, int]:
     """This process's replica of ``U`` brought to ``order.weights_version``.
 
     Follows the inline downlinks (checksum after each); a replica that is
