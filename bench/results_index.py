@@ -137,7 +137,11 @@ def _results(folder: str) -> list[tuple[str, dict]]:
         with open(os.path.join(folder, name), encoding="utf-8") as fh:
             data = json.load(fh)
         prov = data.get("provenance") if isinstance(data, dict) else None
-        out.append((name[:-len(".json")], prov if isinstance(prov, dict) else {}))
+        prov = prov if isinstance(prov, dict) else {}
+        head = data.get("checkouts", {}).get("head", {}) if isinstance(data, dict) else {}
+        if "git_commit" not in prov and head.get("commit"):  # bench/behaviour.py: the head it measured
+            prov = {**prov, "git_commit": head["commit"], "git_dirty": head.get("dirty")}
+        out.append((name[:-len(".json")], prov))
     return out
 
 
