@@ -48,6 +48,7 @@ if ROOT not in sys.path:  # run as a script: bench/ is on the path, the reposito
     sys.path.insert(0, ROOT)
 from bench import fresh  # noqa: E402
 from bench import targets as tg  # noqa: E402
+from bench.targets import _get  # noqa: E402
 from bench._common import EXIT_MISSED  # noqa: E402
 
 BEGIN, END = "<!-- benchmarks:begin -->", "<!-- benchmarks:end -->"
@@ -80,15 +81,6 @@ STREAM_CASES = {"async_h1_sparse": "Stream, async, H = 1, sparse",
 
 
 # ---- safe access and fixed-decimal formatting --------------------------------------------------
-
-def _get(d, *keys):
-    """``d[k0][k1]...``, or None where a level is missing or not a dict."""
-    for k in keys:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(k)
-    return d
-
 
 def _list(x) -> list:
     """``x`` when it is a list, else an empty one."""

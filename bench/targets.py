@@ -74,6 +74,7 @@ def missed(targets: list[Target]) -> list[str]:
 # ---- reading the JSONs (any field may be missing: old schemas render, never crash) ---------------
 
 def _get(d, *keys):
+    """``d[k0][k1]...``, or None where a level is missing or not a dict (bench/render.py's too)."""
     for k in keys:
         if not isinstance(d, dict):
             return None
