@@ -63,7 +63,8 @@ class Trainer:
         from sparkcnn.models import build_model
 
         self.tf = tf
-        self.model = build_model(spec.model_name, spec.input_shape, spec.num_classes, spec.seed)
+        self.model = build_model(spec.model_name, spec.input_shape, spec.num_classes, spec.seed,
+                                 spec.normalize or None)
         self.weights = list(self.model.weights)
         self.trainable = list(self.model.trainable_weights)
         self.opt = keras.optimizers.SGD(learning_rate=0.01, momentum=spec.momentum)
@@ -351,7 +352,8 @@ def get_trainer(spec: TaskSpec, ctx: TaskContextInfo, task: str = "this task") -
     :class:`~sparkcnn.worker.devices.DeviceMismatch` naming ``task`` rather than train there.
     """
     devices.bind(ctx.gpus, task)
-    key = (spec.model_name, spec.input_shape, spec.num_classes, spec.seed, spec.momentum, spec.weight_decay)
+    key = (spec.model_name, spec.input_shape, spec.num_classes, spec.seed, spec.momentum, spec.weight_decay,
+           spec.normalize)
     tr = _TRAINERS.get(key)
     if tr is None:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
