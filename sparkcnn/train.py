@@ -57,7 +57,7 @@ def build_spec(cfg, run_id: str, train, test, model) -> TaskSpec:
         clip_norm=cfg.compression.clip_norm / float(np.sqrt(cfg.data.num_blocks)),
         factor_masking=cfg.compression.factor_masking,
         sparse_downlink=cfg.compression.density_down > 0,
-        normalize=normalization(cfg, train) or (),
+        augment=cfg.data.augment, normalize=normalization(cfg, train) or (),
         chaos_fail_p=cfg.chaos.fail_task_probability, chaos_kill_p=cfg.chaos.kill_worker_probability,
         chaos_slow=cfg.chaos.slow_executor, chaos_nan_seq=cfg.chaos.nan_round,
         chaos_hold_every=cfg.chaos.hold_every, chaos_hold_s=cfg.chaos.hold_s,
