@@ -105,3 +105,8 @@ def test_a_bad_value_is_refused_in_one_line_exit_2(capsys):
     capsys.readouterr()
     assert main(["train", "--no-progress", "--set", "data.augment=mixup"]) == 2
     assert capsys.readouterr().err == f"sparkcnn train: error: {message}\n"
+
+
+def test_the_cifar_config_augments_and_normalises_as_the_recipe_does():
+    cfg = config.load("conf/cifar10_resnet20.yaml")
+    assert (cfg.data.augment, cfg.data.normalize) == ("crop_flip", "dataset")
