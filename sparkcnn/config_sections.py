@@ -57,6 +57,12 @@ class DataConfig:
     max_image_pixels: int = 25_000_000  # image folders: an image over this many pixels (H*W, read from
                                       # its header) is refused before decoding (a PNG of 1 MB can hold
                                       # 900 M pixels); at most Pillow's own limit, MAX_IMAGE_PIXELS_LIMIT
+    augment: str = "none"             # training batches only, on the executors: none | crop_flip (4 zero
+                                      # pixels of padding, a random crop back to H x W, a random left-right
+                                      # flip; the CIFAR recipe), drawn per (run.seed, block, epoch, step)
+    normalize: str = "none"           # none | dataset: the model's first layer centres and scales each
+                                      # channel by the training split's mean and std, which only a
+                                      # prepared dataset stores (its metadata); evaluation sees it too
 
     def validate(self, p: str) -> None:
         check_field(self.format in ("auto", "prepared", "parquet", "table", "images"), f"{p}.format",
@@ -72,6 +78,10 @@ class DataConfig:
         check_field(1 <= self.test_blocks <= 4096, f"{p}.test_blocks", "in [1, 4096]", self.test_blocks)
         check_field(1 <= self.max_image_pixels <= MAX_IMAGE_PIXELS_LIMIT, f"{p}.max_image_pixels",
                     f"in [1, {MAX_IMAGE_PIXELS_LIMIT}]", self.max_image_pixels)
+        check_field(self.augment in ("none", "crop_flip"), f"{p}.augment", "one of none, crop_flip",
+                    self.augment)
+        check_field(self.normalize in ("none", "dataset"), f"{p}.normalize", "one of none, dataset",
+                    self.normalize)
 
 
 @dataclass(frozen=True)

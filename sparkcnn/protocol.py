@@ -64,6 +64,8 @@ class TaskSpec:
     clip_norm: float = 0.0              # per-step form: a block's gradient norm cap (0 = none)
     factor_masking: bool = True         # per-step DGC: zero momentum where sent
     sparse_downlink: bool = False       # compression.density_down > 0: replicas follow DownlinkMsgs
+    augment: str = "none"               # data.augment: none | crop_flip, on training minibatches only
+    normalize: tuple = ()               # data.normalize=dataset: (mean, std) per channel, [0, 1] units
     # fault injection (chaos.*): tests and drills only
     chaos_fail_p: float = 0.0
     chaos_kill_p: float = 0.0

@@ -31,6 +31,14 @@ def new_run_id(name: str) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
+def normalization(cfg, train) -> tuple | None:
+    """(mean, std) the model normalises by (``data.normalize``), from the training frame ``train``'s
+    statistics; None for none; BadInput when the data has none (not a prepared dataset)."""
+    from sparkcnn.data.normalize import normalization as choose
+
+    return choose(cfg.data.normalize, train.stats, train.origin, train.shape[2])
+
+
 def build_spec(cfg, run_id: str, train, test, model) -> TaskSpec:
     """The run's constants for the executors; ``train``/``test``: :class:`~sparkcnn.data.source.Frame`."""
     from sparkcnn.compression.plan import plan
@@ -49,6 +57,7 @@ def build_spec(cfg, run_id: str, train, test, model) -> TaskSpec:
         clip_norm=cfg.compression.clip_norm / float(np.sqrt(cfg.data.num_blocks)),
         factor_masking=cfg.compression.factor_masking,
         sparse_downlink=cfg.compression.density_down > 0,
+        augment=cfg.data.augment, normalize=normalization(cfg, train) or (),
         chaos_fail_p=cfg.chaos.fail_task_probability, chaos_kill_p=cfg.chaos.kill_worker_probability,
         chaos_slow=cfg.chaos.slow_executor, chaos_nan_seq=cfg.chaos.nan_round,
         chaos_hold_every=cfg.chaos.hold_every, chaos_hold_s=cfg.chaos.hold_s,
@@ -142,7 +151,8 @@ def build_engine(cfg, backend, run_id: str, sink=None, progress=None, run_dir: s
 
     cfg = resolve_transport(cfg, backend)
     train_f, test_f = frames if frames is not None else resolve_frames(cfg, backend)
-    model = build_model(cfg.model.name, tuple(train_f.shape), len(train_f.classes), cfg.run.seed)
+    model = build_model(cfg.model.name, tuple(train_f.shape), len(train_f.classes), cfg.run.seed,
+                        normalization(cfg, train_f))
     spec = build_spec(cfg, run_id, train_f, test_f, model)
     t0 = time.perf_counter()
     if cfg.engine.transport == "stream":  # before its barrier placement, which would wait for slots
@@ -243,7 +253,8 @@ def train(cfg, backend=None, progress=None, run_dir: str | None = None, resume: 
     else:
         backend = backend if backend is not None else make_backend(cfg, run_id, spark)
         frames = resolve_frames(cfg, backend, data, test_data)
-    build_model(cfg.model.name, tuple(frames[0].shape), len(frames[0].classes), cfg.run.seed)
+    build_model(cfg.model.name, tuple(frames[0].shape), len(frames[0].classes), cfg.run.seed,
+                normalization(cfg, frames[0]))
     trackers = tracking.trackers(cfg)  # a tracker's missing package fails here, before anything is written
     if runfs.is_uri(run_dir):
         if cfg.tracking.tensorboard:

@@ -9,7 +9,8 @@ Columns: `image` binary, the uint8 HWC pixels of one image (H·W·C bytes);
 `label` int32, an index into the class list. Schema metadata (strings):
 `sparkcnn.height`, `sparkcnn.width`, `sparkcnn.channels` (pixels, pixels,
 channels) and `sparkcnn.classes` (JSON list of class names), plus
-`sparkcnn.format_version`.
+`sparkcnn.format_version`; the train split also `sparkcnn.mean` and `sparkcnn.std`
+(JSON lists, per-channel pixel statistics in [0, 1] units, read for `data.normalize`).
 
 Columns are converted to and from numpy through their Arrow buffers (one
 offsets buffer + one data buffer), never through per-row Python objects.
@@ -53,6 +54,8 @@ class DatasetMeta:
     channels: int  # 1 (grey) or 3 (RGB)
     classes: tuple[str, ...]  # class names, indexed by label
     num_rows: int  # images in the split
+    mean: tuple[float, ...] | None = None  # train split: per-channel pixel mean in [0, 1] units (META_MEAN)
+    std: tuple[float, ...] | None = None   # train split: per-channel pixel standard deviation (META_STD)
 
     @property
     def image_bytes(self) -> int:
@@ -162,7 +165,23 @@ def _meta_dims(path: str, schema: pa.Schema) -> dict:
                 not all(isinstance(c, str) for c in classes):
             raise BadInput(f"{path}: metadata {META_CLASSES} must be a JSON list of names")
         found["classes"] = tuple(classes)
+    for name, key in (("mean", META_MEAN), ("std", META_STD)):
+        if key in raw:
+            found[name] = _meta_floats(path, key, raw[key], found.get("channels"))
     return found
+
+
+def _meta_floats(path: str, key: str, text: str, channels: int | None) -> tuple[float, ...]:
+    """A per-channel statistic (``META_MEAN``, ``META_STD``): a JSON list of one number per channel."""
+    try:
+        values = json.loads(text)
+    except ValueError:
+        values = None
+    if not isinstance(values, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                               for v in values) or \
+            (channels is not None and len(values) != channels):
+        raise BadInput(f"{path}: metadata {key} must be a JSON list of one number per channel")
+    return tuple(float(v) for v in values)
 
 
 def read_meta(split_dir: str) -> DatasetMeta:
@@ -180,7 +199,8 @@ def read_meta(split_dir: str) -> DatasetMeta:
         elif meta != first:
             raise BadInput(f"{path}: metadata differs from {files[0]}")
         num_rows += pq.read_metadata(path).num_rows
-    return DatasetMeta(first["height"], first["width"], first["channels"], first["classes"], num_rows)
+    return DatasetMeta(first["height"], first["width"], first["channels"], first["classes"], num_rows,
+                       first.get("mean"), first.get("std"))
 
 
 def image_column_to_numpy(column: pa.ChunkedArray, row_bytes: int, path: str) -> np.ndarray:

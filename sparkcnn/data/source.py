@@ -48,6 +48,8 @@ class Frame:
     origin: str                    # what the user gave, for messages and the summary
     cache: object = None           # a DataFrame this frame persisted (an image folder's decoded rows),
                                    # to unpersist once its blocks are placed (:func:`release`)
+    stats: tuple | None = None     # (mean, std), per-channel pixel statistics in [0, 1] units: a prepared
+                                   # dataset's train split's (data.normalize); None for other inputs
 
 
 def is_dataframe(x) -> bool:
@@ -208,6 +210,7 @@ def _prepared(spark, path: str, split: str) -> Frame:
     if is_uri(path):
         m = _sidecar(spark, path, split)
         shape, classes, rows = (m["height"], m["width"], m["channels"]), tuple(m["classes"]), int(m["rows"])
+        mean, std = m.get("mean"), m.get("std")
     else:
         from sparkcnn.data.parquet_io import read_meta
 
@@ -216,11 +219,13 @@ def _prepared(spark, path: str, split: str) -> Frame:
                            "(run 'sparkcnn prepare' first)")
         meta = read_meta(split_dir)
         shape, classes, rows = (meta.height, meta.width, meta.channels), meta.classes, meta.num_rows
+        mean, std = meta.mean, meta.std
         split_dir = os.path.abspath(split_dir)
     if split == "train" and rows == 0:
         raise BadInput(f"data.path {path!r}: the train split is empty")
     df = spark.read.parquet(split_dir).select("image", "label") if spark is not None else split_dir
-    return Frame(df, "binary", tuple(int(v) for v in shape), tuple(classes), rows, split_dir)
+    return Frame(df, "binary", tuple(int(v) for v in shape), tuple(classes), rows, split_dir,
+                 stats=(tuple(mean), tuple(std)) if mean and std else None)
 
 
 def _images(spark, root: str, dcfg, classes) -> Frame:

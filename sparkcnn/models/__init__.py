@@ -34,8 +34,16 @@ def resolve_builder(name: str):
     return fn
 
 
-def build_model(name: str, input_shape, num_classes: int, seed: int = 0):
-    """Build the model with deterministic initial weights for ``seed``."""
+def build_model(name: str, input_shape, num_classes: int, seed: int = 0, normalize=None):
+    """Build the model with deterministic initial weights for ``seed``.
+
+    ``normalize``: (mean, std) per channel in [0, 1] units (``data.normalize``), or None. The
+    builder's model then sits behind a first layer that centres and scales each channel in
+    pixel units, ``x -> (x - 255·mean) / std``: a builder that divides its input by 255, as
+    the built-in ones do, sees ``(x/255 - mean) / std``. The layer holds no weights (the flat
+    weight layout is the builder's), and a saved model carries it, so evaluation and
+    prediction normalise as training did.
+    """
     import keras
 
     fn = resolve_builder(name)
@@ -51,4 +59,14 @@ def build_model(name: str, input_shape, num_classes: int, seed: int = 0):
     out = model.output_shape
     if out[-1] != num_classes:
         raise BadInput(f"model.name {name!r}: output has {out[-1]} units, dataset has {num_classes} classes")
-    return model
+    return model if normalize is None else _normalized(model, input_shape, *normalize)
+
+
+def _normalized(model, input_shape, mean, std):
+    """``model`` behind a per-channel normalisation in pixel units (:func:`build_model`)."""
+    import keras
+
+    inputs = keras.Input(shape=tuple(input_shape))
+    scaled = keras.layers.Normalization(axis=-1, mean=[255.0 * m for m in mean],
+                                        variance=[s * s for s in std], name="normalize")(inputs)
+    return keras.Model(inputs, model(scaled), name=f"{model.name}_normalized")

@@ -23,6 +23,7 @@ import numpy as np
 from sparkcnn.compression import codec
 from sparkcnn.compression.delta import SparseDelta
 from sparkcnn.compression.feedback import mask_momentum
+from sparkcnn.data.augment import BatchAugment, batch_augment
 from sparkcnn.protocol import (
     EvalResult,
     ExchangeOrder,
@@ -44,17 +45,20 @@ def _weights(spec: TaskSpec, order: ExchangeOrder) -> tuple[np.ndarray, bool, in
     return replica_view(spec, order)
 
 
-def block_batches(spec: TaskSpec, block: int, rows: int, start: int, steps: int) -> list[np.ndarray]:
+def block_batches(spec: TaskSpec, block: int, rows: int, start: int,
+                  steps: int) -> tuple[list[np.ndarray], BatchAugment | None]:
     """The full minibatches of steps ``start .. start + steps - 1`` of ``block`` (its cursor runs
-    across epochs: step c is minibatch ``c mod per_epoch`` of the block's pass ``c // per_epoch``)."""
+    across epochs: step c is minibatch ``c mod per_epoch`` of the block's pass ``c // per_epoch``),
+    and their augmentation (``data.augment``; None: none), seeded by each one's (epoch, step)."""
     per_epoch = max(1, steps_per_epoch(rows, spec.batch_size))
-    batches = [batch_indices(rows, spec.batch_size, spec.seed, c // per_epoch, block, c % per_epoch)
-               for c in range(start, start + steps)]
-    return [b for b in batches if len(b) == spec.batch_size]
+    keys = [divmod(c, per_epoch) for c in range(start, start + steps)]
+    batches = [(batch_indices(rows, spec.batch_size, spec.seed, e, block, s), (e, s)) for e, s in keys]
+    full = [(b, k) for b, k in batches if len(b) == spec.batch_size]
+    return [b for b, _ in full], batch_augment(spec.augment, spec.seed, block, [k for _, k in full])
 
 
 def compute(spec: TaskSpec, trainer, policy, state: dict, w: np.ndarray, images, labels, batches,
-            lr: float, density: float, *, live: bool = False):
+            lr: float, density: float, *, live: bool = False, augment: BatchAugment | None = None):
     """One exchange's local work from weights ``w``: (sent delta, new state, loss sum, correct, samples).
 
     ``w`` is loaded into the trainer here (the per-step form loads it in the
@@ -67,13 +71,16 @@ def compute(spec: TaskSpec, trainer, policy, state: dict, w: np.ndarray, images,
     is copied in or out (the returned state is None; :func:`held_state` reads it
     at the end). The stream's tasks step thousands of times per stage, and the
     copies cost O(P) each step.
+
+    ``augment``: the batches' augmentation (:func:`block_batches`), applied as each is gathered.
     """
     if not batches:
         return SparseDelta.empty(int(sum(spec.layout))), (None if live else state), 0.0, 0, 0
     if spec.per_step:
         # gradient only; non-trainable entries (BN statistics) carry their forward-pass
         # change / lr, so that the server's ``W -= lr * S`` averages them
-        g, loss_sum, correct, seen = trainer.gradient(images, labels, batches[0], at=w)  # read-only
+        g, loss_sum, correct, seen = trainer.gradient(images, labels, batches[0], at=w,  # g: read-only
+                                                      augment=augment)
         nt = trainer.non_trainable_mask
         has_nt = trainer.has_non_trainable
         if has_nt:
@@ -93,7 +100,7 @@ def compute(spec: TaskSpec, trainer, policy, state: dict, w: np.ndarray, images,
     trainer.set_flat(w)
     if not live:
         trainer.set_momentum(state.get("momentum"))
-    loss_sum, correct, seen = trainer.train(images, labels, batches, lr)
+    loss_sum, correct, seen = trainer.train(images, labels, batches, lr, augment=augment)
     delta = w - trainer.weights_view()
     if policy is None:  # dense
         return (SparseDelta.from_dense(delta), None if live else {"momentum": trainer.get_momentum()},
@@ -156,10 +163,11 @@ def run_block_exchange(spec: TaskSpec, order: ExchangeOrder, block: int,
     w, resynced, view_bytes = _weights(spec, order)
     h = int(order.steps_by_executor.get(task.executor, order.steps.get(block, 0)))
     start = order.step_offset.get(block, 0)
-    batches = block_batches(spec, block, len(task.labels), start, h)
+    batches, augment = block_batches(spec, block, len(task.labels), start, h)
     t1 = time.perf_counter()
     sent, new_state, loss_sum, correct, seen = compute(spec, task.trainer, task.policy, state, w, task.images,
-                                                       task.labels, batches, order.lr, order.density)
+                                                       task.labels, batches, order.lr, order.density,
+                                                       augment=augment)
     t2 = chaos.slowed(spec, block, t1, time.perf_counter()) if batches else time.perf_counter()
     # counted in the block's own exchanges: a global seq may never fall on block 0's turn
     if chaos.holds(spec, block, order.seq if order.block_seq < 0 else order.block_seq, ctx.attempt == 0):

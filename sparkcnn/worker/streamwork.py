@@ -80,11 +80,12 @@ class BlockWork:
         lookahead)."""
         spec, view = self.spec, self.view
         before = self.snapshot()  # put back if this push is dropped
-        batches = block_batches(spec, self.block, len(self.labels), step, n)
+        batches, augment = block_batches(spec, self.block, len(self.labels), step, n)
         w = self.look.weights(view.weights) if self.look else view.weights
         t0 = time.perf_counter()
         sent, _, loss_sum, correct, seen = compute(spec, self.trainer, self.policy, None, w, self.images,
-                                                   self.labels, batches, lr, density, live=True)
+                                                   self.labels, batches, lr, density, live=True,
+                                                   augment=augment)
         if self.ranges is None:
             payload = codec.encode(sent, spec.layout, value_dtype=spec.value_dtype)
         else:  # a piece per shard; the guard's norm is of the values as they travel

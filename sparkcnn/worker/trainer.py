@@ -63,7 +63,8 @@ class Trainer:
         from sparkcnn.models import build_model
 
         self.tf = tf
-        self.model = build_model(spec.model_name, spec.input_shape, spec.num_classes, spec.seed)
+        self.model = build_model(spec.model_name, spec.input_shape, spec.num_classes, spec.seed,
+                                 spec.normalize or None)
         self.weights = list(self.model.weights)
         self.trainable = list(self.model.trainable_weights)
         self.opt = keras.optimizers.SGD(learning_rate=0.01, momentum=spec.momentum)
@@ -207,33 +208,41 @@ class Trainer:
         np.copyto(self._momentum_buf, np.asarray(self._get_momentum()))
         self.set_momentum(mask_momentum(self._momentum_buf, indices))
 
-    def train(self, images: np.ndarray, labels: np.ndarray, batches: list[np.ndarray], lr: float):
+    def train(self, images: np.ndarray, labels: np.ndarray, batches: list[np.ndarray], lr: float,
+              augment=None):
         """Run one SGD step per batch; returns (summed loss·samples, correct, samples).
 
         Each step calls the traced step directly, its batch gathered into the buffers TensorFlow
         reads in place (as :meth:`gradient`): through the polymorphic call, with the batch
         converted on the way, the calling thread spent 0.65 ms of each ~10.4 ms step (fmnist_cnn,
-        one core), the step waiting meanwhile."""
+        one core), the step waiting meanwhile. ``augment(i, images)``, when given, rewrites the
+        gathered images of batch ``i`` in place before its step
+        (:class:`~sparkcnn.data.augment.BatchAugment`)."""
         self.opt.learning_rate.assign(lr)
         step = self._direct_batch_call(self.train_step, images, labels)
         loss_sum, correct, seen = 0.0, 0, 0
-        for idx in batches:
-            loss, c = self._tf_call(step, *self._batch_tensors(images, labels, idx))
+        for i, idx in enumerate(batches):
+            loss, c = self._tf_call(step, *self._batch_tensors(images, labels, idx, augment, i))
             loss_sum += float(loss) * len(idx)
             correct += int(c)
             seen += len(idx)
         return loss_sum, correct, seen
 
-    def gradient(self, images: np.ndarray, labels: np.ndarray, idx: np.ndarray, at: np.ndarray | None = None):
+    def gradient(self, images: np.ndarray, labels: np.ndarray, idx: np.ndarray, at: np.ndarray | None = None,
+                 augment=None):
         """Flat gradient (zeros at non-trainable entries; read-only), loss and correct count for one
         batch; at the weights ``at`` (loaded first, in the same TF call) or at the current ones.
-        An aligned ``at`` (:func:`~sparkcnn.buffers.aligned_empty`) is read without a copy."""
+        An aligned ``at`` (:func:`~sparkcnn.buffers.aligned_empty`) is read without a copy.
+        ``augment``: as :meth:`train`'s, the batch being its batch 0."""
         if at is None:
-            out = self._gradient(images[idx], labels[idx])
+            x = images[idx]
+            if augment is not None:
+                augment(0, x)
+            out = self._gradient(x, labels[idx])
         else:
             fn = self._concrete_gradient_at(images, labels)
             out = self._tf_call(fn, self._tensor(0, np.asarray(at, np.float32)),
-                                *self._batch_tensors(images, labels, idx))
+                                *self._batch_tensors(images, labels, idx, augment))
         # read-only, no copy: the array keeps the tensor alive (``.numpy()`` would copy P entries)
         flat = np.asarray(out)
         p = flat.size - 2
@@ -246,11 +255,15 @@ class Trainer:
         self.tf_thread_s += time.thread_time() - t
         return out
 
-    def _batch_tensors(self, images: np.ndarray, labels: np.ndarray, idx: np.ndarray) -> tuple:
+    def _batch_tensors(self, images: np.ndarray, labels: np.ndarray, idx: np.ndarray, augment=None,
+                       i: int = 0) -> tuple:
         """The batch ``idx`` as the tensors of slots 1 and 2, gathered into the aligned buffers
-        (:meth:`_batch`). The labels too: tf.constant of 64 ints went through TF's weak-tensor
-        wrapper, ~0.2 ms."""
-        return self._tensor(1, self._batch(0, images, idx)), self._tensor(2, self._batch(1, labels, idx))
+        (:meth:`_batch`), the images augmented there as batch ``i`` of ``augment``. The labels
+        too: tf.constant of 64 ints went through TF's weak-tensor wrapper, ~0.2 ms."""
+        x = self._batch(0, images, idx)
+        if augment is not None:
+            augment(i, x)
+        return self._tensor(1, x), self._tensor(2, self._batch(1, labels, idx))
 
     def _tensor(self, slot: int, a: np.ndarray):
         """A tensor of ``a`` (:func:`~sparkcnn.buffers.as_tensor`), kept for the next call while
@@ -351,7 +364,8 @@ def get_trainer(spec: TaskSpec, ctx: TaskContextInfo, task: str = "this task") -
     :class:`~sparkcnn.worker.devices.DeviceMismatch` naming ``task`` rather than train there.
     """
     devices.bind(ctx.gpus, task)
-    key = (spec.model_name, spec.input_shape, spec.num_classes, spec.seed, spec.momentum, spec.weight_decay)
+    key = (spec.model_name, spec.input_shape, spec.num_classes, spec.seed, spec.momentum, spec.weight_decay,
+           spec.normalize)
     tr = _TRAINERS.get(key)
     if tr is None:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
