@@ -232,22 +232,30 @@ def test_asgd_applies_every_step_once_under_duplicates_late_arrivals_and_retrain
             w.seq += 1
         # RETRAIN: the block trains the same steps again (the stream: with the same seq)
 
+    play(workers, model, moves, sent, train, send, can_send=lambda w: True)
+    check_end(run, model, workers)
+
+
+def play(workers, model, moves, sent, train, send, can_send) -> None:
+    """The moves until the run ends: a block sends its pending result (when ``can_send``), trains
+    its next one, or a result delivered before arrives once more, possibly long after later seqs
+    were applied. Once the moves are read: one block at a time, so each result is fresh and the
+    run ends."""
     moved = 0
     while not finish(workers, model, moved):
         moved += 1
-        choices = [("send", w) for w in workers if w.pending is not None]
+        choices = [("send", w) for w in workers if w.pending is not None and can_send(w)]
         choices += [("train", w) for w in workers if w.pending is None and not w.finished]
+        assert choices, "no block can move:\n" + "\n".join(model.wrong[:10])
         choices += [("again", None)] if sent else []
         at = moves.pick(len(choices))
-        # once the moves are read: one block at a time, so each result is fresh and the run ends
         kind, w = choices[0 if at is None else at]
         if kind == "train":
             train(w)
         elif kind == "send":
             send(w)
-        else:  # a result delivered before, once more: possibly long after later seqs were applied
+        else:
             model.deliver(sent[moves.more(len(sent))])
-    check_end(run, model, workers)
 
 
 # -- BSP --------------------------------------------------------------------------------------------
@@ -288,23 +296,9 @@ def test_bsp_applies_every_round_once_under_duplicates_and_late_arrivals(shape, 
         sent.append(a)
         w.sent = a.seq
 
-    moved = 0
-    while not finish(workers, model, moved):
-        moved += 1
-        # a block sends round r once round r - 1 is applied (its reply waited for it), and trains
-        # round r + 1 once round r is sent
-        choices = [("send", w) for w in workers if w.pending is not None and model.last[w.block] == w.sent]
-        choices += [("train", w) for w in workers if w.pending is None and not w.finished]
-        assert choices, "no block can move:\n" + "\n".join(model.wrong[:10])
-        choices += [("again", None)] if sent else []
-        at = moves.pick(len(choices))
-        kind, w = choices[0 if at is None else at]
-        if kind == "train":
-            train(w)
-        elif kind == "send":
-            send(w)
-        else:
-            model.deliver(sent[moves.more(len(sent))])
+    # a block sends round r once round r - 1 is applied (its reply waited for it), and trains
+    # round r + 1 once round r is sent
+    play(workers, model, moves, sent, train, send, can_send=lambda w: model.last[w.block] == w.sent)
     for a in sent:  # every result once more at the end: all duplicates now
         model.deliver(a)
     check_end(run, model, workers)
