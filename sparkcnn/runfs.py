@@ -25,6 +25,7 @@ Only the driver touches the run directory; executors never do.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import secrets
@@ -33,11 +34,12 @@ import threading
 from sparkcnn.errors import BadInput
 
 __all__ = ["check", "exists", "is_uri", "isdir", "isfile", "join", "listdir", "makedirs", "name",
-           "read_bytes", "read_text", "remove", "rmtree", "write_bytes", "write_text"]
+           "read_bytes", "read_text", "remove", "rmtree", "shown", "write_bytes", "write_text"]
 
 # filesystems whose single upload is atomic per object: written in place, no temp object to leave
 _ATOMIC_PUT = ("s3", "gcs")
 _lock = threading.Lock()
+_fsspec_lock = threading.RLock()
 _cache: dict[tuple, object] = {}
 
 
@@ -78,8 +80,12 @@ def _fs(uri: str):
             fs = _fsspec(uri, scheme)
         with _lock:
             _cache[key] = fs
-    if fs.type_name in _ATOMIC_PUT or fs.type_name.startswith("py::"):
+    if fs.type_name in _ATOMIC_PUT:
         inner = rest  # bucket/key, as these filesystems name objects
+    elif fs.type_name.startswith("py::"):  # fsspec's: its own reading (s3fs: bucket/key; ftp: /path)
+        import fsspec.core
+
+        inner = fsspec.core.strip_protocol(uri)
     elif fs.type_name == "local":
         inner = rest.partition("/")[2] and "/" + rest.partition("/")[2]  # file:///x -> /x
     else:  # hdfs, abfs, ...: the filesystem's own reading of the URI
@@ -87,16 +93,38 @@ def _fs(uri: str):
     return fs, inner.rstrip("/") or inner
 
 
+@contextlib.contextmanager
+def _opened(uri: str):
+    """``_fs(uri)``, held alone while used when fsspec carries it: such a filesystem may have one
+    connection for all (ftp://), which two threads (records, checkpoints) must not share at once."""
+    fs, inner = _fs(uri)
+    with _fsspec_lock if fs.type_name.startswith("py::") else contextlib.nullcontext():
+        yield fs, inner
+
+
 def _fsspec(uri: str, scheme: str):
     import pyarrow.fs as pafs
 
     try:
-        import fsspec
+        import fsspec.core
 
-        impl = fsspec.filesystem(scheme)
-    except (ImportError, ValueError) as e:
-        raise BadInput(f"{uri}: no filesystem for {scheme}:// ({_one_line(e)})") from None
+        # the URI's host, port and user go to the filesystem (ftp://user:password@host:port/...)
+        impl, _ = fsspec.core.url_to_fs(uri)
+    except (ImportError, ValueError, TypeError) as e:
+        raise BadInput(f"{shown(uri)}: no filesystem for {scheme}:// ({_one_line(e)})") from None
+    except OSError as e:  # the filesystem connects when it is made (ftp://): unreachable, refused
+        raise BadInput(f"{shown(uri)}: cannot access it ({_one_line(e)})") from None
     return pafs.PyFileSystem(pafs.FSSpecHandler(impl))
+
+
+def shown(uri: str) -> str:
+    """``uri`` as messages show it: a password in it (``user:password@host``) is masked."""
+    scheme, sep, rest = str(uri).partition("://")
+    authority, slash, tail = rest.partition("/")
+    user, at, host = authority.rpartition("@")
+    if not (sep and at and ":" in user):
+        return str(uri)
+    return f"{scheme}://{user.split(':', 1)[0]}:***@{host}{slash}{tail}"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -111,19 +139,23 @@ def check(path: str, what: str = "run directory") -> None:
     if not is_uri(path):
         return
     try:
-        fs, inner = _fs(path)
-        bucket = inner.split("/", 1)[0]
-        if fs.type_name in _ATOMIC_PUT:  # HeadBucket: fails on bad credentials, NotFound when missing
-            import pyarrow.fs as pafs
-
-            if fs.get_file_info(bucket).type == pafs.FileType.NotFound:
-                raise BadInput(f"{what} {path}: bucket {bucket!r} does not exist")
-        fs.get_file_info(inner)  # lists the prefix: the read access a resume needs
-    except BadInput:
-        raise
-    except (OSError, ValueError) as e:
+        with _opened(path) as (fs, inner):
+            _reach(fs, inner, path, what)
+    except BadInput as e:
+        raise BadInput(e.args[0] if e.args[0].startswith(what) else f"{what} {e.args[0]}") from None
+    except Exception as e:  # OSError, ValueError, an fsspec protocol's own (ftplib.error_perm)
         hint = "; credentials come from the AWS variables or config" if path.startswith("s3://") else ""
-        raise BadInput(f"{what} {path}: cannot access it ({_one_line(e)}{hint})") from None
+        raise BadInput(f"{what} {shown(path)}: cannot access it ({_one_line(e)}{hint})") from None
+
+
+def _reach(fs, inner: str, path: str, what: str) -> None:
+    bucket = inner.split("/", 1)[0]
+    if fs.type_name in _ATOMIC_PUT:  # HeadBucket: fails on bad credentials, NotFound when missing
+        import pyarrow.fs as pafs
+
+        if fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+            raise BadInput(f"{what} {shown(path)}: bucket {bucket!r} does not exist")
+    fs.get_file_info(inner)  # lists the prefix: the read access a resume needs
 
 
 def makedirs(path: str) -> None:
@@ -135,8 +167,8 @@ def makedirs(path: str) -> None:
 # -- reading ---------------------------------------------------------------------------------------
 
 def _info(path: str):
-    fs, inner = _fs(path)
-    return fs.get_file_info(inner)
+    with _opened(path) as (fs, inner):
+        return fs.get_file_info(inner)
 
 
 def exists(path: str) -> bool:
@@ -170,8 +202,8 @@ def listdir(path: str) -> list[str]:
         return os.listdir(path) if os.path.isdir(path) else []
     import pyarrow.fs as pafs
 
-    fs, inner = _fs(path)
-    infos = fs.get_file_info(pafs.FileSelector(inner, allow_not_found=True))
+    with _opened(path) as (fs, inner):
+        infos = fs.get_file_info(pafs.FileSelector(inner, allow_not_found=True))
     return sorted({posixpath.basename(i.path.rstrip("/")) for i in infos})
 
 
@@ -182,11 +214,11 @@ def read_bytes(path: str) -> bytes:
             return f.read()
     import pyarrow.fs as pafs
 
-    fs, inner = _fs(path)
-    if fs.get_file_info(inner).type != pafs.FileType.File:
-        raise FileNotFoundError(f"{path}: no such object")
-    with fs.open_input_stream(inner) as f:
-        return f.read()
+    with _opened(path) as (fs, inner):
+        if fs.get_file_info(inner).type != pafs.FileType.File:
+            raise FileNotFoundError(f"{shown(path)}: no such object")
+        with fs.open_input_stream(inner) as f:
+            return f.read()
 
 
 def read_text(path: str) -> str:
@@ -212,17 +244,20 @@ def write_bytes(path: str, data: bytes, *, fsync: bool = True) -> None:
                 os.unlink(tmp)
             raise
         return
-    fs, inner = _fs(path)
-    if fs.type_name in _ATOMIC_PUT:
-        with fs.open_output_stream(inner) as f:  # shown only once the upload completes
+    with _opened(path) as (fs, inner):
+        if fs.type_name in _ATOMIC_PUT:
+            with fs.open_output_stream(inner) as f:  # shown only once the upload completes
+                f.write(data)
+            return
+        parent, base = posixpath.split(inner)
+        tmp = posixpath.join(parent, f".{base}.tmp-{secrets.token_hex(4)}")
+        import pyarrow.fs as pafs
+
+        if fs.get_file_info(parent).type == pafs.FileType.NotFound:  # ftp:// refuses an existing one
+            fs.create_dir(parent, recursive=True)
+        with fs.open_output_stream(tmp) as f:
             f.write(data)
-        return
-    parent, base = posixpath.split(inner)
-    tmp = posixpath.join(parent, f".{base}.tmp-{secrets.token_hex(4)}")
-    fs.create_dir(parent, recursive=True)
-    with fs.open_output_stream(tmp) as f:
-        f.write(data)
-    fs.move(tmp, inner)
+        fs.move(tmp, inner)
 
 
 def write_text(path: str, text: str) -> None:
@@ -237,11 +272,11 @@ def remove(path: str) -> None:
         except FileNotFoundError:
             pass
         return
-    fs, inner = _fs(path)
-    try:
-        fs.delete_file(inner)
-    except FileNotFoundError:
-        pass
+    with _opened(path) as (fs, inner):
+        try:
+            fs.delete_file(inner)
+        except FileNotFoundError:
+            pass
 
 
 def rmtree(path: str) -> None:
@@ -251,8 +286,8 @@ def rmtree(path: str) -> None:
 
         shutil.rmtree(path, ignore_errors=True)
         return
-    fs, inner = _fs(path)
-    try:
-        fs.delete_dir(inner)
-    except FileNotFoundError:
-        pass
+    with _opened(path) as (fs, inner):
+        try:
+            fs.delete_dir(inner)
+        except FileNotFoundError:
+            pass
