@@ -11,96 +11,25 @@ is the AWS convention (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 
-import boto3  # comes with moto[server], in the dev extra: a missing install fails here, not skips
 import pytest
 
+from tests.s3server import BUCKET, s3_server
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUCKET = "runs"
 # checkpoint.every_rounds=2: checkpoint r0000002 follows round 1; the driver is SIGKILLed after
 # round KILL_ROUND, one round past it, so the resume reruns round 2 and must not record it twice
 KILL_ROUND = 2
-FREE_REQUESTS = 3  # CreateUser, PutUserPolicy, CreateAccessKey: then moto checks every request
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class S3:
-    def __init__(self, url: str, key: str, secret: str, home: str):
-        self.url, self.key, self.secret, self.home = url, key, secret, home
-
-    def env(self, **changes) -> dict:
-        """The environment of a driver using this server: the AWS variables and nothing of this
-        machine's own AWS setup (no profile, no config file, no instance metadata)."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-        env.update(AWS_ACCESS_KEY_ID=self.key, AWS_SECRET_ACCESS_KEY=self.secret, AWS_ENDPOINT_URL=self.url,
-                   AWS_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true",
-                   AWS_CONFIG_FILE=os.path.join(self.home, "none"),
-                   AWS_SHARED_CREDENTIALS_FILE=os.path.join(self.home, "none"),
-                   TF_CPP_MIN_LOG_LEVEL="2")
-        env.update(changes)
-        return env
-
-    def client(self):
-        return boto3.client("s3", endpoint_url=self.url, region_name="us-east-1",
-                            aws_access_key_id=self.key, aws_secret_access_key=self.secret)
-
-    def keys(self, prefix: str) -> list[str]:
-        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
-        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
-
-    def read(self, key: str) -> bytes:
-        return self.client().get_object(Bucket=BUCKET, Key=key)["Body"].read()
 
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     """moto's server on a free loopback port, authentication enforced, bucket ``runs`` made
     with the IAM key it issued; stopped at the end of the module."""
-    home = tmp_path_factory.mktemp("s3")
-    port = _free_port()
-    env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT=str(FREE_REQUESTS))
-    log = open(home / "moto.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, (home / "moto.log").read_text()
-                time.sleep(0.1)
-        url = f"http://127.0.0.1:{port}"
-        iam = boto3.client("iam", endpoint_url=url, region_name="us-east-1", aws_access_key_id="setup",
-                           aws_secret_access_key="setup")
-        iam.create_user(UserName="sparkcnn")
-        iam.put_user_policy(UserName="sparkcnn", PolicyName="all", PolicyDocument=json.dumps(
-            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
-        key = iam.create_access_key(UserName="sparkcnn")["AccessKey"]
-        server = S3(url, key["AccessKeyId"], key["SecretAccessKey"], str(home))
-        server.client().create_bucket(Bucket=BUCKET)
-        with pytest.raises(Exception, match="SignatureDoesNotMatch|InvalidAccessKeyId|AccessDenied|403"):
-            boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id=server.key,
-                         aws_secret_access_key="wrong").list_objects_v2(Bucket=BUCKET)  # auth is on
+    with s3_server(str(tmp_path_factory.mktemp("s3"))) as server:
         yield server
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def _cli(args, env, cwd, timeout=600) -> subprocess.CompletedProcess:
