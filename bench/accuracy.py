@@ -278,7 +278,7 @@ def _aggregate(name: str, seeds: list[dict]) -> dict:
            "accuracy_per_epoch_mean": (np.mean([r["accuracy_per_epoch"] for r in done], 0).tolist() if done else []),
            "reached_0_90": sum(r["time_to_0_90_s"] is not None for r in done)}
     for key in ("test_accuracy", "wall_s", "time_to_0_88_s", "time_to_0_90_s", "images_per_s", "bytes_up", "bytes_down",
-                "steady_uplink_ratio", "steady_downlink_ratio", "exposed_comm_ms_per_step"):
+                "steady_uplink_ratio", "steady_downlink_ratio", "run_downlink_ratio", "exposed_comm_ms_per_step"):
         out[f"{key}_mean"], out[f"{key}_std"] = stat(key)
     return out
 
