@@ -10,6 +10,11 @@ their warm-ups and the guard's factors (a spike halves the lr or raises the dens
 the latest ``D`` ship inline with the next orders (or replies); dense weights (W when the
 downlink is dense, else the view U) go as one broadcast per version, kept alive while
 orders in flight may read them.
+
+The cadence check, ``D``, its encoding and its entry in the log are one critical section of
+the parameter server's lock, and a reply reads the log or ``U`` inside it too: so the log is
+one sequence in version order even when several server processes share the weights and the log
+(:class:`~sparkcnn.server.sharedstore.SharedStore`, in place of the :class:`InlineLog`).
 """
 
 from __future__ import annotations
@@ -90,33 +95,64 @@ class ReplyWeights:
 NO_CPU = (0.0, 0.0, 0.0)
 
 
+class InlineLog:
+    """The latest ``keep`` downlinks, in this process, oldest first."""
+
+    def __init__(self, keep: int):
+        self.keep = keep
+        self._messages: list[DownlinkMsg] = []
+
+    def resize(self, keep: int) -> None:
+        self.keep = keep
+
+    def append(self, msg: DownlinkMsg) -> None:
+        self._messages = (self._messages + [msg])[-self.keep:]
+
+    def since(self, have: int) -> tuple[DownlinkMsg, ...]:
+        """The downlinks kept that reach past version ``have``, oldest first."""
+        return tuple(m for m in self._messages if m.version > have)
+
+    def latest(self) -> tuple[DownlinkMsg, ...]:
+        return tuple(self._messages)
+
+
 class Downlink:
     """D = sparsify(W - U) after updates, its inline messages and the dense broadcasts.
 
     ``cpu``: the thread CPU seconds of the last :meth:`send` (the whole downlink, the scan's
     choice of entries within it, its encoding); ``NO_CPU`` when it made none."""
 
-    def __init__(self, ps, spec, backend, *, keep_broadcasts: int, inline: int):
+    def __init__(self, ps, spec, backend, *, keep_broadcasts: int, inline: int, log=None):
         self.ps, self.spec, self.backend = ps, spec, backend
         self.sparse = spec.sparse_downlink
         self.keep_broadcasts = keep_broadcasts  # older broadcasts orders in flight may still read
-        self.inline = inline                    # latest downlinks kept for orders and replies
-        self.messages: list[DownlinkMsg] = []
+        # the latest downlinks kept for orders and replies (a shared store's, with several servers)
+        self.log = InlineLog(inline) if log is None else log
         self._bcast = None
         self._bcast_version = -1
         self._old: list = []
         self.cpu = NO_CPU
 
+    @property
+    def inline(self) -> int:
+        """How many of the latest downlinks are kept."""
+        return self.log.keep
+
+    @property
+    def messages(self) -> tuple[DownlinkMsg, ...]:
+        """The downlinks kept, oldest first."""
+        return self.log.latest()
+
     def keep_inline(self, n: int) -> None:
         """Keep the latest ``n`` downlinks (async jobs: the jobs in flight may trail that many)."""
-        self.inline = n
+        self.log.resize(n)
 
     def order_weights(self, version: int) -> OrderWeights:
         """W (dense downlink) or the view U and the latest downlinks."""
         if not self.sparse:
             return OrderWeights(self._broadcast_at(version, self.ps.W), version)
         v = self.ps.view_version
-        return OrderWeights(self._broadcast_at(v, self.ps.U), v, tuple(self.messages))
+        return OrderWeights(self._broadcast_at(v, self.ps.U), v, self.messages)
 
     def _broadcast_at(self, version: int, array: np.ndarray):
         """A broadcast of ``array``'s bytes at ``version``, made once per version."""
@@ -140,33 +176,34 @@ class Downlink:
             if shards.version - shards.view_version >= every:
                 shards.downlink(density)
             return 0
-        if self.ps.version - self.ps.view_version < every:
-            return 0
-        c0 = time.thread_time()
-        dl = self.ps.downlink(density)
-        if dl is None:
-            return 0
-        c1 = time.thread_time()
-        enc = codec.encode(dl.delta, self.spec.layout,
-                           value_dtype="float32" if dl.assign else self.spec.value_dtype)
-        msg = DownlinkMsg(version=dl.version, base_version=dl.base_version, checksum_after=dl.checksum_after,
-                          assign=dl.assign, payload=enc)
-        self.messages = (self.messages + [msg])[-self.inline:]
-        c2 = time.thread_time()
+        with self.ps.lock:  # the cadence, D and its place in the log: one section (module docstring)
+            if self.ps.version - self.ps.view_version < every:
+                return 0
+            c0 = time.thread_time()
+            dl = self.ps.downlink(density)
+            if dl is None:
+                return 0
+            c1 = time.thread_time()
+            enc = codec.encode(dl.delta, self.spec.layout,
+                               value_dtype="float32" if dl.assign else self.spec.value_dtype)
+            self.log.append(DownlinkMsg(version=dl.version, base_version=dl.base_version,
+                                        checksum_after=dl.checksum_after, assign=dl.assign, payload=enc))
+            c2 = time.thread_time()
         self.cpu = (c2 - c0, self.ps.select_cpu_s, c2 - c1)
         return int(dl.delta.nnz)
 
-    def since(self, have: int, version: int) -> ReplyWeights:
+    def since(self, have: int) -> ReplyWeights:
         """A stream reply's weights: W (dense downlink), or the downlinks since ``have``, or a
         dense copy of U when the replica cannot follow them (a start, a refusal, a long lag) or
         when they weigh more than the copy (a replica many warm-up downlinks behind)."""
-        if not self.sparse:
-            return ReplyWeights(self.ps.W.tobytes(), version)
-        v = self.ps.view_version
-        if have == v:
-            return ReplyWeights(b"", v)
-        dls = tuple(m for m in self.messages if m.version > have)
-        if (have >= 0 and dls and dls[0].base_version == have
-                and sum(len(m.payload) for m in dls) < 4 * self.ps.U.size):
-            return ReplyWeights(b"", v, dls)
-        return ReplyWeights(self.ps.U.tobytes(), v)
+        with self.ps.lock:  # W and its version, or the log and U at the view's version, as one
+            if not self.sparse:
+                return ReplyWeights(self.ps.W.tobytes(), self.ps.version)
+            v = self.ps.view_version
+            if have == v:
+                return ReplyWeights(b"", v)
+            dls = self.log.since(have)
+            if (have >= 0 and dls and dls[0].base_version == have
+                    and sum(len(m.payload) for m in dls) < 4 * self.ps.U.size):
+                return ReplyWeights(b"", v, dls)
+            return ReplyWeights(self.ps.U.tobytes(), v)

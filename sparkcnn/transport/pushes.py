@@ -237,7 +237,7 @@ class PushHandler:
                     send_state=self.cut.wants(block), plan=plan)
         if run.shards is not None:
             return Reply(**head, dense=b"", dense_version=session.shard_version)
-        w = run.downlink.since(have, run.version)
+        w = run.downlink.since(have)
         return Reply(**head, dense=w.dense, dense_version=w.dense_version, downlinks=w.downlinks)
 
     def stage_state(self, session: Session, m: StageState | None, refused: str = "") -> Reply:
