@@ -5,7 +5,8 @@ driver's host (docs/transports.md, "Several server processes").
 Layout of the segment (numpy views on it; nothing in it is pickled)::
 
     header   int64[16]   version, view version, checksum of U (its bits), the writer's pid,
-                         downlinks appended in all, log bytes appended in all
+                         downlinks appended in all, log bytes appended in all, the run's
+                         applied exchanges and samples (a Run's Progress)
     W, U     float32[P]  each 64-byte aligned
     slots    int64[S, 6] the latest S downlinks: version, base version, checksum, assign,
                          start (in log bytes appended in all; -1: not kept), length
@@ -41,7 +42,7 @@ import numpy as np
 from sparkcnn.protocol import DownlinkMsg
 from sparkcnn.replica import checksum
 
-VERSION, VIEW_VERSION, CHECKSUM, WRITER, LOG_COUNT, LOG_END = range(6)
+VERSION, VIEW_VERSION, CHECKSUM, WRITER, LOG_COUNT, LOG_END, EXCHANGES, SAMPLES = range(8)
 HEADER_WORDS = 16
 SLOT_VERSION, SLOT_BASE, SLOT_CHECKSUM, SLOT_ASSIGN, SLOT_START, SLOT_LENGTH = range(6)
 ALIGN = 64
@@ -72,6 +73,17 @@ def _offsets(size: int, slots: int) -> tuple[int, int, int, int, int]:
     sl = up(u + 4 * size)
     ring = up(sl + 8 * 6 * slots)
     return w, u, sl, ring, ring + 4 * size
+
+
+class _Segment(shared_memory.SharedMemory):
+    """A shared-memory segment that may outlive its object: numpy views of it (the driver's final
+    W) keep it mapped, and a close while they live is left to them, not raised at exit."""
+
+    def __del__(self):
+        try:
+            self.close()
+        except BufferError:
+            pass
 
 
 class StoreLock:
@@ -110,11 +122,12 @@ class StoreLock:
 
 class SharedStore:
     """The memory of a :class:`~sparkcnn.ps.ParameterServer` (its ``memory=``) shared by processes,
-    and its downlink log (a :class:`~sparkcnn.server.downlink.Downlink`'s ``log=``)."""
+    its downlink log (a :class:`~sparkcnn.server.downlink.Downlink`'s ``log=``) and the run's
+    progress (the :class:`~sparkcnn.server.exchange.Progress` of a Run's cursors)."""
 
     private = False  # other processes move W too: no per-process record of where it moved
 
-    def __init__(self, shm: shared_memory.SharedMemory, address: StoreAddress, owner: bool):
+    def __init__(self, shm: _Segment, address: StoreAddress, owner: bool):
         self._shm, self.address, self._owner = shm, address, owner
         P, S = address.size, address.slots
         w, u, sl, ring, _ = _offsets(P, S)
@@ -135,7 +148,7 @@ class SharedStore:
                              f"{weights.shape} and {slots}")
         fd, path = tempfile.mkstemp(prefix="sparkcnn-ps-")
         os.unlink(path)  # the descriptor is the lock: nothing to clean up on disk, even after a kill
-        shm = shared_memory.SharedMemory(create=True, size=_offsets(weights.size, slots)[-1])
+        shm = _Segment(create=True, size=_offsets(weights.size, slots)[-1])
         store = cls(shm, StoreAddress(shm.name, int(weights.size), int(slots), fd), owner=True)
         with store.lock:  # a new segment is all zeros: no writer, no downlink
             np.copyto(store.W, weights)
@@ -146,7 +159,7 @@ class SharedStore:
     @classmethod
     def attach(cls, address: StoreAddress) -> "SharedStore":
         """The store another process created (``address.lock_fd`` inherited from it)."""
-        shm = shared_memory.SharedMemory(address.name)
+        shm = _Segment(address.name)
         # attaching registered the segment with this process's resource tracker, which would
         # unlink it when this process exits: it is the creator's to unlink
         resource_tracker.unregister("/" + address.name, "shared_memory")
@@ -180,6 +193,28 @@ class SharedStore:
             self._header[VERSION], self._header[VIEW_VERSION] = version, view_version
             self._header[CHECKSUM:CHECKSUM + 1].view(np.uint64)[0] = checksum_u
             self._header[LOG_COUNT] = self._header[LOG_END] = 0  # the downlinks kept are forgotten
+
+    # -- the run's progress (sparkcnn.server.exchange.Progress's methods) ------------------------------
+    @property
+    def exchanges(self) -> int:
+        return int(self._header[EXCHANGES])
+
+    @property
+    def samples(self) -> int:
+        return int(self._header[SAMPLES])
+
+    def count(self) -> int:
+        with self.lock:
+            self._header[EXCHANGES] += 1
+            return int(self._header[EXCHANGES]) - 1
+
+    def add_samples(self, n: int) -> None:
+        with self.lock:
+            self._header[SAMPLES] += n
+
+    def load_progress(self, exchanges: int, samples: int) -> None:
+        with self.lock:
+            self._header[EXCHANGES], self._header[SAMPLES] = exchanges, samples
 
     # -- the downlink log (sparkcnn.server.downlink.InlineLog's methods) -----------------------------
     @property
