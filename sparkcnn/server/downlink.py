@@ -19,6 +19,7 @@ one sequence in version order even when several server processes share the weigh
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -30,13 +31,36 @@ from sparkcnn.compression.warmup import density_at, lr_at
 from sparkcnn.protocol import DownlinkMsg
 
 
-class Schedule:
-    """(lr, density) at a fractional epoch: warm-ups, the lr schedule and the guard's factors."""
+class Factors:
+    """The guard's multipliers of the lr and the density, in this process (a
+    :class:`~sparkcnn.server.sharedstore.SharedStore` keeps them for every server process)."""
 
-    def __init__(self, cfg, plan):
+    def __init__(self):
+        self.lr = 1.0        # halved by the guard on a loss spike
+        self.density = 1.0   # raised by the guard on a loss spike
+
+    def scale(self, lr: float = 1.0, density: float = 1.0, density_max: float = math.inf) -> None:
+        self.lr, self.density = self.lr * lr, min(density_max, self.density * density)
+
+    def load_factors(self, lr: float, density: float) -> None:
+        self.lr, self.density = lr, density
+
+
+class Schedule:
+    """(lr, density) at a fractional epoch: warm-ups, the lr schedule and the guard's factors
+    (``factors``: where they are kept, default this process)."""
+
+    def __init__(self, cfg, plan, factors=None):
         self.train, self.compression, self.plan = cfg.train, cfg.compression, plan
-        self.lr_factor = 1.0        # halved by the guard on a loss spike
-        self.density_factor = 1.0   # raised by the guard on a loss spike
+        self.factors = Factors() if factors is None else factors
+
+    @property
+    def lr_factor(self) -> float:
+        return self.factors.lr
+
+    @property
+    def density_factor(self) -> float:
+        return self.factors.density
 
     def _warmed(self, epoch: float, target: float, initial: float | None = None) -> float:
         """``target`` after the exponential density warm-up from ``initial`` (default
@@ -62,16 +86,16 @@ class Schedule:
         return min(1.0, self._warmed(epoch, c.density_down, c.initial_density_down))
 
     def halve_lr(self) -> None:
-        self.lr_factor *= 0.5
+        self.factors.scale(lr=0.5)
 
     def raise_density(self) -> None:
-        self.density_factor = min(1.0 / max(self.compression.density, 1e-12), self.density_factor * 4)
+        self.factors.scale(density=4, density_max=1.0 / max(self.compression.density, 1e-12))
 
     def state_dict(self) -> dict:
         return {"lr_factor": self.lr_factor, "density_factor": self.density_factor}
 
     def load_state_dict(self, st: dict) -> None:
-        self.lr_factor, self.density_factor = st["lr_factor"], st["density_factor"]
+        self.factors.load_factors(st["lr_factor"], st["density_factor"])
 
 
 @dataclass(frozen=True)

@@ -73,11 +73,12 @@ class Run:
     def __init__(self, cfg, spec, weights: np.ndarray, shape: RunShape, *, backend, evaluate,
                  progress=None, run_dir: str | None = None, shared=None):
         """``shared``: a :class:`~sparkcnn.server.sharedstore.SharedStore` that keeps W, U, the
-        versions, the downlink log and the count of applied exchanges and samples for every server
-        process of the run (``ps.servers`` > 1); None: this process keeps them."""
+        versions, the downlink log, the count of applied exchanges and samples and the guard's
+        factors for every server process of the run (``ps.servers`` > 1); None: this process does."""
         self.cfg, self.spec, self.shape = cfg, spec, shape
         c = cfg.compression
-        self.schedule = Schedule(cfg, plan(c.method, c.value_dtype, cfg.train.steps_per_round))
+        self.schedule = Schedule(cfg, plan(c.method, c.value_dtype, cfg.train.steps_per_round),
+                                 factors=shared)
         ps = ParameterServer(np.array(weights, np.float32, copy=True), spec.layout,
                              density_down=c.density_down if spec.sparse_downlink else None,
                              sparsifier=Sparsifier(self.schedule.plan.selector, c.dense_below),

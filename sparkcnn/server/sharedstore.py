@@ -6,7 +6,8 @@ Layout of the segment (numpy views on it; nothing in it is pickled)::
 
     header   int64[16]   version, view version, checksum of U (its bits), the writer's pid,
                          downlinks appended in all, log bytes appended in all, the run's
-                         applied exchanges and samples (a Run's Progress)
+                         applied exchanges and samples (a Run's Progress), the guard's lr and
+                         density factors (float64 bits: a Schedule's Factors)
     W, U     float32[P]  each 64-byte aligned
     slots    int64[S, 6] the latest S downlinks: version, base version, checksum, assign,
                          start (in log bytes appended in all; -1: not kept), length
@@ -42,7 +43,7 @@ import numpy as np
 from sparkcnn.protocol import DownlinkMsg
 from sparkcnn.replica import checksum
 
-VERSION, VIEW_VERSION, CHECKSUM, WRITER, LOG_COUNT, LOG_END, EXCHANGES, SAMPLES = range(8)
+VERSION, VIEW_VERSION, CHECKSUM, WRITER, LOG_COUNT, LOG_END, EXCHANGES, SAMPLES, LR, DENSITY = range(10)
 HEADER_WORDS = 16
 SLOT_VERSION, SLOT_BASE, SLOT_CHECKSUM, SLOT_ASSIGN, SLOT_START, SLOT_LENGTH = range(6)
 ALIGN = 64
@@ -122,8 +123,9 @@ class StoreLock:
 
 class SharedStore:
     """The memory of a :class:`~sparkcnn.ps.ParameterServer` (its ``memory=``) shared by processes,
-    its downlink log (a :class:`~sparkcnn.server.downlink.Downlink`'s ``log=``) and the run's
-    progress (the :class:`~sparkcnn.server.exchange.Progress` of a Run's cursors)."""
+    its downlink log (a :class:`~sparkcnn.server.downlink.Downlink`'s ``log=``), the run's
+    progress (the :class:`~sparkcnn.server.exchange.Progress` of a Run's cursors) and the guard's
+    factors (the :class:`~sparkcnn.server.downlink.Factors` of a Run's schedule)."""
 
     private = False  # other processes move W too: no per-process record of where it moved
 
@@ -154,6 +156,7 @@ class SharedStore:
             np.copyto(store.W, weights)
             np.copyto(store.U, weights)
             store.load(0, 0, checksum(store.U))
+            store.load_factors(1.0, 1.0)
         return store
 
     @classmethod
@@ -215,6 +218,23 @@ class SharedStore:
     def load_progress(self, exchanges: int, samples: int) -> None:
         with self.lock:
             self._header[EXCHANGES], self._header[SAMPLES] = exchanges, samples
+
+    # -- the guard's factors (sparkcnn.server.downlink.Factors's methods) -------------------------------
+    @property
+    def lr(self) -> float:
+        return float(self._header[LR:LR + 1].view(np.float64)[0])
+
+    @property
+    def density(self) -> float:
+        return float(self._header[DENSITY:DENSITY + 1].view(np.float64)[0])
+
+    def scale(self, lr: float = 1.0, density: float = 1.0, density_max: float = float("inf")) -> None:
+        with self.lock:
+            self.load_factors(self.lr * lr, min(density_max, self.density * density))
+
+    def load_factors(self, lr: float, density: float) -> None:
+        with self.lock:
+            self._header[LR:DENSITY + 1].view(np.float64)[:] = (lr, density)
 
     # -- the downlink log (sparkcnn.server.downlink.InlineLog's methods) -----------------------------
     @property

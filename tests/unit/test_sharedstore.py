@@ -23,7 +23,7 @@ from sparkcnn.compression.sparsify import Sparsifier
 from sparkcnn.ps import ParameterServer
 from sparkcnn.replica import Downlink as ReplicaDownlink
 from sparkcnn.replica import Replica, checksum
-from sparkcnn.server.downlink import Downlink
+from sparkcnn.server.downlink import Downlink, Schedule
 from sparkcnn.server.sharedstore import SharedStore, StoreAddress, StoreTorn
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -196,5 +196,25 @@ def test_a_process_killed_inside_the_critical_section_is_noticed_not_waited_for(
         assert time.monotonic() - t0 < 5  # the kernel released its lock
         with pytest.raises(StoreTorn):  # and it stays torn: the run resumes from its last cut
             _server(store.W, memory=store).apply(_delta(1, 0))
+    finally:
+        store.close()
+
+
+def test_the_guards_factors_are_one_pair_for_every_process():
+    """A Run's schedule over the store: one server's guard halving the lr halves it for all."""
+    store = SharedStore.create(_weights(), slots=2)
+    try:
+        cfg = SimpleNamespace(train=None, compression=SimpleNamespace(density=0.01))
+        a, b = Schedule(cfg, None, factors=store), Schedule(cfg, None, factors=store)
+        assert (a.lr_factor, a.density_factor) == (1.0, 1.0)
+        a.halve_lr()
+        b.raise_density()
+        b.raise_density()
+        assert (b.lr_factor, a.density_factor) == (0.5, 16.0)
+        for _ in range(4):
+            a.raise_density()
+        assert b.density_factor == 100.0  # capped at 1 / density, as in one process
+        b.load_state_dict({"lr_factor": 0.25, "density_factor": 1.0})
+        assert a.state_dict() == {"lr_factor": 0.25, "density_factor": 1.0}
     finally:
         store.close()
