@@ -364,9 +364,6 @@ def check_servers(cfg: Config) -> None:
         why = f"and ps.shards={cfg.ps.shards} are two layouts of the server: choose one"
     elif k > cfg.data.num_blocks:
         why = f"exceeds data.num_blocks={cfg.data.num_blocks}: a server would serve no block"
-    elif cfg.checkpoint.every_rounds > 0:
-        why = ("needs checkpoint.every_rounds=0 (checkpoints at epoch ends): a cut inside a stage "
-               "across the server processes is not built yet")
     if why:
         raise BadInput(f"ps.servers={k} {why}")
 

@@ -214,13 +214,14 @@ class Exchange:
         return out
 
     def take_part(self, st: dict, blocks) -> None:
-        """``ps.servers`` > 1: what the server process of ``blocks`` did in a stage (``st``, its
-        :meth:`state_dict`, whose staleness histogram counts that stage only): their cursors
-        and resync marks, and the staleness it measured."""
+        """``ps.servers`` > 1: the cursors and resync marks of ``blocks`` from ``st``, the
+        :meth:`state_dict` of the server process that serves them."""
         self.cursors.take_blocks(st, blocks)
         self.resync = (self.resync - set(blocks)) | {int(k) for k in st["resync"] if int(k) in blocks}
-        for tau, n in int_keys(st["staleness_hist"]).items():
-            self.staleness_hist[tau] = self.staleness_hist.get(tau, 0) + n
+
+    def load_staleness(self, hist: dict[int, int]) -> None:
+        """``ps.servers`` > 1: the run's staleness histogram, every server's added up."""
+        self.staleness_hist = dict(hist)
 
     def state_dict(self) -> dict:
         return {"exchanges": self.exchanges, "resync": sorted(self.resync),

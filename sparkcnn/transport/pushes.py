@@ -174,6 +174,7 @@ class PushHandler:
                 s.answered(shards, self.spec.sparse_downlink)
 
     def _take(self, session: Session, p: Push) -> Reply:
+        self.cut.wait_written(self.cond, lambda: self.failure is not None)
         block, t0, c0 = session.block, time.perf_counter(), time.thread_time()
         bsp = self.cfg.engine.mode == "sync"
         decision = self.server.accept(Arrival.of_push(block, p, (session.stream, session.ordinal)))

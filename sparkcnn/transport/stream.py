@@ -188,7 +188,8 @@ class StreamEngine(Transport):
                                      host=self.backend.driver_host(), spec=self.spec,
                                      pass_steps=dict(self.handler.pass_end),
                                      downlink_every=run.shape.downlink_every,
-                                     max_message_bytes=self.max_message_bytes, timeout_s=timeout)
+                                     max_message_bytes=self.max_message_bytes, timeout_s=timeout,
+                                     run_dir=run.checkpoints.run_dir, write_cut=self._write_cut)
             host, port = self.group.server_of(0)
             return StreamTicket(host, port, self.group.token, timeout)
         self.service = PSService(self.backend.driver_host(), self.handler, self.max_message_bytes)
@@ -208,6 +209,12 @@ class StreamEngine(Transport):
             self.group.close()
         if self.store is not None:
             self.store.close()  # the driver's W stays readable: its views keep the memory mapped
+
+    def _write_cut(self, states: dict, t0: float) -> None:
+        """``ps.servers`` > 1: a checkpoint inside a stage, from the blocks' states the servers
+        sent (a block that sent none: the state it started the stage from)."""
+        start = {k: s for k, s in self.stage.start.items() if s is not None}
+        self.handler.cut.save(t0, {**start, **states}, read=False)
 
     def _failure(self) -> BaseException | None:
         """What failed the run during a stage: a push on the driver's service, or a server process."""
