@@ -77,10 +77,10 @@ class LocalMemory:
     """A parameter server's state in this process alone: ``W`` and ``U`` (copies of ``weights``),
     the version, the view's version, the checksum of ``U``, and the lock every method holds.
 
-    ``private``: only this process moves ``W``, so the server may keep its own record of where
-    ``W`` moved since the last downlink (the candidate set, :mod:`sparkcnn.ps_downlink`)."""
+    ``candidate_set``: None, as only this process moves ``W``: the server keeps its own record of
+    where ``W`` moved since the last downlink (the candidate set, :mod:`sparkcnn.ps_downlink`)."""
 
-    private = True
+    candidate_set = None
 
     def __init__(self, weights: np.ndarray):
         self.lock = threading.RLock()
@@ -149,11 +149,11 @@ class ParameterServer:
             raise BadInput(f"`memory` holds {self._mem.W.size} weights, `weights` has {weights.size}")
         self._lock = self._mem.lock
         self._W, self._U = self._mem.W, self._mem.U
-        # sparse servers: the choice of D among R (see ps_downlink), over these same W and U; the
-        # candidate set records where this process moved W, so it needs W to be this process's alone
+        # sparse servers: the choice of D among R (see ps_downlink), over these same W and U, with
+        # the memory's record of where W moved (a shared store's, which every process moves)
         self._sparse = (None if self.density_down is None
                         else SparseDownlink(self._W, self._U, self.layout, self.sparsifier, value_dtype,
-                                            candidates=candidates and self._mem.private))
+                                            candidates=candidates, candidate_set=self._mem.candidate_set))
 
     # -- read-only state -------------------------------------------------------------
 

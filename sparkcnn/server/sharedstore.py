@@ -12,6 +12,9 @@ Layout of the segment (numpy views on it; nothing in it is pickled)::
     slots    int64[S, 6] the latest S downlinks: version, base version, checksum, assign,
                          start (in log bytes appended in all; -1: not kept), length
     ring     uint8[4 P]  their payloads, a byte ring
+    cands    int64[P/2]  the candidate set of the sparse downlink (where W moved since the last
+                         one, sorted runs; :class:`sparkcnn.ps_downlink.CandidateSet`): every
+                         process's applies join it, so any process's downlink may use it
 
 The critical section (:class:`StoreLock`) is a thread lock for a process's own threads and a
 POSIX record lock (``fcntl.lockf``) on a file every process holds open, for the processes. Every
@@ -44,6 +47,7 @@ from sparkcnn.protocol import DownlinkMsg
 from sparkcnn.replica import checksum
 
 VERSION, VIEW_VERSION, CHECKSUM, WRITER, LOG_COUNT, LOG_END, EXCHANGES, SAMPLES, LR, DENSITY = range(10)
+CANDS, CAND_RUNS = 10, 11  # entries in the candidate set (-1: unknown), and its runs
 HEADER_WORDS = 16
 SLOT_VERSION, SLOT_BASE, SLOT_CHECKSUM, SLOT_ASSIGN, SLOT_START, SLOT_LENGTH = range(6)
 ALIGN = 64
@@ -64,8 +68,8 @@ class StoreAddress:
     lock_fd: int
 
 
-def _offsets(size: int, slots: int) -> tuple[int, int, int, int, int]:
-    """Byte offsets of W, U, the slots and the ring, and the segment's length."""
+def _offsets(size: int, slots: int) -> tuple[int, int, int, int, int, int]:
+    """Byte offsets of W, U, the slots, the ring and the candidates, and the segment's length."""
     def up(n: int) -> int:
         return -(-n // ALIGN) * ALIGN
 
@@ -73,7 +77,8 @@ def _offsets(size: int, slots: int) -> tuple[int, int, int, int, int]:
     u = up(w + 4 * size)
     sl = up(u + 4 * size)
     ring = up(sl + 8 * 6 * slots)
-    return w, u, sl, ring, ring + 4 * size
+    cands = up(ring + 4 * size)
+    return w, u, sl, ring, cands, cands + 8 * (size // 2 + 1)
 
 
 class _Segment(shared_memory.SharedMemory):
@@ -85,6 +90,49 @@ class _Segment(shared_memory.SharedMemory):
             self.close()
         except BufferError:
             pass
+
+
+class SharedCandidates:
+    """The candidate set of :class:`sparkcnn.ps_downlink.CandidateSet`, in the segment (its
+    methods; the parameter server calls them inside the store's critical section)."""
+
+    def __init__(self, header: np.ndarray, buf: np.ndarray, limit: int, lock):
+        self._header, self._buf, self.limit, self._lock = header, buf, limit, lock
+
+    @property
+    def known(self) -> bool:
+        return int(self._header[CANDS]) >= 0
+
+    @property
+    def runs(self) -> int:
+        return int(self._header[CAND_RUNS])
+
+    def add(self, idx: np.ndarray) -> None:
+        with self._lock:
+            n = int(self._header[CANDS])
+            if n < 0:
+                return
+            if n + idx.size > self.limit:  # no downlink for long: a scan is cheaper
+                self.forget()
+                return
+            self._buf[n:n + idx.size] = idx
+            self._header[CANDS], self._header[CAND_RUNS] = n + idx.size, self.runs + 1
+
+    def forget(self) -> None:
+        with self._lock:
+            self._header[CANDS] = -1
+
+    def restart(self, c: np.ndarray) -> None:
+        with self._lock:
+            if c.size > self._buf.size:  # more than it holds: the next downlink scans
+                self.forget()
+                return
+            self._buf[:c.size] = c
+            self._header[CANDS], self._header[CAND_RUNS] = c.size, 1
+
+    def indices(self) -> np.ndarray:
+        with self._lock:
+            return self._buf[:int(self._header[CANDS])].copy()  # the caller may sort it in place
 
 
 class StoreLock:
@@ -127,12 +175,10 @@ class SharedStore:
     progress (the :class:`~sparkcnn.server.exchange.Progress` of a Run's cursors) and the guard's
     factors (the :class:`~sparkcnn.server.downlink.Factors` of a Run's schedule)."""
 
-    private = False  # other processes move W too: no per-process record of where it moved
-
     def __init__(self, shm: _Segment, address: StoreAddress, owner: bool):
         self._shm, self.address, self._owner = shm, address, owner
         P, S = address.size, address.slots
-        w, u, sl, ring, _ = _offsets(P, S)
+        w, u, sl, ring, cands, _ = _offsets(P, S)
         buf = shm.buf
         self._header = np.frombuffer(buf, np.int64, HEADER_WORDS)
         self.W = np.frombuffer(buf, np.float32, P, w)
@@ -140,6 +186,8 @@ class SharedStore:
         self._slots = np.frombuffer(buf, np.int64, 6 * S, sl).reshape(S, 6)
         self._ring = np.frombuffer(buf, np.uint8, 4 * P, ring)
         self.lock = StoreLock(address.lock_fd, self._header)
+        self.candidate_set = SharedCandidates(self._header, np.frombuffer(buf, np.int64, P // 2 + 1, cands),
+                                              P // 4, self.lock)
 
     @classmethod
     def create(cls, weights: np.ndarray, slots: int) -> "SharedStore":
@@ -157,6 +205,7 @@ class SharedStore:
             np.copyto(store.U, weights)
             store.load(0, 0, checksum(store.U))
             store.load_factors(1.0, 1.0)
+            store.candidate_set.restart(np.empty(0, np.int64))  # W == U: nowhere to send
         return store
 
     @classmethod
@@ -293,7 +342,7 @@ class SharedStore:
     def close(self) -> None:
         """Detach (the creator also unlinks the segment and closes the lock's descriptor). Views of
         W and U still held elsewhere keep the mapping alive until they go."""
-        self._header = self.W = self.U = self._slots = self._ring = self.lock = None
+        self._header = self.W = self.U = self._slots = self._ring = self.lock = self.candidate_set = None
         try:
             self._shm.close()
         except BufferError:  # a view is still held: the mapping goes with it

@@ -154,30 +154,40 @@ def test_the_downlink_log_is_one_sequence_that_a_replica_follows():
         store.close()
 
 
-def test_one_process_over_the_store_is_one_server_bitwise():
-    """The store is only where the state lives: the same pushes and downlinks give bitwise the
-    weights, view, versions and downlink bytes of a server in its own memory (whose candidate
-    set the shared one goes without: the same D either way)."""
+def test_servers_over_the_store_are_one_server_bitwise():
+    """The store is only where the state lives: two servers over it (as two processes hold
+    them, each with its own downlink), taking turns to apply and to make downlinks, give bitwise
+    the weights, view, versions and downlink bytes of one server in its own memory, and of one
+    that scans W - U every time. The candidate set is the store's: one server's downlink sees the
+    other's applies, and settles most downlinks without a scan."""
     w0 = _weights()
     store = SharedStore.create(w0, slots=3)
     try:
-        shared, local = _server(store.W, memory=store), _server(w0)
-        down_s, down_l = _downlink(shared, log=store), _downlink(local)
+        a, b = _server(store.W, memory=store), _server(store.W, memory=store)
+        local, scan = _server(w0), _server(w0, candidates=False)
+        downs = {id(ps): _downlink(ps, log=store if ps in (a, b) else None) for ps in (a, b, local, scan)}
+        unscanned = 0
         for i in range(30):
-            for ps, down in ((shared, down_s), (local, down_l)):
-                ps.apply(_delta(3, i), SCALE)
+            for applier, maker in ((a if i % 2 else b, b if i % 3 else a), (local, local), (scan, scan)):
+                applier.apply(_delta(3, i), SCALE)
                 if i % 3 == 2:
-                    down.send(0.02, every=2)
-        assert shared.W.tobytes() == local.W.tobytes() and shared.U.tobytes() == local.U.tobytes()
-        assert (shared.version, shared.view_version, shared.checksum) == \
-            (local.version, local.view_version, local.checksum)
+                    downs[id(maker)].send(0.2, every=2)
+                    unscanned += maker in (a, b) and maker.select_cpu_s == 0.0
+        shared, down_s, down_l = a, downs[id(a)], downs[id(local)]
+        for ref in (local, scan):
+            assert shared.W.tobytes() == ref.W.tobytes() and shared.U.tobytes() == ref.U.tobytes()
+            assert (shared.version, shared.view_version, shared.checksum) == \
+                (ref.version, ref.view_version, ref.checksum)
         assert [(m.version, m.base_version, m.checksum_after, m.payload) for m in down_s.messages] == \
-            [(m.version, m.base_version, m.checksum_after, m.payload) for m in down_l.messages[-3:]]
+            [(m.version, m.base_version, m.checksum_after, m.payload) for m in down_l.messages[-3:]] == \
+            [(m.version, m.base_version, m.checksum_after, m.payload) for m in downs[id(scan)].messages[-3:]]
+        assert unscanned >= 5
         have = down_s.messages[0].base_version
         assert down_s.since(have) == down_l.since(have)
         state = local.state_dict()
-        shared.load_state_dict(state)  # a restore: the versions back, the log forgotten
+        shared.load_state_dict(state)  # a restore: the versions back, the log and candidates forgotten
         assert shared.version == state["version"] and store.latest() == ()
+        assert not store.candidate_set.known
     finally:
         store.close()
 
