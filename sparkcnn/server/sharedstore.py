@@ -38,6 +38,7 @@ import fcntl
 import os
 import tempfile
 import threading
+import weakref
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 
@@ -200,6 +201,7 @@ class SharedStore:
         os.unlink(path)  # the descriptor is the lock: nothing to clean up on disk, even after a kill
         shm = _Segment(create=True, size=_offsets(weights.size, slots)[-1])
         store = cls(shm, StoreAddress(shm.name, int(weights.size), int(slots), fd), owner=True)
+        weakref.finalize(store, os.close, fd)  # the lock's descriptor goes with the store
         with store.lock:  # a new segment is all zeros: no writer, no downlink
             np.copyto(store.W, weights)
             np.copyto(store.U, weights)
@@ -340,13 +342,10 @@ class SharedStore:
 
     # -- the end -------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Detach (the creator also unlinks the segment and closes the lock's descriptor). Views of
-        W and U still held elsewhere keep the mapping alive until they go."""
-        self._header = self.W = self.U = self._slots = self._ring = self.lock = self.candidate_set = None
-        try:
-            self._shm.close()
-        except BufferError:  # a view is still held: the mapping goes with it
-            pass
+        """The creator unlinks the segment: no process attaches to it any more, and the memory goes
+        with the last mapping. This process's store stays readable until it is collected (the
+        driver reads its final W, version and factors after the run); then the mapping and, for
+        the creator, the lock's descriptor are released."""
         if self._owner:
+            self._owner = False
             self._shm.unlink()
-            os.close(self.address.lock_fd)
