@@ -160,6 +160,9 @@ class PSConfig:
                                 # data.num_blocks: raised to that, with a log line (stream_staleness_floor)
     shards: int = 1             # stream: processes keeping the weights, each a contiguous range of whole
                                 # tensors (1: the driver alone); the driver still decides every push
+    servers: int = 1            # async stream: server processes, each serving the blocks b with
+                                # b mod servers = its index, over one copy of the weights in shared
+                                # memory on the driver's host (1: the driver alone; docs/transports.md)
     downlink_every: int = 0     # async: applied results per downlink; 0 = ceil(num_blocks / 2), the
                                 # cadence that keeps a replica's bytes down at about twice its own up
                                 # (server/exchange.py); 1 = after every result (bench/cadence.py)
@@ -173,6 +176,7 @@ class PSConfig:
                     "one of auto, none, inverse", self.staleness)
         check_field(self.max_staleness >= 1, f"{p}.max_staleness", ">= 1", self.max_staleness)
         check_field(self.shards >= 1, f"{p}.shards", ">= 1", self.shards)
+        check_field(self.servers >= 1, f"{p}.servers", ">= 1", self.servers)
         check_field(self.downlink_every >= 0, f"{p}.downlink_every", ">= 0", self.downlink_every)
 
 
@@ -276,7 +280,8 @@ class ChaosConfig:
                                         # set SPARKCNN_CHAOS_SLOW=<factor> in one worker's environment)
     nan_round: int = -1                 # inject NaN into block 0's delta in this round (-1 = never)
     kill_driver_round: int = -1         # SIGKILL the driver right after this round (-1 = never)
-    kill_shard_round: int = -1          # ps.shards > 1: SIGKILL the last shard right after this round
+    kill_shard_round: int = -1          # ps.shards or ps.servers > 1: SIGKILL the last shard or server
+                                        # process right after this round
     hold_every: int = 0                 # block 0 holds the result of every n-th exchange (its first
                                         # try) for hold_s seconds, so that it arrives stale (0 = never)
     hold_s: float = 1.0
@@ -330,6 +335,8 @@ class Config:
         if self.ps.shards > 1 and self.engine.transport != "stream":
             raise BadInput(f"ps.shards={self.ps.shards} needs engine.transport=stream: the jobs transport "
                            "applies results in the driver")
+        if self.ps.servers > 1:
+            check_servers(self)
         return self
 
     def to_dict(self) -> dict:
@@ -345,6 +352,20 @@ class Config:
             else:
                 out[k] = v
         return Config(**out).validate()
+
+
+def check_servers(cfg: Config) -> None:
+    """``ps.servers`` > 1: what the server processes support (one-line errors naming the key)."""
+    k, why = cfg.ps.servers, None
+    if cfg.engine.transport != "stream" or cfg.engine.mode != "async":
+        why = ("needs engine.transport=stream and engine.mode=async: a sync round would be held by "
+               "several processes")
+    elif cfg.ps.shards > 1:
+        why = f"and ps.shards={cfg.ps.shards} are two layouts of the server: choose one"
+    elif k > cfg.data.num_blocks:
+        why = f"exceeds data.num_blocks={cfg.data.num_blocks}: a server would serve no block"
+    if why:
+        raise BadInput(f"ps.servers={k} {why}")
 
 
 def stream_staleness_floor(cfg: Config) -> int | None:

@@ -28,6 +28,12 @@ The dense downlink assigns instead of adding because ``U + float32(W - U)``
 need not round back to ``W`` (e.g. across a sign change), and its support is
 only what changed since the last downlink.
 
+Where the state lives (``memory``): :class:`LocalMemory`, this process's own arrays and a
+thread lock (the default); or a store shared by several server processes
+(:class:`sparkcnn.server.sharedstore.SharedStore`), whose lock also excludes the other
+processes and whose version counter is one word they all bump inside it. The server's
+methods run unchanged on either.
+
 Catching up: the engine ships the latest few downlinks with every task; a
 replica that is missing, further behind or corrupt reloads ``U`` itself
 (:meth:`replica.Replica.sync`), a dense copy the engine broadcasts. A
@@ -58,7 +64,7 @@ from sparkcnn.replica import (
     format_checksum,
 )
 
-__all__ = ["Downlink", "ParameterServer"]
+__all__ = ["Downlink", "LocalMemory", "ParameterServer"]
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
@@ -67,11 +73,44 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     return view
 
 
+class LocalMemory:
+    """A parameter server's state in this process alone: ``W`` and ``U`` (copies of ``weights``),
+    the version, the view's version, the checksum of ``U``, and the lock every method holds.
+
+    ``candidate_set``: None, as only this process moves ``W``: the server keeps its own record of
+    where ``W`` moved since the last downlink (the candidate set, :mod:`sparkcnn.ps_downlink`)."""
+
+    candidate_set = None
+
+    def __init__(self, weights: np.ndarray):
+        self.lock = threading.RLock()
+        self.W = weights.copy()
+        self.U = weights.copy()
+        self.version = 0        # bumped by every apply
+        self.view_version = 0   # the version of the last downlink: the version U "is at"
+        self.checksum = checksum(self.U)
+
+    def bump(self) -> int:
+        """One apply more; the new version (under the lock)."""
+        self.version += 1
+        return self.version
+
+    def viewed(self, checksum_after: int) -> None:
+        """A downlink moved U to the current version; ``checksum_after`` is U's (under the lock)."""
+        self.view_version, self.checksum = self.version, checksum_after
+
+    def load(self, version: int, view_version: int, checksum_u: int) -> None:
+        """Versions and checksum of a restored state (under the lock)."""
+        self.version, self.view_version, self.checksum = version, view_version, checksum_u
+
+
 class ParameterServer:
     """Driver-side state of the parameter server (see the module docstring).
 
     Thread-safe: every public method holds one lock, so results arriving on
-    several scheduler threads can call :meth:`apply` and :meth:`downlink`.
+    several scheduler threads can call :meth:`apply` and :meth:`downlink`. ``memory``: where
+    the state lives (module docstring; default a :class:`LocalMemory` of ``weights``); a shared
+    store holds its own, which ``weights`` is then only checked against.
     """
 
     def __init__(
@@ -83,6 +122,7 @@ class ParameterServer:
         sparsifier: Sparsifier | None = None,
         value_dtype: str = "float32",
         candidates: bool = True,
+        memory=None,
     ) -> None:
         weights = np.asarray(weights)
         if weights.ndim != 1 or weights.dtype != np.float32:
@@ -104,16 +144,16 @@ class ParameterServer:
         # Values of sparse downlinks are rounded to this dtype before U moves,
         # matching a codec that ships them so (float16 halves downlink bytes).
         self.value_dtype = value_dtype
-        self._lock = threading.RLock()
-        self._W = weights.copy()
-        self._U = weights.copy()
-        self.version = 0  # bumped by every apply()
-        self._view_version = 0  # version of the last downlink: the version U "is at"
-        self._checksum = checksum(self._U)
-        # sparse servers: the choice of D among R (see ps_downlink), over these same W and U
+        self._mem = LocalMemory(weights) if memory is None else memory
+        if self._mem.W.shape != weights.shape:
+            raise BadInput(f"`memory` holds {self._mem.W.size} weights, `weights` has {weights.size}")
+        self._lock = self._mem.lock
+        self._W, self._U = self._mem.W, self._mem.U
+        # sparse servers: the choice of D among R (see ps_downlink), over these same W and U, with
+        # the memory's record of where W moved (a shared store's, which every process moves)
         self._sparse = (None if self.density_down is None
                         else SparseDownlink(self._W, self._U, self.layout, self.sparsifier, value_dtype,
-                                            candidates=candidates))
+                                            candidates=candidates, candidate_set=self._mem.candidate_set))
 
     # -- read-only state -------------------------------------------------------------
 
@@ -134,14 +174,25 @@ class ParameterServer:
             return self._W.astype(np.float64) - self._U.astype(np.float64)
 
     @property
+    def lock(self):
+        """The lock every method holds (reentrant): a caller holds it across several calls that
+        must see no other apply between them (a downlink's cadence check, D and its log entry)."""
+        return self._lock
+
+    @property
+    def version(self) -> int:
+        """Number of applies so far (bumped by every :meth:`apply`)."""
+        return self._mem.version
+
+    @property
     def view_version(self) -> int:
         """Version that replicas reach by applying every downlink."""
-        return self._view_version
+        return self._mem.view_version
 
     @property
     def checksum(self) -> str:
         """Checksum of ``U`` (what ``Downlink.checksum_after`` of the last downlink says)."""
-        return format_checksum(self._checksum)
+        return format_checksum(self._mem.checksum)
 
     # -- optimizer side --------------------------------------------------------------
 
@@ -178,8 +229,7 @@ class ParameterServer:
                 np.subtract(self._W, step * s if scale != 1.0 else step, out=self._W)
                 if self._sparse is not None:
                     self._sparse.forget()
-            self.version += 1
-            return self.version
+            return self._mem.bump()
 
     # -- downlink side ---------------------------------------------------------------
 
@@ -199,7 +249,8 @@ class ParameterServer:
         if density is not None and not (isinstance(density, numbers.Real) and 0 < density <= 1):
             raise BadInput(f"`density` must be in (0, 1], got {density!r}")
         with self._lock:
-            if self.version == self._view_version:
+            mem = self._mem
+            if mem.version == mem.view_version:
                 return None
             if self.density_down is None:
                 idx = np.flatnonzero(self._W.view(np.uint32) != self._U.view(np.uint32))
@@ -209,9 +260,9 @@ class ParameterServer:
             else:
                 delta, change = self._sparse.move(self.density_down if density is None else float(density))
                 assign = False
-            self._checksum = (self._checksum + change) & MASK64
-            dl = Downlink(self.version, delta, format_checksum(self._checksum), self._view_version, assign)
-            self._view_version = self.version
+            after = (mem.checksum + change) & MASK64
+            dl = Downlink(mem.version, delta, format_checksum(after), mem.view_version, assign)
+            mem.viewed(after)
             return dl
 
     # -- checkpoints -----------------------------------------------------------------
@@ -226,8 +277,8 @@ class ParameterServer:
                 "W": self._W.copy(),
                 "U": self._U.copy(),
                 "layout": np.asarray(self.layout, np.int64),
-                "version": int(self.version),
-                "view_version": int(self._view_version),
+                "version": int(self._mem.version),
+                "view_version": int(self._mem.view_version),
             }
 
     def load_state_dict(self, state: dict) -> None:
@@ -256,7 +307,6 @@ class ParameterServer:
         with self._lock:
             np.copyto(self._W, state["W"])  # in place: views handed out stay live
             np.copyto(self._U, state["U"])
-            self._checksum = checksum(self._U)
             if self._sparse is not None:
                 self._sparse.forget()  # the next downlink scans
-            self.version, self._view_version = ints["version"], ints["view_version"]
+            self._mem.load(ints["version"], ints["view_version"], checksum(self._U))

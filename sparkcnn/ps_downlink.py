@@ -31,6 +31,45 @@ from sparkcnn.replica import apply_delta
 FLOAT16_ZERO = np.float32(2.0**-25)
 
 
+class CandidateSet:
+    """Where ``W`` moved since the last downlink: sorted runs of indices, or unknown (the next
+    downlink scans). Kept in this process; a :class:`~sparkcnn.server.sharedstore.SharedStore`
+    keeps one for every process that moves the same ``W``. ``limit``: more entries than this
+    (repeats counted) and a scan is cheaper: the set becomes unknown."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._runs: list[np.ndarray] | None = None
+        self._count = 0  # entries in the runs (with repeats)
+
+    @property
+    def known(self) -> bool:
+        return self._runs is not None
+
+    @property
+    def runs(self) -> int:
+        return len(self._runs)
+
+    def add(self, idx: np.ndarray) -> None:
+        """A sparse update moved ``W`` at ``idx`` (sorted)."""
+        if self._runs is not None:
+            self._runs.append(idx.copy())  # the caller's buffer may be reused
+            self._count += idx.size
+            if self._count > self.limit:
+                self._runs = None
+
+    def forget(self) -> None:
+        self._runs = None
+
+    def restart(self, c: np.ndarray) -> None:
+        """The set is ``c`` (sorted, unique) and what later updates add."""
+        self._runs, self._count = [c], c.size
+
+    def indices(self) -> np.ndarray:
+        """The runs, one after another (not merged)."""
+        return np.concatenate(self._runs)
+
+
 class SparseDownlink:
     """The sparse downlink of one :class:`~sparkcnn.ps.ParameterServer`: chooses ``D`` and moves ``U``.
 
@@ -39,7 +78,7 @@ class SparseDownlink:
     """
 
     def __init__(self, W: np.ndarray, U: np.ndarray, layout: tuple[int, ...], sparsifier: Sparsifier,
-                 value_dtype: str, *, candidates: bool = True) -> None:
+                 value_dtype: str, *, candidates: bool = True, candidate_set=None) -> None:
         self._W, self._U = W, U
         self.layout = layout
         self._offsets = layout_offsets(layout)
@@ -55,25 +94,24 @@ class SparseDownlink:
         self.select_cpu_s = 0.0  # thread CPU of the last downlink's scan in _select (0: none)
         self._support_buf: tuple[np.ndarray, np.ndarray] | None = None  # for _residual_support
         self._sendable_buf: np.ndarray | None = None  # for _residual_support(sendable=True)
-        # float16 downlinks: every i with float16(W[i] - U[i]) != 0 is in one of these index arrays
-        # (None: unknown, the next downlink scans; see _from_candidates). W == U: none.
-        self._candidates: list[np.ndarray] | None = None
-        self._candidate_count = 0  # entries in _candidates (with repeats)
+        # float16 downlinks: every i with float16(W[i] - U[i]) != 0 is in this set (unknown: the
+        # next downlink scans; see _from_candidates). ``candidate_set``: one that every process
+        # moving this W keeps (its creator started it, when W == U); else this one's, with W == U
         self._limits: tuple[float, np.ndarray] | None = None  # (density, _candidate_limits of it)
-        if self._tracks_candidates():
-            self._restart_candidates(np.empty(0, np.int64))
+        if candidate_set is not None and self._tracks_candidates():
+            self._candidates = candidate_set
+        else:
+            self._candidates = CandidateSet(W.size // 4)
+            if self._tracks_candidates():
+                self._restart_candidates(np.empty(0, np.int64))
 
     def applied(self, idx: np.ndarray) -> None:
         """A sparse update moved ``W`` at ``idx`` (sorted): they join the candidate set."""
-        if self._candidates is not None:
-            self._candidates.append(idx.copy())  # the caller's buffer may be reused
-            self._candidate_count += idx.size
-            if self._candidate_count > self._W.size // 4:  # no downlink for long: a scan is cheaper
-                self._candidates = None
+        self._candidates.add(idx)  # no downlink for long: unknown, a scan is cheaper
 
     def forget(self) -> None:
         """``W`` moved anywhere (a dense update, a reload): the next downlink scans."""
-        self._candidates = None
+        self._candidates.forget()
 
     def move(self, density_down: float) -> tuple[SparseDelta, int]:
         """``D`` at ``density_down``, applied to ``U``: (D, the change of U's checksum)."""
@@ -82,7 +120,7 @@ class SparseDownlink:
             return self._sparse_downlink(density_down, candidates=False)
         # the compiled candidate path settles it, or tells that the candidate set cannot
         # (numpy's _from_candidates would then say the same): the scan chooses
-        compiled = self._candidates is not None and native.enabled()
+        compiled = self._candidates.known and native.enabled()
         return ((self._compiled_candidates(density_down) if compiled else None)
                 or self._sparse_downlink(density_down, candidates=not compiled))
 
@@ -113,7 +151,7 @@ class SparseDownlink:
         """:meth:`_sparse_downlink` when :meth:`_from_candidates` settles it, in one compiled call
         (``native_server.candidate_downlink``, bitwise the same); None otherwise (nothing changed).
         The caller checks that there is a candidate set and that the kernels are enabled."""
-        got = native_server.candidate_downlink(np.concatenate(self._candidates), self._W, self._U,
+        got = native_server.candidate_downlink(self._candidates.indices(), self._W, self._U,
                                                self._offsets, self._candidate_limits(density_down))
         if got is None:
             return None
@@ -202,10 +240,10 @@ class SparseDownlink:
         After the downlink C is what was sent (their rounding error may still be sendable)
         plus the indices of every later sparse apply.
         """
-        if self._candidates is None:
+        if not self._candidates.known:
             return None
-        c = np.concatenate(self._candidates)
-        if len(self._candidates) > 1:  # sorted runs: a stable sort merges them in O(|C|)
+        c = self._candidates.indices()
+        if self._candidates.runs > 1:  # sorted runs: a stable sort merges them in O(|C|)
             c.sort(kind="stable")  # (np.unique hashes: 5x slower here)
             c = c[np.concatenate(([True], c[1:] != c[:-1]))]
         r = self._W[c] - self._U[c]
@@ -229,7 +267,7 @@ class SparseDownlink:
 
     def _restart_candidates(self, c: np.ndarray) -> None:
         """The candidate set is ``c`` (sorted, unique) and what later sparse applies add."""
-        self._candidates, self._candidate_count = [c], c.size
+        self._candidates.restart(c)
 
     def _residual_support(self, sendable: bool = False) -> tuple[np.ndarray, ...]:
         """``(i, float32(W - U)[i])`` for every i where they differ, ascending (views of buffers

@@ -62,10 +62,16 @@ class Checkpoints:
         path = save_checkpoint(self.run_dir, f"r{position:07d}",
                                arrays={k: v for k, v in ps_state.items() if isinstance(v, np.ndarray)},
                                state=state, blocks=blocks)
+        self.noted(position, exchanges, time.perf_counter() - t0)
+        return path
+
+    def noted(self, position: int, exchanges: int, cost_s: float) -> None:
+        """Checkpoint ``position`` was written at ``exchanges`` and cost ``cost_s`` (by this
+        process, or by the driver for the server processes of ``ps.servers`` > 1, whose cadence
+        it sets)."""
         self.written_at, self._last_at = position, exchanges
         self._last_t = time.perf_counter()
-        self._cost_s = self._last_t - t0
-        return path
+        self._cost_s = cost_s
 
     def restored(self, position: int) -> None:
         """A resumed run's latest checkpoint is ``position`` (its mid-epoch cadence starts afresh)."""

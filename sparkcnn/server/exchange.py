@@ -52,19 +52,47 @@ def downlink_cadence(every: int, num_blocks: int) -> int:
     return every if every > 0 else -(-num_blocks // 2)
 
 
+class Progress:
+    """The run's applied exchanges and samples, counted in this process. With several server
+    processes a :class:`~sparkcnn.server.sharedstore.SharedStore` counts them for all, atomically."""
+
+    def __init__(self):
+        self.exchanges = 0  # applied exchanges (records of kind "round")
+        self.samples = 0    # samples they applied
+
+    def count(self) -> int:
+        """Number an applied exchange: the count of them before it."""
+        self.exchanges += 1
+        return self.exchanges - 1
+
+    def add_samples(self, n: int) -> None:
+        self.samples += n
+
+    def load_progress(self, exchanges: int, samples: int) -> None:
+        self.exchanges, self.samples = exchanges, samples
+
+
 class Cursors:
     """Where each block is in its data: passes done, minibatches into the current pass, the
-    last applied seq (its state's tag), and the samples applied in all."""
+    last applied seq (its state's tag), and the samples applied in all (``progress``)."""
 
     STATE = ("block_epoch", "block_step", "last_seq")  # int-keyed, checkpointed
 
-    def __init__(self, pass_steps: dict[int, int], batch_size: int):
+    def __init__(self, pass_steps: dict[int, int], batch_size: int, progress=None):
         self.pass_steps = dict(pass_steps)  # steps in a block's pass (sync stream: the smallest block's)
         self.block_epoch = {k: 0 for k in pass_steps}
         self.block_step = {k: 0 for k in pass_steps}
         self.last_seq = {k: -1 for k in pass_steps}
-        self.samples_done = 0
+        self.progress = Progress() if progress is None else progress
         self.epoch_samples = sum(self.pass_steps.values()) * batch_size  # one pass over every block
+
+    @property
+    def samples_done(self) -> int:
+        return self.progress.samples
+
+    @samples_done.setter
+    def samples_done(self, n: int) -> None:
+        self.progress.load_progress(self.progress.exchanges, n)
 
     @property
     def epoch_float(self) -> float:
@@ -77,7 +105,7 @@ class Cursors:
     def advance(self, r: Arrival) -> None:
         """An applied result moves its block's cursor by its steps, and the samples done."""
         self.last_seq[r.block] = r.seq
-        self.samples_done += r.samples
+        self.progress.add_samples(r.samples)
         self.block_step[r.block] += r.steps
         if self.block_step[r.block] >= self.pass_steps[r.block]:
             self.block_epoch[r.block] += 1
@@ -86,8 +114,15 @@ class Cursors:
     def state_dict(self) -> dict:
         return {"samples_done": self.samples_done, **{k: json_keys(getattr(self, k)) for k in self.STATE}}
 
+    def take_blocks(self, st: dict, blocks) -> None:
+        """The cursors of ``blocks`` from ``st`` (a :meth:`state_dict`: another process's, whose
+        server process moved them)."""
+        for key in self.STATE:
+            got, mine = int_keys(st[key]), getattr(self, key)
+            mine.update({b: got[b] for b in blocks})
+
     def load_state_dict(self, st: dict) -> None:
-        self.samples_done = int(st["samples_done"])
+        self.samples_done = int(st["samples_done"])  # the count of exchanges: Exchange.load_state_dict
         self.block_epoch, self.block_step, self.last_seq = (int_keys(st[k]) for k in self.STATE)
 
 
@@ -113,7 +148,11 @@ class Exchange:
         self.staleness_hist: dict[int, int] = {}
         self.resync: set[int] = set()             # blocks whose next work starts from a dense view
         self.held: dict[int, dict[int, Arrival]] = {}  # BSP: seq -> block -> its result, until complete
-        self.exchanges = 0                        # applied exchanges (records of kind "round")
+
+    @property
+    def exchanges(self) -> int:
+        """Applied exchanges (records of kind "round"), in the run: every server's."""
+        return self.cursors.progress.exchanges
 
     @property
     def num_blocks(self) -> int:
@@ -158,8 +197,7 @@ class Exchange:
 
     def _count(self) -> int:
         """Number an applied exchange; the count of them so far."""
-        self.exchanges += 1
-        return self.exchanges - 1
+        return self.cursors.progress.count()
 
     def apply(self, results: list[Arrival], lr: float, factor: float, shards=None) -> Applied:
         """``W −= Σ_k factor·s(lr)·(n_k / Σ n)·S_k`` over the results that decode and pass the guard
@@ -175,12 +213,22 @@ class Exchange:
         self.counters.add("rejected_deltas", len(out.rejected))
         return out
 
+    def take_part(self, st: dict, blocks) -> None:
+        """``ps.servers`` > 1: the cursors and resync marks of ``blocks`` from ``st``, the
+        :meth:`state_dict` of the server process that serves them."""
+        self.cursors.take_blocks(st, blocks)
+        self.resync = (self.resync - set(blocks)) | {int(k) for k in st["resync"] if int(k) in blocks}
+
+    def load_staleness(self, hist: dict[int, int]) -> None:
+        """``ps.servers`` > 1: the run's staleness histogram, every server's added up."""
+        self.staleness_hist = dict(hist)
+
     def state_dict(self) -> dict:
         return {"exchanges": self.exchanges, "resync": sorted(self.resync),
                 "staleness_hist": json_keys(self.staleness_hist), **self.cursors.state_dict()}
 
     def load_state_dict(self, st: dict) -> None:
-        self.exchanges = int(st["exchanges"])
         self.resync = {int(k) for k in st.get("resync", ())}
         self.staleness_hist = int_keys(st["staleness_hist"])
         self.cursors.load_state_dict(st)
+        self.cursors.progress.load_progress(int(st["exchanges"]), int(st["samples_done"]))

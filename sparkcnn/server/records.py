@@ -207,12 +207,15 @@ class Records:
         if hasattr(self._sink, "flush"):  # the records a checkpoint covers are stored before it
             self._sink.flush()
 
-    def count_executor(self, executor: str) -> None:
-        self.executors[executor] = self.executors.get(executor, 0) + 1
+    def count_executor(self, executor: str, n: int = 1) -> None:
+        self.executors[executor] = self.executors.get(executor, 0) + n
 
     def write(self, rec: ExchangeRecord, progress_at: tuple | None = None) -> dict:
         """Write an exchange record; ``progress_at``: (position, total[, epoch]) on the progress bar."""
-        line = rec.as_dict()
+        return self.write_line(rec.as_dict(), progress_at)
+
+    def write_line(self, line: dict, progress_at: tuple | None = None) -> dict:
+        """Write an exchange record's line (one a server process wrote: ``ps.servers`` > 1)."""
         self.history.append(line)
         if self._sink:
             self._sink.write(line)

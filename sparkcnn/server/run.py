@@ -71,25 +71,30 @@ class Run:
     """Server state and rules of one run (module docstring)."""
 
     def __init__(self, cfg, spec, weights: np.ndarray, shape: RunShape, *, backend, evaluate,
-                 progress=None, run_dir: str | None = None):
+                 progress=None, run_dir: str | None = None, shared=None):
+        """``shared``: a :class:`~sparkcnn.server.sharedstore.SharedStore` that keeps W, U, the
+        versions, the downlink log, the count of applied exchanges and samples and the guard's
+        factors for every server process of the run (``ps.servers`` > 1); None: this process does."""
         self.cfg, self.spec, self.shape = cfg, spec, shape
         c = cfg.compression
-        self.schedule = Schedule(cfg, plan(c.method, c.value_dtype, cfg.train.steps_per_round))
+        self.schedule = Schedule(cfg, plan(c.method, c.value_dtype, cfg.train.steps_per_round),
+                                 factors=shared)
         ps = ParameterServer(np.array(weights, np.float32, copy=True), spec.layout,
                              density_down=c.density_down if spec.sparse_downlink else None,
                              sparsifier=Sparsifier(self.schedule.plan.selector, c.dense_below),
-                             value_dtype=spec.value_dtype, candidates=cfg.ps.downlink_candidates)
+                             value_dtype=spec.value_dtype, candidates=cfg.ps.downlink_candidates,
+                             memory=shared)
         g = cfg.guard
         guard = DivergenceGuard(g.max_norm_factor, g.loss_spike_factor, loss_samples=g.loss_samples,
                                 warmup_steps=g.warmup_steps,
                                 chance_loss=math.log(spec.num_classes) if spec.num_classes > 1 else None)
         self.counters = Counters()
-        cursors = Cursors(shape.pass_steps, cfg.train.batch_size)
+        cursors = Cursors(shape.pass_steps, cfg.train.batch_size, progress=shared)
         self.exchange = Exchange(ps, guard, spec, self.counters, cursors,
                                  rule=resolve_rule(cfg.ps.staleness, shape.compensated),
                                  max_staleness=cfg.ps.max_staleness, bsp=shape.bsp)
         self.downlink = Downlink(ps, spec, backend, keep_broadcasts=shape.keep_broadcasts,
-                                 inline=shape.inline_downlinks)
+                                 inline=shape.inline_downlinks, log=shared)
         self.records = Records(progress)
         self.checkpoints = Checkpoints(run_dir, cfg.checkpoint.every_rounds)
         self.evaluator = evaluate  # (W, epoch) -> test loss, accuracy and samples: the transport's job
@@ -240,6 +245,10 @@ class Run:
         """Write an applied exchange's record with what the transport measured."""
         return self.records.write(dataclasses.replace(decision.record, timings=timings, where=where),
                                   progress_at)
+
+    def write_line(self, line: dict, progress_at: tuple | None = None) -> dict:
+        """An exchange record a server process wrote (``ps.servers`` > 1), in this run's records."""
+        return self.records.write_line(line, progress_at)
 
     def show(self, line: dict, progress_at: tuple) -> None:
         """A record already written, on the progress bar (when the transport shows it later)."""

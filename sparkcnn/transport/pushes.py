@@ -174,6 +174,7 @@ class PushHandler:
                 s.answered(shards, self.spec.sparse_downlink)
 
     def _take(self, session: Session, p: Push) -> Reply:
+        self.cut.wait_written(self.cond, lambda: self.failure is not None)
         block, t0, c0 = session.block, time.perf_counter(), time.thread_time()
         bsp = self.cfg.engine.mode == "sync"
         decision = self.server.accept(Arrival.of_push(block, p, (session.stream, session.ordinal)))
@@ -237,7 +238,7 @@ class PushHandler:
                     send_state=self.cut.wants(block), plan=plan)
         if run.shards is not None:
             return Reply(**head, dense=b"", dense_version=session.shard_version)
-        w = run.downlink.since(have, run.version)
+        w = run.downlink.since(have)
         return Reply(**head, dense=w.dense, dense_version=w.dense_version, downlinks=w.downlinks)
 
     def stage_state(self, session: Session, m: StageState | None, refused: str = "") -> Reply:

@@ -33,11 +33,18 @@ core decides each push from its header as above, and every decision goes to ever
 one entry of an ordered log before the lock is released; the shards apply the pieces the
 tasks sent them and answer with their parts of the reply, at the version the log entry left.
 The driver's own W and U are a cut of the shards at each stage's end and each checkpoint.
+
+``ps.servers`` > 1: K server processes each serve the blocks b with b mod K = their index, each
+with a Run of its own, over one copy of W, U, the versions and the downlink log in shared memory
+(:mod:`sparkcnn.transport.servers`); each block's task gets its server's address in its ticket.
+The driver plans each stage on every server, writes their records in order, and merges their
+state at the stage's end, before it evaluates and checkpoints.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import time
@@ -47,9 +54,11 @@ from sparkcnn.errors import BadInput
 from sparkcnn.protocol import StreamTicket, steps_per_epoch
 from sparkcnn.server.exchange import downlink_cadence
 from sparkcnn.server.run import Run, RunShape
+from sparkcnn.server.sharedstore import SharedStore
 from sparkcnn.transport import tasks
 from sparkcnn.transport.base import Transport
 from sparkcnn.transport.pushes import PushHandler
+from sparkcnn.transport.servers import ServerGroup
 from sparkcnn.transport.service import PSService
 from sparkcnn.transport.stage import Stage
 from sparkcnn.transport.streamcut import Cut
@@ -73,13 +82,15 @@ def _frozen_heap():
         gc.unfreeze()
 
 
-def stream_task(spec, ticket: StreamTicket, initial: dict):
-    """``fn(block, ctx)`` running :func:`sparkcnn.worker.stream.run_stream_task` on the executor."""
+def stream_task(spec, ticket: StreamTicket, initial: dict, tickets: dict | None = None):
+    """``fn(block, ctx)`` running :func:`sparkcnn.worker.stream.run_stream_task` on the executor;
+    ``tickets``: block -> its own ticket (``ps.servers`` > 1: its server's address)."""
+    tickets = tickets or {}
 
     def fn(block, ctx):
         from sparkcnn.worker.stream import run_stream_task
 
-        return run_stream_task(spec, ticket, initial, block, ctx)
+        return run_stream_task(spec, tickets.get(block, ticket), initial, block, ctx)
 
     return fn
 
@@ -118,15 +129,21 @@ class StreamEngine(Transport):
         overlap = h == 1
         # a replica may trail by the other blocks' pushes in flight: keep their downlinks
         every = downlink_cadence(cfg.ps.downlink_every, n)
+        if cfg.ps.servers > 1 and not backend.resident:
+            raise BadInput(f"ps.servers={cfg.ps.servers} needs a session whose executors keep the blocks' "
+                           "state between stages (not Spark Connect)")
+        # ps.servers > 1: W, U, the versions, the downlinks and the run's progress, for every server
+        self.store = SharedStore.create(weights, 4 * n + 4) if cfg.ps.servers > 1 else None
         self.server = Run(cfg, spec, weights,
                           RunShape(pass_end, bsp=sync, compensated=overlap, downlink_every=every,
                                    keep_broadcasts=2, inline_downlinks=4 * n + 4),
                           backend=backend, evaluate=partial(tasks.evaluate, backend, spec), progress=progress,
-                          run_dir=run_dir)
+                          run_dir=run_dir, shared=self.store)
         stage = Stage(h, lookahead=overlap, overlap=overlap)
         cut = Cut(self.server, stage, backend, spec, sorted(block_rows), cfg.engine.stream_timeout_s)
         self.handler = PushHandler(cfg, spec, self.server, stage, cut, backend, pass_end)
         self.service: PSService | None = None
+        self.group: ServerGroup | None = None  # ps.servers > 1
         self.exposed_s = 0.0
         self.warmup_s = self.warmed_up(warmup_started)
 
@@ -145,45 +162,89 @@ class StreamEngine(Transport):
     # -- the loop -----------------------------------------------------------------------------
     def run(self, start_round: int = 0, on_epoch=None) -> dict:
         t_start = time.perf_counter()
-        run, h = self.server, self.handler
-        self.service = PSService(self.backend.driver_host(), h, self.max_message_bytes)
+        run = self.server
         try:
-            if self.cfg.ps.shards > 1:
-                run.attach_shards(self._start_shards())
-            ticket = StreamTicket(self.service.host, self.service.port, self.service.token,
-                                  self.cfg.engine.stream_timeout_s,
-                                  shards=run.shards.locations if run.shards is not None else ())
+            ticket = self._open()
             while self.stage.epoch < self.cfg.train.epochs:
                 self._stage(ticket, t_start, on_epoch)
         finally:
-            self.service.close()
-            if run.shards is not None:
-                run.shards.close()
-                run.attach_shards(None)
+            self._close()
         out = run.summary(time.perf_counter() - t_start)
         steps = max(1, sum(r.get("steps", 0) for r in run.history))
-        out.update(transport="stream", exposed_comm_ms_per_step=1000 * self.exposed_s / steps,
-                   stream=dict(self.service.counters),
-                   ps_address=f"{self.service.host}:{self.service.port}",
-                   ps_peers=sorted(self.service.peer_hosts))
+        if self.group is not None:
+            front = self.group.front()
+        else:
+            s = self.service
+            front = dict(stream=dict(s.counters), ps_address=f"{s.host}:{s.port}",
+                         ps_peers=sorted(s.peer_hosts))
+        out.update(transport="stream", exposed_comm_ms_per_step=1000 * self.exposed_s / steps, **front)
         return out
+
+    def _open(self) -> StreamTicket:
+        """The service (or ``ps.shards``' shards, or ``ps.servers``' processes) and the tasks' ticket."""
+        run, timeout = self.server, self.cfg.engine.stream_timeout_s
+        if self.cfg.ps.servers > 1:
+            self.group = ServerGroup(self.cfg.ps.servers, run, self.store, self.backend,
+                                     host=self.backend.driver_host(), spec=self.spec,
+                                     pass_steps=dict(self.handler.pass_end),
+                                     downlink_every=run.shape.downlink_every,
+                                     max_message_bytes=self.max_message_bytes, timeout_s=timeout,
+                                     run_dir=run.checkpoints.run_dir, write_cut=self._write_cut)
+            host, port = self.group.server_of(0)
+            return StreamTicket(host, port, self.group.token, timeout)
+        self.service = PSService(self.backend.driver_host(), self.handler, self.max_message_bytes)
+        if self.cfg.ps.shards > 1:
+            run.attach_shards(self._start_shards())
+        return StreamTicket(self.service.host, self.service.port, self.service.token, timeout,
+                            shards=run.shards.locations if run.shards is not None else ())
+
+    def _close(self) -> None:
+        run = self.server
+        if self.service is not None:
+            self.service.close()
+        if run.shards is not None:
+            run.shards.close()
+            run.attach_shards(None)
+        if self.group is not None:
+            self.group.close()
+        if self.store is not None:
+            self.store.close()  # the driver's W stays readable: its views keep the memory mapped
+
+    def _write_cut(self, states: dict, t0: float) -> None:
+        """``ps.servers`` > 1: a checkpoint inside a stage, from the blocks' states the servers
+        sent (a block that sent none: the state it started the stage from)."""
+        start = {k: s for k, s in self.stage.start.items() if s is not None}
+        self.handler.cut.save(t0, {**start, **states}, read=False)
+
+    def _failure(self) -> BaseException | None:
+        """What failed the run during a stage: a push on the driver's service, or a server process."""
+        if self.handler.failure is not None:
+            return self.handler.failure
+        return self.group.failure if self.group is not None else None
 
     def _stage(self, ticket: StreamTicket, t_start: float, on_epoch) -> None:
         """One epoch: a barrier stage of a task per block, then evaluation and the checkpoint."""
-        run, h, e = self.server, self.handler, self.stage.epoch
+        run, h, e, group = self.server, self.handler, self.stage.epoch, self.group
         h.plan_stage()
+        tickets = None
+        if group is not None:  # each server plans its blocks; each block's task goes to its server
+            group.start_stage(e)
+            tickets = {b: dataclasses.replace(ticket, host=group.server_of(b)[0], port=group.server_of(b)[1])
+                       for b in h.pass_end}
         initial = self.stage.task_states(self.backend.resident)
         desc = f"sparkcnn {self.spec.run_id} epoch {e + 1} stream"
         try:
             with _frozen_heap():
-                totals = self.backend.run_stage(stream_task(self.spec, ticket, initial), self.num_blocks,
-                                                desc)
+                fn = stream_task(self.spec, ticket, initial, tickets)
+                totals = self.backend.run_stage(fn, self.num_blocks, desc)
         except BaseException:
-            if h.failure is not None:
-                raise h.failure from None
+            if self._failure() is not None:
+                raise self._failure() from None
             raise
-        if h.failure is not None:
-            raise h.failure
+        if self._failure() is not None:
+            raise self._failure()
+        if group is not None:
+            group.end_stage(e)
         missing = [k for k in h.pass_end if not self.stage.done(run.cursors, k)]
         if missing:
             log.warning("epoch %s: blocks %s did not finish their steps", e + 1, missing)

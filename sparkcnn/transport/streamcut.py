@@ -54,6 +54,10 @@ class Cut:
         return (block in self.states or self.stage.done(c, block)
                 or c.last_seq[block] < self.stage.plans[block].seq0)
 
+    def wait_written(self, cond, failed) -> None:
+        """Before a push is taken: nothing to wait for here (this process writes its cuts at once;
+        a server process of ``ps.servers`` > 1 waits for the driver's)."""
+
     def complete(self) -> bool:
         return self.states is not None and len(self.states) == len(self.blocks)
 

@@ -300,11 +300,11 @@ def test_candidate_set_gives_way_to_the_scan_when_it_grows_past_a_quarter_of_p()
     ps = ParameterServer(np.zeros(P, np.float32), LAYOUT, density_down=1.0, value_dtype="float16",
                          sparsifier=Sparsifier("topk", dense_below=0))
     ps.apply(SparseDelta(P, np.arange(5), np.ones(5, np.float32)))
-    assert ps._sparse._candidates is not None
+    assert ps._sparse._candidates.known
     ps.apply(SparseDelta(P, np.arange(6), np.ones(6, np.float32)))  # 11 > 40 // 4 entries
-    assert ps._sparse._candidates is None
+    assert not ps._sparse._candidates.known
     dl = ps.downlink()
-    assert dl.delta.indices.tolist() == list(range(6)) and ps._sparse._candidates is not None
+    assert dl.delta.indices.tolist() == list(range(6)) and ps._sparse._candidates.known
 
 
 def test_signed_zeros_are_not_in_the_residual_support():
