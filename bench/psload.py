@@ -1,7 +1,7 @@
 """Load on the parameter server: N synthetic workers replay real encoded deltas over the real wire.
 
 Prints one JSON object. The server is the real one: ``StreamEngine`` (async, one step per
-exchange, GS-ASGD + MS: uplink ``--density``, downlink 0.01, no warm-up) behind its Flight
+exchange, GS-ASGD + MS: uplink ``--density``, downlink 0.01, no warm-up) behind its
 service, in this process, with nothing else running in it. The workers are synthetic: one
 load generator (beside the server on the same cores: one process per 16 workers, whose threads
 would otherwise queue behind each other for one interpreter lock) opens one authenticated stream per block and replays, block by block, deltas that a real run of the
@@ -17,7 +17,7 @@ its recorded delta as one piece per shard, split beforehand, and merges nothing:
 the version the replies name), over the middle of the run (the first and last 10 % of
 pushes left out, in the order their workers read the replies): ``pushes_per_s`` sustained,
 ``reply_ms`` p50/p99 (push sent to reply read, at the worker), ``server_cpu_ms_per_push`` (the
-CPU of this process, the engine's handler and Flight's threads, plus that of the shard
+CPU of this process, the engine's handler and the connections' threads, plus that of the shard
 processes, each sampled every 10 ms and read at the window's ends, over the window / pushes
 in it; apart:
 ``coordinator_cpu_ms_per_push`` and ``shard_cpu_ms_per_push``, one per shard; the load
@@ -123,39 +123,34 @@ def _split(deltas: list[dict], layout: list[int], k: int, value_dtype: str) -> N
 
 def _worker(ticket: dict, block: int, n: int, deltas: list[dict], interval: float, t_start: float,
             out: dict) -> None:
-    import pyarrow as pa
-    import pyarrow.flight as flight
-
+    from sparkcnn import streamsocket
     from sparkcnn.protocol import Done, Piece, Push, Reply, ShardReply
     from sparkcnn.streamwire import decode, encode
 
-    opts = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {ticket['token']}".encode())])
-
     def stream(host, port, hello):
-        client = flight.FlightClient(f"grpc+tcp://{host}:{port}")
-        return client, *client.do_exchange(flight.FlightDescriptor.for_command(json.dumps(hello).encode()), opts)
+        return streamsocket.connect(host, port, ticket["token"], json.dumps(hello).encode(), 60)
 
-    client, writer, reader = stream(ticket["host"], ticket["port"], {"block": block})
+    conn = stream(ticket["host"], ticket["port"], {"block": block})
     got = {"down": 0, "up": 0}
 
-    def read(r=None, kind=Reply):
-        md = (r or reader).read_chunk().app_metadata
-        got["down"] += md.size
+    def read(c=None, kind=Reply):
+        md = (c or conn).read()
+        got["down"] += len(md)
         return decode(md, (kind,))
 
-    def send(w, msg):
+    def send(c, msg):
         buf = encode(msg)
         got["up"] += len(buf)
-        w.write_metadata(pa.py_buffer(buf))
+        c.write(buf)
 
     reply = read()
     plan = reply.plan
     have = reply.dense_version
     shards = [stream(h, p, {"stream": plan.stream}) for h, p in ticket.get("shards", ())]
-    for _, w, _ in shards:  # the first view's pieces
-        send(w, Piece(plan.stream, -1, -1, b""))
-    for _, _, r in shards:
-        read(r, ShardReply)
+    for c in shards:  # the first view's pieces
+        send(c, Piece(plan.stream, -1, -1, b""))
+    for c in shards:
+        read(c, ShardReply)
     seq, step, left = plan.seq0, plan.first_step, plan.steps
     sent = dropped = refused = 0
     lat: list[tuple[float, float]] = []  # (send time, reply seconds)
@@ -173,12 +168,12 @@ def _worker(ticket: dict, block: int, n: int, deltas: list[dict], interval: floa
                     state_reset=False, replica_resync=False, pid=os.getpid(), executor="psload:0",
                     payload=b"" if shards else d["payload"], state=(), sumsq=d["sumsq"] if shards else ())
         t0 = time.perf_counter()
-        for (_, w, _), piece in zip(shards, d.get("pieces", ())):  # the pieces first, as a task sends them
-            send(w, Piece(plan.stream, sent, have, piece))
-        send(writer, push)
+        for c, piece in zip(shards, d.get("pieces", ())):  # the pieces first, as a task sends them
+            send(c, Piece(plan.stream, sent, have, piece))
+        send(conn, push)
         reply = read()
-        for _, _, r in shards:
-            read(r, ShardReply)
+        for c in shards:
+            read(c, ShardReply)
         lat.append((t0, time.perf_counter() - t0))
         sent += 1
         if shards:  # the shards' parts bring a replica to the version the reply names
@@ -193,16 +188,9 @@ def _worker(ticket: dict, block: int, n: int, deltas: list[dict], interval: floa
             dropped += 1
             continue
         seq, step, left = seq + 1, step + 1, left - 1
-    for _, w, r in [(client, writer, reader), *shards]:
-        w.write_metadata(pa.py_buffer(encode(Done())))
-        w.done_writing()
-        try:
-            r.read_chunk()
-        except StopIteration:
-            pass
-        except Exception:  # noqa: BLE001 - the server ends the call once Done is read
-            pass
-        w.close()
+    for c in [conn, *shards]:
+        c.write(encode(Done()))
+        c.close()
     out[block] = {"lat": lat, "sent": sent, "dropped": dropped, "refused": refused, **got}
 
 
@@ -232,7 +220,7 @@ def client_main() -> None:
 
 # -- the server side -------------------------------------------------------------------------------
 class _Cpu:
-    """This process's CPU (the engine's handler and Flight's threads) and, with shards, each shard
+    """This process's CPU (the engine's handler and the connections' threads) and, with shards, each shard
     process's, sampled every 10 ms on a thread; read at a time by interpolation."""
 
     def __init__(self, engine):

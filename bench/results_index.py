@@ -68,6 +68,10 @@ KEPT: dict[str, tuple[str, str]] = {
     "2026-12-06-flightfloor": (
         "the bare transport at paced rates (150, 75, 20 messages/s), without and with both cores busy",
         HISTORY + "; " + PS_BASELINE),
+    "2026-12-07-wires": (
+        ("`bench/flightfloor.py`: every wire candidate (Flight, ZeroMQ, a socket with a thread per "
+         "connection or a selector loop) at 1 to 1,000 messages/s per stream and 64 streams at 16/s"),
+        "named by docs/transports.md (The wire): the measurement behind the stream's wire"),
     "2026-12-04-throughput": (
         "the stream's three speed targets, each the median of five repetitions", HISTORY),
     "2026-12-04-throughput-2": (

@@ -202,7 +202,7 @@ class StreamTicket:
 
     host: str                # the driver's address (spark.driver.host)
     port: int
-    token: str = field(repr=False)   # never logged: the task sends it as a bearer token
+    token: str = field(repr=False)   # never logged nor sent: the key of every frame's MAC (streamsocket)
     timeout_s: float = 60.0  # a reply slower than this means the server is gone
     shards: tuple = ()       # ps.shards > 1: (host, port) of each key-range shard, in range order
 

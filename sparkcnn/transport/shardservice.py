@@ -1,5 +1,5 @@
-"""A key-range shard (:mod:`sparkcnn.transport.shard`) as its own process, a Flight endpoint on the
-driver's address with the run's token, and the coordinator's handle on it.
+"""A key-range shard (:mod:`sparkcnn.transport.shard`) as its own process, a stream listener on the
+driver's address with the run's secret, and the coordinator's handle on it.
 
     python -m sparkcnn.transport.shardservice
     stdin    one JSON line (host, token, index, lo, hi, layout, density_down, selector, dense_below,
@@ -14,7 +14,7 @@ driver's address with the run's token, and the coordinator's handle on it.
                                 entry that answers it is applied
 
 Every stream passes the same listener rules as the driver's service
-(:mod:`sparkcnn.transport.service`): the token, the size cap, typed messages.
+(:mod:`sparkcnn.transport.service`): the secret, the size cap, typed messages.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import threading
 
 import numpy as np
 
+from sparkcnn import streamsocket
 from sparkcnn.transport.service import PSService
 from sparkcnn.transport.shard import RangeShard
 from sparkcnn.protocol import Piece, ShardCut, ShardInit, ShardReply, ShardState, ShardStep
@@ -118,10 +119,7 @@ class ShardProcess:
                  density_down: float | None,
                  selector: str, dense_below: int, value_dtype: str, keep_downlinks: int, timeout_s: float,
                  max_message_bytes: int):
-        import pyarrow as pa
-        import pyarrow.flight as flight
-
-        self._pa, self.host, self.lo, self.hi, self.timeout_s = pa, host, lo, hi, timeout_s
+        self.host, self.lo, self.hi, self.timeout_s = host, lo, hi, timeout_s
         self.proc = subprocess.Popen([sys.executable, "-m", "sparkcnn.transport.shardservice"],
                                      stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
@@ -136,10 +134,8 @@ class ShardProcess:
             self.proc.kill()
             raise RuntimeError(f"shard [{lo}, {hi}) did not start (exit {self.proc.wait()})")
         self.port = int(json.loads(line)["port"])
-        self.client = flight.FlightClient(f"grpc+tcp://{host}:{self.port}")
-        opts = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {token}".encode())])
-        desc = flight.FlightDescriptor.for_command(json.dumps({"control": True}).encode())
-        self.writer, self.reader = self.client.do_exchange(desc, opts)
+        self.conn = streamsocket.connect(host, self.port, token, json.dumps({"control": True}).encode(),
+                                         timeout_s)
         self.lock = threading.Lock()
 
     @property
@@ -153,21 +149,16 @@ class ShardProcess:
     def send_bytes(self, buf: bytes) -> None:
         """An encoded ShardStep (the same bytes for every shard)."""
         with self.lock:
-            self.writer.write_metadata(self._pa.py_buffer(buf))
+            self.conn.write(buf)
 
     def cut(self) -> ShardState:
         """The shard's part of a cut, after every step sent before."""
         with self.lock:
-            self.writer.write_metadata(self._pa.py_buffer(encode(ShardCut())))
-            return decode(self.reader.read_chunk().app_metadata, (ShardState,))
+            self.conn.write(encode(ShardCut()))
+            return decode(self.conn.read(), (ShardState,))
 
     def close(self) -> None:
-        try:
-            self.writer.done_writing()
-            self.writer.close()
-        except Exception:  # noqa: BLE001 - closing a stream to a shard that is gone
-            pass
-        self.client.close()
+        self.conn.close()
         if self.proc.stdin and not self.proc.stdin.closed:
             self.proc.stdin.close()  # EOF: the shard closes its listener and exits
         try:

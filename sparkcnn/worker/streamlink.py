@@ -1,5 +1,6 @@
-"""The stream task's connection to the parameter server: one Arrow Flight DoExchange stream to
-the coordinator and, with ``ps.shards`` > 1, one to each shard (:mod:`sparkcnn.shards`).
+"""The stream task's connection to the parameter server: one :mod:`sparkcnn.streamsocket`
+connection to the coordinator and, with ``ps.shards`` > 1, one to each shard
+(:mod:`sparkcnn.shards`), each authenticated under the run's secret of the ticket.
 
 A push and its reply travel on one background thread (the push thread), so that the task
 computes its next exchange meanwhile; the thread's CPU is summed (``Link.cpu_s``) for the
@@ -14,8 +15,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
+from sparkcnn import streamsocket
 from sparkcnn.protocol import Done, Piece, Push, Reply, ShardReply, StageState, StreamTicket
-from sparkcnn.streamwire import decode, encode
+from sparkcnn.streamwire import WireError, decode, encode
 
 
 class ServerGone(RuntimeError):
@@ -23,39 +25,42 @@ class ServerGone(RuntimeError):
 
 
 class Link:
-    """One DoExchange stream to the parameter server; every call bounded by ``timeout_s``."""
+    """One connection to the parameter server; every call bounded by ``timeout_s``."""
 
     def __init__(self, ticket: StreamTicket, block: int):
-        import pyarrow as pa
-
-        self._pa, self.ticket = pa, ticket
+        self.ticket = ticket
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="sparkcnn-push")
-        self.writer, self.reader = self._open(ticket.host, ticket.port, {"block": block})
-        self.shards: list = []  # (writer, reader) of each shard's stream (ps.shards > 1)
+        self.conn = self._open(ticket.host, ticket.port, {"block": block})
+        self.shards: list = []  # each shard's connection (ps.shards > 1)
         self.ordinal = -1       # pushes sent (their pieces' key on the shards, with the stream)
         self.stream = 0
         self.cpu_s = 0.0        # the push thread's CPU, summed (time.thread_time: waits excluded)
 
     def _open(self, host: str, port: int, hello: dict):
-        import pyarrow.flight as flight
-
+        # the socket's own timeout, a backstop for the push thread: the task's waits end at timeout_s
         try:
-            client = flight.FlightClient(f"grpc+tcp://{host}:{port}")
-            bearer = f"Bearer {self.ticket.token}".encode()
-            opts = flight.FlightCallOptions(headers=[(b"authorization", bearer)])
-            desc = flight.FlightDescriptor.for_command(json.dumps(hello).encode())
-            return client.do_exchange(desc, opts)
+            return streamsocket.connect(host, port, self.ticket.token, json.dumps(hello).encode(),
+                                        2 * self.ticket.timeout_s)
         except Exception as e:  # noqa: BLE001 - any failure to reach it means the same to the task
             raise ServerGone(f"parameter server at {host}:{port} unreachable ({type(e).__name__})") from None
 
-    def _read(self, reader=None, kind=Reply):
+    def _read(self, conn=None, kind=Reply):
         try:
-            chunk = (reader or self.reader).read_chunk()
-        except StopIteration:
+            md = (conn or self.conn).read()
+        except EOFError:
             raise ServerGone("the parameter server closed the stream") from None
-        except Exception as e:  # noqa: BLE001 - Flight raises per gRPC status; all mean the server is gone
+        except Exception as e:  # noqa: BLE001 - a reset, a timeout or a frame that does not verify
             raise ServerGone(f"parameter server stream failed ({type(e).__name__})") from None
-        return decode(chunk.app_metadata, (kind,))
+        if isinstance(md, int):
+            raise WireError(f"a reply of {md} bytes over the cap")
+        return decode(md, (kind,))
+
+    @staticmethod
+    def _write(conn, buf: bytes) -> None:
+        try:
+            conn.write(buf)
+        except OSError as e:
+            raise ServerGone(f"parameter server stream failed ({type(e).__name__})") from None
 
     def start(self):
         """The first Reply (the plan); with shards, and the shards' parts of its weights."""
@@ -68,11 +73,11 @@ class Link:
 
     def _pieces(self, payloads: list[bytes], have: int, ordinal: int) -> list[ShardReply]:
         self._write_pieces(payloads, have, ordinal)
-        return [self._read(r, ShardReply) for _, r in self.shards]
+        return [self._read(c, ShardReply) for c in self.shards]
 
     def _write_pieces(self, payloads, have: int, ordinal: int) -> None:
-        for (w, _), payload in zip(self.shards, payloads):
-            w.write_metadata(self._pa.py_buffer(encode(Piece(self.stream, ordinal, have, payload))))
+        for c, payload in zip(self.shards, payloads):
+            self._write(c, encode(Piece(self.stream, ordinal, have, payload)))
 
     def send(self, push: Push, pieces: list[bytes] = ()):
         """Push (its pieces first, to the shards) on the background thread; returns a future of
@@ -85,7 +90,7 @@ class Link:
             if self.shards:  # the pieces reach the shards before the push reaches the coordinator
                 self._write_pieces(pieces, push.have, ordinal)
             reply = self._exchange(buf)
-            return reply, ([self._read(r, ShardReply) for _, r in self.shards] if self.shards else None)
+            return reply, ([self._read(c, ShardReply) for c in self.shards] if self.shards else None)
 
         return self._pool.submit(self._timed, roundtrip)
 
@@ -96,7 +101,7 @@ class Link:
 
     def _exchange(self, buf: bytes):
         """One message to the coordinator and its reply."""
-        self.writer.write_metadata(self._pa.py_buffer(buf))
+        self._write(self.conn, buf)
         return self._read()
 
     def _timed(self, fn, *args):
@@ -118,11 +123,10 @@ class Link:
         return self._wait(fut)
 
     def close(self) -> None:
-        for writer in [self.writer] + [w for w, _ in self.shards]:
+        for conn in [self.conn, *self.shards]:
             try:
-                writer.write_metadata(self._pa.py_buffer(encode(Done())))
-                writer.done_writing()
-                writer.close()
+                conn.write(encode(Done()))
             except Exception:  # noqa: BLE001 - closing a stream to a server that is gone
                 pass
+            conn.close()
         self._pool.shutdown(wait=False, cancel_futures=True)

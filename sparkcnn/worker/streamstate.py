@@ -108,7 +108,7 @@ class Tally:
 class CpuMeter:
     """The task's CPU outside TensorFlow, push by push: this thread outside the trainer's TF
     calls (the view, lookahead, momentum policy, codec, messages), and the link's push thread
-    (Flight). TF's own threads are not in it.
+    (the socket's reads, writes and MACs). TF's own threads are not in it.
 
         overhead = Δ thread_time − Δ trainer.tf_thread_s + Δ link.cpu_s   (s, since the last call)
     """

@@ -7,12 +7,11 @@ import os
 import struct
 import threading
 
-import pyarrow as pa
-import pyarrow.flight as flight
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sparkcnn import streamsocket
 from sparkcnn.metrics import read_jsonl
 from sparkcnn.protocol import Done, Push, Reply
 from sparkcnn.streamwire import decode, encode
@@ -79,7 +78,7 @@ def bad_messages(draw) -> bytes:
     its plan cannot hold (with a garbage payload)."""
     kind = draw(st.sampled_from(["bytes", "type", "truncated", "trailing", "bool", "count", "plan"]))
     good = encode(_GOOD)
-    if kind == "bytes":  # (an empty one is no message: Flight sends nothing for it)
+    if kind == "bytes":
         return draw(st.binary(min_size=1, max_size=80))
     if kind == "type":
         other = draw(st.sampled_from([Reply(lr=0.1, density=1.0, tau=0, retrain=False, send_state=False, refused="",
@@ -116,17 +115,14 @@ def _send_all(svc, engine, messages: list[bytes], out: dict) -> None:
     deadline = time.monotonic() + 120
     while not engine.stage.plans and time.monotonic() < deadline:
         time.sleep(0.01)
-    client = flight.FlightClient(f"grpc+tcp://{svc.host}:{svc.port}")
-    opts = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {svc.token}".encode())], timeout=60)
-    writer, reader = client.do_exchange(flight.FlightDescriptor.for_command(b'{"block": 0}'), opts)
-    decode(reader.read_chunk().app_metadata, (Reply,))  # the start
+    conn = streamsocket.connect(svc.host, svc.port, svc.token, b'{"block": 0}', 60)
+    decode(conn.read(), (Reply,))  # the start
     for m in messages:
-        writer.write_metadata(pa.py_buffer(m))
-        reply = decode(reader.read_chunk().app_metadata, (Reply,))
+        conn.write(m)
+        reply = decode(conn.read(), (Reply,))
         out.setdefault("refused", []).append(reply.refused)
-    writer.write_metadata(pa.py_buffer(encode(Done())))
-    writer.done_writing()
-    client.close()
+    conn.write(encode(Done()))
+    conn.close()
 
 
 @pytest.mark.spark

@@ -6,10 +6,9 @@ import struct
 import time
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.flight as flight
 import pytest
 
+from sparkcnn import streamsocket
 from sparkcnn.transport.service import PSService
 from sparkcnn.errors import BadInput
 from sparkcnn.metrics import read_jsonl
@@ -76,49 +75,43 @@ class _Recorder:
         return Session()
 
 
-def _exchange(port, token, block=0):
-    client = flight.FlightClient(f"grpc+tcp://127.0.0.1:{port}")
-    opts = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {token}".encode())], timeout=10)
-    writer, reader = client.do_exchange(flight.FlightDescriptor.for_command(b'{"block": %d}' % block), opts)
-    return client, writer, reader
-
-
 def test_service_refuses_strangers_caps_and_rejects_bad_messages():
     rec = _Recorder()
     svc = PSService("127.0.0.1", rec, max_message_bytes=1000)
     try:
-        # no token, and a wrong one: refused when the call starts, nothing reaches the engine
-        for token in (None, "not-the-token"):
-            client = flight.FlightClient(f"grpc+tcp://127.0.0.1:{svc.port}")
-            headers = [] if token is None else [(b"authorization", f"Bearer {token}".encode())]
-            with pytest.raises(flight.FlightUnauthenticatedError):
-                w, r = client.do_exchange(flight.FlightDescriptor.for_command(b'{"block": 0}'),
-                                          flight.FlightCallOptions(headers=headers, timeout=10))
-                w.write_metadata(pa.py_buffer(encode(_push())))
-                r.read_chunk()
-            client.close()
+        # a wrong secret, and a peer that never proves one: refused and closed, nothing reaches the engine
+        stranger = streamsocket.connect("127.0.0.1", svc.port, "not-the-token", b'{"block": 0}', 10)
+        with pytest.raises((EOFError, ConnectionError)):
+            stranger.read()
+        stranger.close()
+        silent = socket.create_connection(("127.0.0.1", svc.port), timeout=10)
+        silent.sendall(b"\0" * 36)  # a frame header of length 0: nothing authentic is that short
+        assert silent.recv(100)[:4] == b"SCS1" and silent.recv(100) == b""
+        silent.close()
+        deadline = time.monotonic() + 10
+        while svc.counters["unauthenticated_refused"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert svc.counters["unauthenticated_refused"] == 2 and rec.pushes == []
-        # with the token: an oversized message and a malformed one are refused, a good one goes through
-        client, w, r = _exchange(svc.port, svc.token)
+        # with the secret: an oversized message and a malformed one are refused, a good one goes through
+        conn = streamsocket.connect("127.0.0.1", svc.port, svc.token, b'{"block": 0}', 10)
 
         def answer():
-            return decode(r.read_chunk().app_metadata, (Reply,))
+            return decode(conn.read(), (Reply,))
 
         assert answer().plan is not None
-        w.write_metadata(pa.py_buffer(b"\0" * 5000))
+        conn.write(b"\0" * 5000)
         assert "over the cap" in answer().refused
-        w.write_metadata(pa.py_buffer(b"SCW3 garbage"))
+        conn.write(b"SCW3 garbage")
         assert answer().refused.startswith("malformed message")
         bad = _with_byte(encode(_push()), PUSH_STATE_RESET_AT, 7)
-        w.write_metadata(pa.py_buffer(bad))  # a field its type cannot hold, refused by name
+        conn.write(bad)  # a field its type cannot hold, refused by name
         assert answer().refused == "malformed message: Push.state_reset: expected a bool (0 or 1), got 7"
-        w.write_metadata(pa.py_buffer(encode(_push(seq=1))))
+        conn.write(encode(_push(seq=1)))
         assert answer().tau == 1
         assert svc.counters["oversize_refused"] == 1 and svc.counters["malformed_refused"] == 2
         assert rec.pushes == [(0, _push(seq=1))]
-        w.write_metadata(pa.py_buffer(encode(Done())))
-        w.close()
-        client.close()
+        conn.write(encode(Done()))
+        conn.close()
     finally:
         svc.close()
     assert not _listening(svc.port)

@@ -16,8 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 # every module in these packages, found on disk: a module added to them is covered without a change here
 PACKAGES = ("sparkcnn.server", "sparkcnn.compression")
-MODULES = ("sparkcnn.ps", "sparkcnn.protocol", "sparkcnn.streamwire", "sparkcnn.config", "sparkcnn.checkpoint",
-           "sparkcnn.scheduler", "sparkcnn.staleness", "sparkcnn.guard", "sparkcnn.replica")
+MODULES = ("sparkcnn.ps", "sparkcnn.protocol", "sparkcnn.streamwire", "sparkcnn.streamsocket", "sparkcnn.config",
+           "sparkcnn.checkpoint", "sparkcnn.scheduler", "sparkcnn.staleness", "sparkcnn.guard", "sparkcnn.replica")
 FORBIDDEN = ("pyspark", "py4j", "tensorflow", "keras")
 WORKER = "sparkcnn.worker"
 

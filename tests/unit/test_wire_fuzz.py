@@ -2,9 +2,9 @@
 
 Each example builds the stream engine's server side as ``StreamEngine.__init__`` does (a real
 ``Run``, ``Stage``, ``Cut`` and ``PushHandler``, the fake backend of tests/unit/fake_run.py)
-and feeds one block's stream through ``PSService.serve_stream``, the code every Flight
-``DoExchange`` runs (the listener itself is started once for the module, and one test below
-goes through it with a Flight client holding the token). The messages: random bytes, empty
+and feeds one block's stream through ``PSService.serve_stream``, the code every stream's
+connection runs (the listener itself is started once for the module, and one test below
+goes through it with a client holding the run's secret). The messages: random bytes, empty
 ones, truncated, bit-flipped and trailing-byte copies of a valid push or end-of-stage state,
 types the stream does not take, messages over the size cap, pushes with one field its plan
 cannot hold, duplicates, stale pushes (ASGD), pushes whose payload does not decode, and valid
@@ -34,12 +34,11 @@ import threading
 import time
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.flight as flight
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from sparkcnn import streamsocket
 from sparkcnn.protocol import Done, Push, Reply, StageState, StateArray
 from sparkcnn.server.run import RunShape
 from sparkcnn.streamwire import WireError, decode, encode
@@ -77,32 +76,29 @@ def service():
     svc.close()
 
 
-class Chunk:
-    def __init__(self, md: bytes | None):
-        self.app_metadata = None if md is None else pa.py_buffer(md)
-
-
 class Writer:
     """The replies the service writes, decoded (the first: the stream's start)."""
 
     def __init__(self):
         self.replies: list[Reply] = []
 
-    def write_metadata(self, buf) -> None:
+    def write(self, buf) -> None:
         self.replies.append(decode(buf, (Reply,)))
 
 
 class Reader:
-    """Messages from ``next_message()`` until it returns ``...`` (then the stream ends)."""
+    """Messages from ``next_message()`` until it returns ``...`` (then the stream ends), as
+    :meth:`sparkcnn.streamsocket.Conn.read` gives them: one over the cap as its length alone."""
 
     def __init__(self, next_message):
         self.next_message = next_message
 
-    def read_chunk(self):
+    def read(self):
         md = self.next_message()
         if md is ...:
-            raise StopIteration
-        return Chunk(md)
+            raise EOFError
+        md = md or b""
+        return len(md) if len(md) > CAP else md
 
 
 def serve(svc, block: int, messages) -> list[Reply]:
@@ -404,36 +400,37 @@ def test_fuzzed_messages_are_refused_or_taken_by_the_rules_and_a_valid_push_stil
         event(f"{name}: {'some' if n else 'none'}")
 
 
-def test_over_flight_a_token_holder_s_garbage_is_refused_and_a_valid_push_applied(service):
-    """The same path through the listener: a Flight client with the token opens block 0's
-    stream, sends garbage, a push its plan cannot hold and a valid push; without the token it is
-    refused before any handler runs. (An empty message is no message on Flight: it sends nothing.)"""
+def test_over_the_socket_a_token_holder_s_garbage_is_refused_and_a_valid_push_applied(service):
+    """The same path through the listener: a client with the run's secret opens block 0's
+    stream, sends an empty message, garbage, a push its plan cannot hold and a valid push;
+    without the secret it is refused before any handler runs."""
     svc, dispatch = service
     stream = Stream(svc, dispatch, mode="async", blocks=1, h=1, max_staleness=1000, seed=3)
     counted = dict(svc.counters)
-    client = flight.FlightClient(f"grpc+tcp://{svc.host}:{svc.port}")
+    stranger = streamsocket.connect(svc.host, svc.port, "not-the-secret", b'{"block": 0}', 20)
+    with pytest.raises((EOFError, ConnectionError)):
+        stranger.read()
+    stranger.close()
+    conn = streamsocket.connect(svc.host, svc.port, svc.token, b'{"block": 0}', 20)
     try:
-        with pytest.raises(flight.FlightUnauthenticatedError):
-            writer, reader = client.do_exchange(flight.FlightDescriptor.for_command(b'{"block": 0}'))
-            reader.read_chunk()
-        token = [(b"authorization", f"Bearer {svc.token}".encode())]
-        opts = flight.FlightCallOptions(headers=token, timeout=20)
-        writer, reader = client.do_exchange(flight.FlightDescriptor.for_command(b'{"block": 0}'), opts)
-        start = decode(reader.read_chunk().app_metadata, (Reply,))
+        start = decode(conn.read(), (Reply,))
         stream.offered = (start.lr, start.density)
         s = stream.snapshot()
         push = stream.next_push(s, steps=1)
         replies = []
-        for md in (b"\x00garbage", encode(dataclasses.replace(push, seq=7)), encode(push)):
-            writer.write_metadata(pa.py_buffer(md))
-            replies.append(decode(reader.read_chunk().app_metadata, (Reply,)))
-        writer.write_metadata(pa.py_buffer(encode(Done())))
-        writer.done_writing()
+        for md in (b"", b"\x00garbage", encode(dataclasses.replace(push, seq=7)), encode(push)):
+            conn.write(md)
+            replies.append(decode(conn.read(), (Reply,)))
+        conn.write(encode(Done()))
     finally:
-        client.close()
-    assert [bool(r.refused) for r in replies] == [True, True, False]
+        conn.close()
+    assert [bool(r.refused) for r in replies] == [True, True, True, False]
+    deadline = time.monotonic() + 10
+    while svc.counters["unauthenticated_refused"] == counted["unauthenticated_refused"] and \
+            time.monotonic() < deadline:
+        time.sleep(0.01)  # the stranger's refusal is counted by its connection's thread
     assert {k: svc.counters[k] - counted[k] for k in ("unauthenticated_refused", "malformed_refused")} == \
-           {"unauthenticated_refused": 1, "malformed_refused": 2}
+           {"unauthenticated_refused": 1, "malformed_refused": 3}
     now = stream.snapshot()
     assert (now["version"], now["last"][0], stream.cursor(now)) == (1, 0, 1)
     np.testing.assert_allclose(now["W"], apply_expected(s["W"], [(server_scale(1, push.lr), push.payload)]),
