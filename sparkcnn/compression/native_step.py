@@ -1,4 +1,4 @@
-"""Compiled per-step passes of a worker: momentum, threshold, lookahead extrapolation.
+"""Compiled per-step passes of a worker: momentum, threshold (the lookahead's: native_look.py).
 
 Each is one pass over the model where numpy makes two or three, with its
 temporaries, bitwise the same (float32, each operation rounded, no FMA):
@@ -11,10 +11,6 @@ temporaries, bitwise the same (float32, each operation rounded, no FMA):
     threshold_select   a whole vector's threshold selection, tensor by tensor (exact top-k where the
                        sample would be the whole tensor)
     quantise_f16_at    x[idx] rounded to float16 and back        (the sent values; feedback.py)
-    velocity_step      vel = (w - prev)·s; prev = w (the lookahead's velocity; worker/stream.py)
-    velocity_step_at   the same at changed indices only, zero where the view moved
-    velocity_step_out_at  and the extrapolated weights there too (out = a·vel + w)
-    axpy, axpy_at      out = a·x + y                (the lookahead's extrapolated weights)
 """
 
 from __future__ import annotations
@@ -227,55 +223,6 @@ def k_quantise_f16_at(bits, idx, out):
     return True
 
 
-@kernel(nogil=True, boundscheck=False)
-def k_velocity_step(w, prev, vel, s):
-    """``vel = (w - prev) · s; prev = w`` in one pass (float32, each operation rounded)."""
-    for i in range(w.size):
-        vel[i] = (w[i] - prev[i]) * s
-        prev[i] = w[i]
-
-
-@kernel(nogil=False, boundscheck=False)
-def k_velocity_step_at(w, prev, vel, s, moving, changed):
-    """velocity_step where the view moved: ``vel[moving] = 0``, then at ``changed``
-    ``vel = (w - prev) · s; prev = w`` (``changed`` may repeat an index: prev moves after)."""
-    for j in range(moving.size):
-        vel[moving[j]] = 0.0
-    for j in range(changed.size):
-        i = changed[j]
-        vel[i] = (w[i] - prev[i]) * s
-    for j in range(changed.size):
-        prev[changed[j]] = w[changed[j]]
-
-
-@kernel(nogil=False, boundscheck=False)
-def k_velocity_step_out_at(w, prev, vel, s, moving, changed, a, out):
-    """``k_velocity_step_at``, then ``out = a·vel + w`` at ``moving`` and ``changed`` (axpy_at's
-    arithmetic): the extrapolated weights follow the velocity where it moved."""
-    k_velocity_step_at(w, prev, vel, s, moving, changed)
-    for j in range(moving.size):
-        i = moving[j]
-        out[i] = a * vel[i] + w[i]
-    for j in range(changed.size):
-        i = changed[j]
-        out[i] = a * vel[i] + w[i]
-
-
-@kernel(nogil=False, boundscheck=False)
-def k_axpy_at(a, x, y, out, idx):
-    """axpy at ``idx`` only."""
-    for j in range(idx.size):
-        i = idx[j]
-        out[i] = a * x[i] + y[i]
-
-
-@kernel(nogil=True, boundscheck=False)
-def k_axpy(a, x, y, out):
-    """``out = a·x + y`` in one pass (float32; the product rounded, then the sum: no FMA)."""
-    for i in range(x.size):
-        out[i] = a * x[i] + y[i]
-
-
 def momentum_step_to(u: np.ndarray, v: np.ndarray, g: np.ndarray, m: np.float32, u_out: np.ndarray,
                      v_out: np.ndarray, scale: np.float32 | None = None) -> None:
     """``u_out = m·u + g; v_out = v + u_out`` (float32 arrays of one size; the outputs distinct
@@ -314,31 +261,3 @@ def quantise_f16_at(x: np.ndarray, idx: np.ndarray) -> np.ndarray | None:
     a value is not finite or beyond float16's range (quantise clips those)."""
     out = np.empty(idx.size, np.float32)
     return out if kernels().quantise_f16_at(x.view(np.uint32), idx, out.view(np.uint32)) else None
-
-
-def velocity_step(w: np.ndarray, prev: np.ndarray, vel: np.ndarray, s: float) -> None:
-    """``vel = (w - prev) · s; prev[:] = w`` in place (float32 arrays), bitwise as numpy."""
-    kernels().velocity_step(w, prev, vel, np.float32(s))
-
-
-def axpy(a: float, x: np.ndarray, y: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``out = float32(a) · x + y`` (float32 arrays), bitwise as numpy's multiply then add."""
-    kernels().axpy(np.float32(a), x, y, out)
-    return out
-
-
-def velocity_step_at(w: np.ndarray, prev: np.ndarray, vel: np.ndarray, s: float, moving: np.ndarray,
-                     changed: np.ndarray) -> None:
-    """``vel[moving] = 0``, then ``velocity_step`` at the indices ``changed`` (int64) only."""
-    kernels().velocity_step_at(w, prev, vel, np.float32(s), moving, changed)
-
-
-def velocity_step_out_at(w: np.ndarray, prev: np.ndarray, vel: np.ndarray, s: float, moving: np.ndarray,
-                         changed: np.ndarray, a: float, out: np.ndarray) -> None:
-    """:func:`velocity_step_at`, and ``out = float32(a) · vel + w`` at ``moving`` and ``changed``."""
-    kernels().velocity_step_out_at(w, prev, vel, np.float32(s), moving, changed, np.float32(a), out)
-
-
-def axpy_at(a: float, x: np.ndarray, y: np.ndarray, out: np.ndarray, idx: np.ndarray) -> None:
-    """``out[idx] = float32(a) · x[idx] + y[idx]``, bitwise as numpy's."""
-    kernels().axpy_at(np.float32(a), x, y, out, idx)
