@@ -102,6 +102,10 @@ KEPT: dict[str, tuple[str, str]] = {
         ("the engine rebuild: `behaviour.json`, jobs and stream variants before (da6e4ea) and after, "
          "3 repetitions each; `pushpath.json`, the modules one stream push runs through, before and after"),
         "the evidence that the rebuild left behaviour unchanged"),
+    "2026-12-07-workerstep": (
+        ("`bench/workerstep.py`: a stream task's CPU per step outside TensorFlow at one step per "
+         "exchange, part by part, before the worker-step changes (at the bench's commit) and after"),
+        OPEN_ISSUE),
     "archive": (
         ("results from before the dated folders (bench/run_all.py moves older results here): "
          "`accuracy-stream.json`, the seed comparison; `throughput`, `jobcost`, `scale`, `balance`, "

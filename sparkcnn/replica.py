@@ -96,9 +96,12 @@ def _mix_sum(values: np.ndarray, indices: np.ndarray | None = None) -> int:
 
 
 def checksum(U: np.ndarray) -> int:
-    """Full checksum of a float32 vector, O(P); see the module docstring."""
+    """Full checksum of a float32 vector, O(P); see the module docstring. Compiled where it can
+    (the same value: a replica's full check cost ~0.6 ms in numpy's chunks, 0.2 M entries)."""
     if U.size >= MAX_SIZE:
         raise ValueError(f"checksum supports at most 2**32 - 1 entries, got {U.size}")
+    if U.dtype == np.float32 and U.flags.c_contiguous and native.enabled():
+        return native_server.checksum(U)
     return _mix_sum(U)
 
 

@@ -1,13 +1,14 @@
 """Compiled loops for the hot paths, by concern:
 
     native_codec.py    Rice index coding both ways, float16 rounding, whole payloads (codec.py)
-    native_step.py     the worker's per-step passes: momentum, threshold, extrapolation
+    native_step.py     the worker's per-step passes: momentum, threshold
+    native_look.py     the stream task's lookahead: velocity, extrapolation
     native_server.py   the blocked weighted add, the support of the parameter server's residual,
                        a downlink's apply with its checksum change, the candidate downlink
 
 This module is their switch: :func:`enabled`. Their compile (how a kernel
 is marked, when it is built, how numba caches it) is native_compile.py's.
-Importing this module, or any of the three, imports nothing heavy. Where
+Importing this module, or any of the four, imports nothing heavy. Where
 numba is missing, or ``SPARKCNN_NATIVE=0``,
 ``enabled()`` is False and the codec, sparse_sum and the other callers keep
 their numpy paths, which are the reference: both paths give bitwise equal results
@@ -41,12 +42,12 @@ from __future__ import annotations
 
 import os
 
-# The three kernel modules are imported here, not where a kernel is first used, so that every
+# The kernel modules are imported here, not where a kernel is first used, so that every
 # kernel is marked before native_compile builds them all at once (the first enabled() call);
 # worker/view.py calls the lookahead's passes as native.<name>.
-from . import native_codec, native_server  # noqa: F401
+from . import native_codec, native_server, native_step  # noqa: F401
 from .native_compile import kernels
-from .native_step import axpy, axpy_at, velocity_step, velocity_step_at, velocity_step_out_at  # noqa: F401
+from .native_look import axpy, axpy_at, velocity_step, velocity_step_at, velocity_step_out_at  # noqa: F401
 
 
 def enabled() -> bool:

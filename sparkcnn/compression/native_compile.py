@@ -1,7 +1,7 @@
 """The compile of the compiled kernels: how a kernel is marked, and when it is built.
 
-The kernels are plain module-level functions of native_codec.py, native_step.py
-and native_server.py, marked with :func:`kernel`; the first :func:`kernels` call
+The kernels are plain module-level functions of native_codec.py, native_step.py,
+native_look.py and native_server.py, marked with :func:`kernel`; the first :func:`kernels` call
 imports numba and puts a compiled dispatcher in place of each, so a kernel
 calls another by its module-level name. numba compiles each on first use and
 caches it on disk: a module-level kernel has no closure, so its cache key (its
@@ -13,7 +13,7 @@ a kernel that calls one of another file is recompiled when that file changes
 only if its own file changes too (an installed package changes both).
 
 Every kernel is marked before the first compile: native.py, the switch every
-caller asks first (``native.enabled()``), imports the three kernel modules, and
+caller asks first (``native.enabled()``), imports the four kernel modules, and
 importing the package imports native.py. This module imports only the standard
 library; the kernel modules import it, never the other way round.
 """

@@ -7,6 +7,7 @@ candidate set.
                         in it |W[i] - U[i]| > 2**-25 (the entries float16 does not round to 0)
     apply_delta         U[idx] = U[idx] + vals (or = vals), and the change of
                         Σ_i mix64((i << 32) | bits(U[i])) mod 2**64   (replica.py's checksum)
+    checksum            that sum over all of U (a replica's full check, a snapshot's load)
     candidate_downlink  ps_downlink.py's float16 downlink from its candidate set, applied to U
     round_f16           a chosen downlink's values rounded to float16, the zeros left out
 
@@ -252,6 +253,20 @@ def candidate_downlink(cands: np.ndarray, w: np.ndarray, u: np.ndarray, offsets:
     if status != OK:
         return None
     return keep[:n], idx[:m], vals[:m], int(change)
+
+
+@kernel(nogil=False, boundscheck=False)
+def k_checksum(ubits):
+    """``sum_i mix64((i << 32) | ubits[i])`` mod 2**64 (``ubits``: a float32 vector as uint32)."""
+    total = np.uint64(0)
+    for i in range(ubits.size):
+        total += mix64(i, ubits[i])
+    return total
+
+
+def checksum(u: np.ndarray) -> int:
+    """``replica.checksum`` in one pass (a C-contiguous float32 ``u``), the same value."""
+    return int(kernels().checksum(u.view(np.uint32)))
 
 
 def apply_delta(u: np.ndarray, idx: np.ndarray, vals: np.ndarray, assign: bool) -> int:

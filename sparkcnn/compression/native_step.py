@@ -1,20 +1,17 @@
-"""Compiled per-step passes of a worker: momentum, threshold, lookahead extrapolation.
+"""Compiled per-step passes of a worker: momentum, threshold (the lookahead's: native_look.py).
 
 Each is one pass over the model where numpy makes two or three, with its
 temporaries, bitwise the same (float32, each operation rounded, no FMA):
 
     momentum_step_to   u' = m·u + g; v' = v + u'     (DGC's momentum correction, out of place; feedback.py;
                                                       of g·s when the gradient is clipped)
-    dgc_step           momentum_step_to, threshold_select, the values sent and what they leave:
-                       DGCMomentum's whole step (feedback.py)
+    dgc_step           momentum_step_to and threshold_select in one pass where the first threshold
+                       settles, the values sent and what they leave: DGCMomentum's whole step
+                       (feedback.py)
     abs_at_least       {i : |x[i]| >= thr}          (threshold selection; sparsify.py)
     threshold_select   a whole vector's threshold selection, tensor by tensor (exact top-k where the
                        sample would be the whole tensor)
     quantise_f16_at    x[idx] rounded to float16 and back        (the sent values; feedback.py)
-    velocity_step      vel = (w - prev)·s; prev = w (the lookahead's velocity; worker/stream.py)
-    velocity_step_at   the same at changed indices only, zero where the view moved
-    velocity_step_out_at  and the extrapolated weights there too (out = a·vel + w)
-    axpy, axpy_at      out = a·x + y                (the lookahead's extrapolated weights)
 """
 
 from __future__ import annotations
@@ -136,9 +133,27 @@ def k_threshold_select(x, a, b, whole, stride, start, rank, k, lo, hi, correctio
     caller selects it itself (NaN in its sample or, on the exact path, in the tensor; a
     tensor the corrections do not settle), which leaves nothing of it in ``out``.
     Returns the entries written."""
+    one = np.float32(1.0)
+    return k_select(x, a, b, whole, stride, start, rank, k, lo, hi, corrections, out, found,
+                    False, x, x, x, one, one, x)
+
+
+@kernel(nogil=True, boundscheck=False)
+def k_select(x, a, b, whole, stride, start, rank, k, lo, hi, corrections, out, found, fuse, u, v, g, s, m,
+             u_out):
+    """:func:`k_threshold_select`; with ``fuse``, of ``x = v_out`` as the momentum pass
+    (``k_momentum_step_to(u, v, g, s, m, u_out, x)``) writes it, that pass made here tensor by
+    tensor: a sampled tensor's sample is computed from the inputs, and its first threshold's
+    selection is made in the same pass that writes the tensor (:func:`k_momentum_at_least`), so
+    that ``x`` is read again only by a correction. Every entry's momentum pass is made
+    whatever ``found`` says."""
     c = 0
     for t in range(a.size):
         lo_t, hi_t = a[t], b[t]
+        sampled = not whole[t] and hi[t] >= lo[t]
+        if fuse and not sampled:
+            # the momentum pass alone: a NaN threshold selects nothing
+            k_momentum_at_least(u, v, g, s, m, u_out, x, lo_t, hi_t, np.float32(np.nan), out, c)
         if whole[t]:
             for i in range(lo_t, hi_t):
                 out[c] = i
@@ -146,7 +161,7 @@ def k_threshold_select(x, a, b, whole, stride, start, rank, k, lo, hi, correctio
             found[t] = hi_t - lo_t
             continue
         found[t] = -1
-        if hi[t] < lo[t]:  # exact top-k
+        if not sampled:  # exact top-k
             c0 = c
             c = k_exact_topk(x, lo_t, hi_t, k[t], out, c)
             if c < 0:  # NaN in the tensor: the caller's
@@ -155,19 +170,32 @@ def k_threshold_select(x, a, b, whole, stride, start, rank, k, lo, hi, correctio
                 found[t] = c - c0
             continue
         first = lo_t + start[t]
-        m = (hi_t - first + stride[t] - 1) // stride[t]
-        sample = np.empty(m, np.float32)
+        n_s = (hi_t - first + stride[t] - 1) // stride[t]
+        sample = np.empty(n_s, np.float32)
         nan = False
-        for j in range(m):
-            sample[j] = abs(x[first + j * stride[t]])
+        for j in range(n_s):
+            i = first + j * stride[t]
+            if fuse:
+                ui = u[i] * m
+                ui = ui + g[i] * s
+                sample[j] = abs(v[i] + ui)
+            else:
+                sample[j] = abs(x[i])
             nan |= sample[j] != sample[j]
         if nan:
+            if fuse:
+                k_momentum_at_least(u, v, g, s, m, u_out, x, lo_t, hi_t, np.float32(np.nan), out, c)
             continue
         c0 = c
         r = rank[t]
-        for _ in range(corrections):
-            thr = np.partition(sample.copy(), m - r)[m - r]
-            c = k_abs_at_least_range(x, lo_t, hi_t, thr, out, c0)
+        for it in range(max(corrections, 1 if fuse else 0)):
+            thr = np.partition(sample.copy(), n_s - r)[n_s - r]
+            if fuse and it == 0:
+                c = k_momentum_at_least(u, v, g, s, m, u_out, x, lo_t, hi_t, thr, out, c0)
+                if it >= corrections:  # no correction pass allowed: the momentum pass alone
+                    break
+            else:
+                c = k_abs_at_least_range(x, lo_t, hi_t, thr, out, c0)
             n = c - c0
             if n > hi[t]:  # too many: the k largest are among them
                 k_trim(x, out, c0, c, k[t])
@@ -177,7 +205,7 @@ def k_threshold_select(x, a, b, whole, stride, start, rank, k, lo, hi, correctio
             if n >= lo[t]:
                 found[t] = n
                 break
-            new_r = min(m, max(r + 1, math.ceil(r * 1.25 * k[t] / max(n, 1))))
+            new_r = min(n_s, max(r + 1, math.ceil(r * 1.25 * k[t] / max(n, 1))))
             if new_r == r:  # already at the smallest sampled value
                 break
             r = new_r
@@ -187,16 +215,52 @@ def k_threshold_select(x, a, b, whole, stride, start, rank, k, lo, hi, correctio
 
 
 @kernel(nogil=True, boundscheck=False)
+def k_momentum_at_least(u, v, g, s, m, u_out, v_out, a, b, thr, out, c):
+    """``k_momentum_step_to`` over ``[a, b)`` and, in the same pass, ``k_abs_at_least_range(v_out,
+    a, b, thr, out, c)``: returns the new c. Blocks of 64 entries as there, slices indexed from 0."""
+    us, vs, gs, uo, vo = u[a:b], v[a:b], g[a:b], u_out[a:b], v_out[a:b]
+    blocks = us.size // 64
+    for blk in range(blocks):
+        base = blk * 64
+        hit = False
+        for j in range(64):
+            gi = gs[base + j] * s
+            ui = us[base + j] * m
+            ui = ui + gi
+            uo[base + j] = ui
+            vi = vs[base + j] + ui
+            vo[base + j] = vi
+            hit |= abs(vi) >= thr
+        if hit:
+            for j in range(64):
+                if abs(vo[base + j]) >= thr:
+                    out[c] = a + base + j
+                    c += 1
+    for i in range(blocks * 64, us.size):
+        gi = gs[i] * s
+        ui = us[i] * m
+        ui = ui + gi
+        uo[i] = ui
+        vo[i] = vs[i] + ui
+        if abs(vo[i]) >= thr:
+            out[c] = a + i
+            c += 1
+    return c
+
+
+@kernel(nogil=True, boundscheck=False)
 def k_dgc_step(u, v, g, s, m, u_out, v_out, a, b, whole, stride, start, rank, k, lo, hi, corrections, f16,
                dense, masking, idx, vals, found):
-    """DGCMomentum.step in one call: the momentum pass (``k_momentum_step_to``), the threshold
-    selection of ``v_out`` into ``idx`` (``k_threshold_select``), the values sent into ``vals``
+    """DGCMomentum.step in one call: the momentum pass (``k_momentum_step_to``'s arithmetic) and
+    the threshold selection of ``v_out`` into ``idx`` (``k_threshold_select``'s), made together
+    tensor by tensor (``k_select``: in the common case one pass over the model where they made
+    two), the values sent into ``vals``
     (rounded to float16 when ``f16``, else as they are), those values taken out of ``v_out``
     and, with ``masking``, ``u_out`` zeroed where an index falls outside the tensors sent whole
     (``dense``). Returns how many were sent; -1 when a tensor is left to the caller (``found``)
     or a value is beyond float16, with only the momentum pass done: the caller finishes."""
-    k_momentum_step_to(u, v, g, s, m, u_out, v_out)
-    c = k_threshold_select(v_out, a, b, whole, stride, start, rank, k, lo, hi, corrections, idx, found)
+    c = k_select(v_out, a, b, whole, stride, start, rank, k, lo, hi, corrections, idx, found,
+                 True, u, v, g, s, m, u_out)  # the momentum pass and the selection's first in one
     for t in range(found.size):
         if found[t] < 0:
             return -1
@@ -225,55 +289,6 @@ def k_quantise_f16_at(bits, idx, out):
             return False
         out[j] = f32_bits(f16_bits(b))
     return True
-
-
-@kernel(nogil=True, boundscheck=False)
-def k_velocity_step(w, prev, vel, s):
-    """``vel = (w - prev) · s; prev = w`` in one pass (float32, each operation rounded)."""
-    for i in range(w.size):
-        vel[i] = (w[i] - prev[i]) * s
-        prev[i] = w[i]
-
-
-@kernel(nogil=False, boundscheck=False)
-def k_velocity_step_at(w, prev, vel, s, moving, changed):
-    """velocity_step where the view moved: ``vel[moving] = 0``, then at ``changed``
-    ``vel = (w - prev) · s; prev = w`` (``changed`` may repeat an index: prev moves after)."""
-    for j in range(moving.size):
-        vel[moving[j]] = 0.0
-    for j in range(changed.size):
-        i = changed[j]
-        vel[i] = (w[i] - prev[i]) * s
-    for j in range(changed.size):
-        prev[changed[j]] = w[changed[j]]
-
-
-@kernel(nogil=False, boundscheck=False)
-def k_velocity_step_out_at(w, prev, vel, s, moving, changed, a, out):
-    """``k_velocity_step_at``, then ``out = a·vel + w`` at ``moving`` and ``changed`` (axpy_at's
-    arithmetic): the extrapolated weights follow the velocity where it moved."""
-    k_velocity_step_at(w, prev, vel, s, moving, changed)
-    for j in range(moving.size):
-        i = moving[j]
-        out[i] = a * vel[i] + w[i]
-    for j in range(changed.size):
-        i = changed[j]
-        out[i] = a * vel[i] + w[i]
-
-
-@kernel(nogil=False, boundscheck=False)
-def k_axpy_at(a, x, y, out, idx):
-    """axpy at ``idx`` only."""
-    for j in range(idx.size):
-        i = idx[j]
-        out[i] = a * x[i] + y[i]
-
-
-@kernel(nogil=True, boundscheck=False)
-def k_axpy(a, x, y, out):
-    """``out = a·x + y`` in one pass (float32; the product rounded, then the sum: no FMA)."""
-    for i in range(x.size):
-        out[i] = a * x[i] + y[i]
 
 
 def momentum_step_to(u: np.ndarray, v: np.ndarray, g: np.ndarray, m: np.float32, u_out: np.ndarray,
@@ -314,31 +329,3 @@ def quantise_f16_at(x: np.ndarray, idx: np.ndarray) -> np.ndarray | None:
     a value is not finite or beyond float16's range (quantise clips those)."""
     out = np.empty(idx.size, np.float32)
     return out if kernels().quantise_f16_at(x.view(np.uint32), idx, out.view(np.uint32)) else None
-
-
-def velocity_step(w: np.ndarray, prev: np.ndarray, vel: np.ndarray, s: float) -> None:
-    """``vel = (w - prev) · s; prev[:] = w`` in place (float32 arrays), bitwise as numpy."""
-    kernels().velocity_step(w, prev, vel, np.float32(s))
-
-
-def axpy(a: float, x: np.ndarray, y: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``out = float32(a) · x + y`` (float32 arrays), bitwise as numpy's multiply then add."""
-    kernels().axpy(np.float32(a), x, y, out)
-    return out
-
-
-def velocity_step_at(w: np.ndarray, prev: np.ndarray, vel: np.ndarray, s: float, moving: np.ndarray,
-                     changed: np.ndarray) -> None:
-    """``vel[moving] = 0``, then ``velocity_step`` at the indices ``changed`` (int64) only."""
-    kernels().velocity_step_at(w, prev, vel, np.float32(s), moving, changed)
-
-
-def velocity_step_out_at(w: np.ndarray, prev: np.ndarray, vel: np.ndarray, s: float, moving: np.ndarray,
-                         changed: np.ndarray, a: float, out: np.ndarray) -> None:
-    """:func:`velocity_step_at`, and ``out = float32(a) · vel + w`` at ``moving`` and ``changed``."""
-    kernels().velocity_step_out_at(w, prev, vel, np.float32(s), moving, changed, np.float32(a), out)
-
-
-def axpy_at(a: float, x: np.ndarray, y: np.ndarray, out: np.ndarray, idx: np.ndarray) -> None:
-    """``out[idx] = float32(a) · x[idx] + y[idx]``, bitwise as numpy's."""
-    kernels().axpy_at(np.float32(a), x, y, out, idx)

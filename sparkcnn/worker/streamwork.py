@@ -68,11 +68,11 @@ class BlockWork:
         return held_state(self.spec, self.trainer, self.policy)
 
     def snapshot(self) -> dict:
-        """The block state before an exchange, kept until its reply: in the per-step form the
-        policy's references, intact for the two exchanges that reply takes (it steps out of
-        place: ``KEEP``), else copies."""
-        if self.spec.per_step:
-            return self.policy.snapshot()
+        """The block state before an exchange, kept until its reply, as :meth:`state` names it
+        (:meth:`hold` puts it back): in the per-step form the policy's references, intact for
+        the two exchanges that reply takes (it steps out of place: ``KEEP``), else copies."""
+        if self.spec.per_step and self.policy is not None:
+            return {f"policy.{k}": v for k, v in self.policy.snapshot().items()}
         return self.state()
 
     def compute(self, step: int, n: int, lr: float, density: float) -> Trained:

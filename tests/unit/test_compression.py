@@ -297,19 +297,23 @@ def test_a_scaled_step_is_the_step_of_the_scaled_update_bitwise(native, mode, pe
 
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), dtype=st.sampled_from(["float32", "float16"]), masking=st.booleans(),
-       big=st.booleans(), clipped=st.booleans())
-def test_dgc_step_is_bitwise_the_same_compiled_and_on_numpy(seed, dtype, masking, big, clipped):
+       big=st.booleans(), clipped=st.booleans(), specials=st.booleans())
+def test_dgc_step_is_bitwise_the_same_compiled_and_on_numpy(seed, dtype, masking, big, clipped, specials):
     """The whole step in one compiled call (momentum pass, selection, values, residual, masking)
     against numpy's passes, over steps at three densities, clipped or not, on a layout with a
     tensor sent whole, sampled ones and one on exact top-k at density 0.001 (its 1,500 entries:
     the sample would be the whole), which the compiled call selects too. It hands a step back
     after its momentum pass where, with ``big``, a value is beyond float16 (from then on: the
-    residual keeps what float16 could not carry); numpy's passes then finish it."""
+    residual keeps what float16 could not carry); numpy's passes then finish it. With ``specials``
+    a NaN lands in a sampled tensor's sample and an infinity elsewhere (the compiled call, which
+    makes the momentum pass tensor by tensor with the selection, hands those steps back too)."""
     layout = (40, 30_000, 1500, 5000)
     rng = np.random.default_rng(seed)
     grads = [(rng.standard_normal(sum(layout)) * 10.0 ** rng.integers(-6, 2)).astype(np.float32) for _ in range(6)]
     if big:
         grads[3][rng.integers(0, sum(layout), 3)] = [7e4, -1e6, 3e5]
+    if specials:  # index 40: the first of the 30,000-entry tensor, the first of its sample
+        grads[4][[40, int(rng.integers(0, sum(layout)))]] = [np.nan, np.inf]
     scales = [0.5, None, 0.01, None, 2.0, None] if clipped else [None] * 6
     densities = [0.01, 0.001, 0.01, 0.05, 0.05, 0.01]
     outcomes = []
@@ -321,7 +325,8 @@ def test_dgc_step_is_bitwise_the_same_compiled_and_on_numpy(seed, dtype, masking
     def run():
         dgc = DGCMomentum(layout, Sparsifier("threshold", dense_below=1000), value_dtype=dtype, momentum=0.9,
                           masking=masking)
-        sent = [dgc.step(g, d, lr=0.1, weights=None, scale=s) for g, s, d in zip(grads, scales, densities)]
+        with np.errstate(invalid="ignore"):  # specials: NaN - NaN, inf - inf
+            sent = [dgc.step(g, d, lr=0.1, weights=None, scale=s) for g, s, d in zip(grads, scales, densities)]
         return sent, dgc.momentum.view(np.uint32), dgc.velocity.view(np.uint32)
 
     dgc_step = native_step.dgc_step
@@ -333,7 +338,7 @@ def test_dgc_step_is_bitwise_the_same_compiled_and_on_numpy(seed, dtype, masking
         assert np.array_equal(a.indices, b.indices) and np.array_equal(a.values.view(np.uint32), b.values.view(np.uint32))
     assert np.array_equal(fast_u, slow_u) and np.array_equal(fast_v, slow_v)
     if native.enabled():  # the compiled call took every step, and handed back exactly those it must
-        handed_back = [i >= 3 and big and dtype == "float16" for i in range(len(densities))]
+        handed_back = [(i >= 3 and big and dtype == "float16") or (i >= 4 and specials) for i in range(len(densities))]
         assert [c < 0 for c in outcomes] == handed_back
 
 

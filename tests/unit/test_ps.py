@@ -463,6 +463,17 @@ def test_compiled_apply_delta_is_bitwise_numpys(U, seed, assign):
     assert (checksum(U) + change) & ((1 << 64) - 1) == checksum(fast)
 
 
+@settings(max_examples=50, deadline=None)
+@given(arrays(np.float32, st.integers(0, 3000), elements=st.floats(width=32)))
+def test_compiled_checksum_is_numpys(U):
+    """The compiled full checksum against numpy's chunks (NaN, infinities, signed zeros), and on
+    a vector longer than one chunk of numpy's path."""
+    long = np.random.default_rng(len(U)).standard_normal(70_001).astype(np.float32)
+    fast = [checksum(U), checksum(long)]
+    with compiled(False):
+        assert [checksum(U), checksum(long)] == fast
+
+
 def test_checksum_order_sensitive_and_formatted():
     U = np.arange(8, dtype=np.float32)
     assert checksum(U) != checksum(U[::-1].copy())

@@ -73,3 +73,34 @@ def test_cpu_meter_counts_this_thread_less_tf_plus_the_push_thread():
     trainer.tf_thread_s, link.cpu_s = 0.005, 0.003  # 5 ms of it in TF; 3 ms on the push thread
     assert meter.overhead() == pytest.approx(spent - 0.005 + 0.003, abs=0.003)
     assert meter.overhead() == pytest.approx(0.0, abs=0.003)  # since the last call only
+
+
+def test_a_dropped_exchange_puts_the_per_step_policy_back():
+    """At one step per exchange the block state kept before an exchange (``BlockWork.snapshot``)
+    is the policy's references; held again after a dropped push it is the state before that
+    push, bitwise, so the retrained step starts from it (DESIGN §10: the residual is restored)."""
+    import numpy as np
+
+    from sparkcnn.compression.feedback import make_policy
+    from sparkcnn.protocol import Reply
+    from sparkcnn.worker.streamwork import BlockWork
+    from sparkcnn.worker.task import TaskStart
+    from tests.unit.fake_run import P, make_cfg, make_spec
+
+    spec = make_spec(make_cfg("async", h=1, blocks=2))
+    policy = make_policy(spec.method, spec.momentum_mode, spec.per_step, spec.layout, spec.value_dtype,
+                         spec.dense_below, spec.momentum)
+    task = TaskStart(spec, 0, "", "here", np.zeros((4, 4, 4, 1), np.uint8), np.zeros(4, np.int32), None,
+                     policy, 0.0)
+    start = Reply(lr=0.05, density=0.05, tau=0, retrain=False, send_state=False, refused="",
+                  dense=np.zeros(P, np.float32).tobytes(), dense_version=0)
+    work = BlockWork(task, start, None, 0, lookahead=False)
+    rng = np.random.default_rng(2)
+    for _ in range(3):
+        policy.step(rng.standard_normal(P).astype(np.float32), 0.05, lr=0.05, weights=None)
+    before, kept = work.snapshot(), work.state()
+    policy.step(rng.standard_normal(P).astype(np.float32), 0.05, lr=0.05, weights=None)  # its push dropped
+    work.hold(before)
+    assert sorted(kept) == sorted(work.state()) == ["policy.momentum", "policy.velocity"]
+    assert all(np.array_equal(work.state()[k].view(np.uint32), kept[k].view(np.uint32)) for k in kept)
+
