@@ -18,26 +18,12 @@ import pytest
 from sparkcnn.errors import BadInput
 from sparkcnn.metrics import read_jsonl
 
-ROWS_PER_BLOCK = 600  # tiny_data: 1200 training rows over 2 blocks
-
-
-def _cfg(tiny_cfg, **kw):
-    opts = dict(engine__mode="async", engine__transport="stream", train__steps_per_round=1,
-                compression__method="threshold", compression__density=0.01, compression__density_down=0.05)
-    return tiny_cfg.replace(**{**opts, **kw})
+from tests.procs import pids_running
+from tests.spark.test_stream_shards import ROWS_PER_BLOCK, _cfg
 
 
 def server_pids() -> list[int]:
-    out = []
-    for d in glob.glob("/proc/[0-9]*"):
-        try:
-            with open(os.path.join(d, "cmdline"), "rb") as f:
-                cmd = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"sparkcnn.transport.serverprocess" in cmd:
-            out.append(int(os.path.basename(d)))
-    return out
+    return pids_running("sparkcnn.transport.serverprocess")
 
 
 def segments() -> set[str]:

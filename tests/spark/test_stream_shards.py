@@ -17,6 +17,7 @@ import pytest
 
 from sparkcnn.errors import BadInput
 from sparkcnn.metrics import read_jsonl
+from tests.procs import pids_running
 
 ROWS_PER_BLOCK = 600  # tiny_data: 1200 training rows over 2 blocks
 
@@ -28,16 +29,7 @@ def _cfg(tiny_cfg, **kw):
 
 
 def _shard_pids() -> list[int]:
-    out = []
-    for d in glob.glob("/proc/[0-9]*"):
-        try:
-            with open(os.path.join(d, "cmdline"), "rb") as f:
-                cmd = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"sparkcnn.transport.shardservice" in cmd:
-            out.append(int(os.path.basename(d)))
-    return out
+    return pids_running("sparkcnn.transport.shardservice")
 
 
 def _final_weights(run_dir: str) -> np.ndarray:
