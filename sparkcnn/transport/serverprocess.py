@@ -53,6 +53,7 @@ from sparkcnn.transport.stage import Stage
 from sparkcnn.transport.streamcut import Cut
 
 log = logging.getLogger(__name__)
+SETTLE_S = 5.0  # at a stage's end, how long the streams of its ended tasks may take to be counted
 
 
 class Channel:
@@ -197,6 +198,7 @@ class BlockServer:
                 h.stage.restore(int(msg["stage"]), {})
             h.plan_stage()
             return {"planned": msg["stage"]}
+        self.service.settle(SETTLE_S)  # the stage's streams counted: their tasks sent Done already
         with h.lock:
             return {"ended": msg["end"], "part": part(run, self.service)}
 

@@ -81,6 +81,7 @@ class PSService:
         self.port = int(self._listener.getsockname()[1])
         self._conns: dict[socket.socket, threading.Thread] = {}  # open connections and their threads
         self._closed = False
+        self._serving = 0  # streams whose messages are still being served (counted when they end)
         threading.Thread(target=self._accept, name="sparkcnn-ps-accept", daemon=True).start()
         log.info("parameter server listening on %s:%s", host, self.port)
 
@@ -96,6 +97,19 @@ class PSService:
         """Record the address a task reached the service from."""
         with self._lock:
             self.peer_hosts.add(str(host))
+
+    def settle(self, timeout_s: float) -> bool:
+        """Wait until no stream is being served, so that ``counters`` holds every message of the
+        streams whose tasks ended (a stream is counted when its thread reads its end, which may come
+        after the task that sent it returned); False if one still is after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if self._serving == 0:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)
 
     def _accept(self) -> None:
         while True:
@@ -137,10 +151,13 @@ class PSService:
         the length of one over the cap, an int) until ``EOFError``; ``writer.write`` a reply."""
         c0 = time.thread_time()
         spent = [0, 0.0]  # messages handed to the handler, their thread CPU
+        with self._lock:
+            self._serving += 1
         try:
             self._serve(command, reader, writer, spent)
         finally:
             with self._lock:
+                self._serving -= 1
                 self.counters["messages"] += spent[0]
                 self.counters["handler_cpu_s"] += spent[1]
                 self.counters["stream_cpu_s"] += time.thread_time() - c0
