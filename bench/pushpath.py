@@ -54,8 +54,12 @@ def module_path(events: list[str]) -> dict:
     return {"path": path, "modules": len(seen), "steps": len(path), "returns": returns}
 
 
+DECODE = "<decode>"  # the mark a call of streamwire.decode leaves in a thread's events
+
+
 class Tracer:
-    """Records, per thread, the sparkcnn module executing after every call and return."""
+    """Records, per thread, the sparkcnn module executing after every call and return, and
+    :data:`DECODE` where a message's decoding begins."""
 
     def __init__(self):
         self.events: dict[int, list[str]] = {}
@@ -63,6 +67,8 @@ class Tracer:
     def __call__(self, frame, event, arg):
         if event == "call":
             name = frame.f_globals.get("__name__", "")
+            if name == "sparkcnn.streamwire" and frame.f_code.co_name == "decode":
+                self.events.setdefault(threading.get_ident(), []).append(DECODE)
         elif event == "return" and frame.f_back is not None:
             name = frame.f_back.f_globals.get("__name__", "")
         else:
@@ -72,12 +78,15 @@ class Tracer:
 
 
 def pushes(events: list[str]) -> list[list[str]]:
-    """Split one service thread's events at each message it decodes (a push begins there)."""
+    """Split one service thread's events at each message it decodes (a push begins there, and
+    runs to the next: its reply's encoding and writing included). Split at the call of
+    ``decode`` itself: the reply's ``encode`` is in the same module, and on a socket wire
+    nothing else lies between the two."""
     out: list[list[str]] = []
-    for i, m in enumerate(events):
-        if m == "sparkcnn.streamwire" and (i == 0 or events[i - 1] != m):
+    for m in events:
+        if m == DECODE:
             out.append([])
-        if out:
+        elif out:
             out[-1].append(m)
     return out
 
