@@ -1,13 +1,11 @@
 """data.augment's pure parts: crop_flip, its seeding, and the config key."""
 
-import re
 
 import numpy as np
 import pytest
 
 from sparkcnn import config
 from sparkcnn.data.augment import PAD, batch_augment, batch_rng, crop_flip
-from sparkcnn.errors import BadInput
 
 
 class Draws:
@@ -94,17 +92,6 @@ def test_none_augments_nothing():
 
 def test_defaults_leave_the_input_path_as_it_was():
     assert config.load(None).data.augment == "none"
-
-
-def test_a_bad_value_is_refused_in_one_line_exit_2(capsys):
-    from sparkcnn.cli import main
-
-    message = "data.augment must be one of none, crop_flip, got 'mixup'"
-    with pytest.raises(BadInput, match=re.escape(message)):
-        config.load(None, ["data.augment=mixup"])
-    capsys.readouterr()
-    assert main(["train", "--no-progress", "--set", "data.augment=mixup"]) == 2
-    assert capsys.readouterr().err == f"sparkcnn train: error: {message}\n"
 
 
 def test_the_cifar_config_augments_and_normalises_as_the_recipe_does():

@@ -53,10 +53,23 @@ def test_exponent_numbers_that_yaml_reads_as_strings_are_numbers(tmp_path):
     (["data.num_blocks=0"], r"data\.num_blocks must be in \[1, 4096\]"),
     (["trainepochs"], r"expected section\.key=value"),
     (["ps.downlink_every=-1"], r"ps\.downlink_every must be >= 0, got -1"),
+    (["data.augment=mixup"], r"data\.augment must be one of none, crop_flip, got 'mixup'"),
+    (["data.normalize=imagenet"], r"data\.normalize must be one of none, dataset, got 'imagenet'"),
 ])
 def test_bad_overrides_name_the_field(override, message):
     with pytest.raises(BadInput, match=message):
         config.load(None, override)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.augment=mixup", "data.augment must be one of none, crop_flip, got 'mixup'"),
+    ("data.normalize=imagenet", "data.normalize must be one of none, dataset, got 'imagenet'"),
+])
+def test_a_bad_choice_is_one_line_and_exit_2_from_the_cli(capsys, override, message):
+    from sparkcnn.cli import main
+
+    assert main(["train", "--no-progress", "--set", override]) == 2
+    assert capsys.readouterr().err == f"sparkcnn train: error: {message}\n"
 
 
 def test_bad_yaml_and_missing_file(tmp_path):

@@ -2,7 +2,6 @@
 the config key."""
 
 import json
-import re
 
 import numpy as np
 import pytest
@@ -45,14 +44,3 @@ def test_a_prepared_split_reads_its_mean_and_std(tmp_path):
 
 def test_the_default_leaves_the_model_as_it_was():
     assert config.load(None).data.normalize == "none"
-
-
-def test_a_bad_value_is_refused_in_one_line_exit_2(capsys):
-    from sparkcnn.cli import main
-
-    message = "data.normalize must be one of none, dataset, got 'imagenet'"
-    with pytest.raises(BadInput, match=re.escape(message)):
-        config.load(None, ["data.normalize=imagenet"])
-    capsys.readouterr()
-    assert main(["train", "--no-progress", "--set", "data.normalize=imagenet"]) == 2
-    assert capsys.readouterr().err == f"sparkcnn train: error: {message}\n"
