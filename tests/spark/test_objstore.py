@@ -205,7 +205,9 @@ def test_an_evaluation_on_s3_is_replaced_whole(s3_env):
         runfs.write_text(f"{tmp}/{path}", text)
     assert runfs.files(tmp) == sorted(new)
     runfs.replace_dir(tmp, out, last="metrics.json")
-    assert s3_env.keys("evalrep/") == sorted(f"evalrep/evaluation/{p}" for p in new)
+    objects = [k for k in s3_env.keys("evalrep/") if not k.endswith("/")]  # pyarrow's folder markers aside
+    assert objects == sorted(f"evalrep/evaluation/{p}" for p in new)
+    assert not s3_env.keys("evalrep/evaluation.tmp-1")
     assert {p: runfs.read_text(f"{out}/{p}") for p in new} == new
 
 
