@@ -37,10 +37,11 @@ XCom: ``train`` returns the run's ``summary.json``, ``evaluate`` the ``metrics.j
 (accuracy, confusion matrix) it writes to ``<run>/evaluation/`` beside predictions.
 
 ``runs_root`` may be an object-store URI (``s3://bucket/runs``): the train driver
-writes the run there and a retry on another machine resumes it; this worker reads
-the exit file and the summary from there through ``sparkcnn.runfs`` (so it needs
-sparkcnn installed, and the store's credentials in its environment, e.g. the AWS
-variables). ``evaluate`` writes its report to a local directory only.
+writes the run there and a retry on another machine resumes it; the evaluate driver
+writes ``<run>/evaluation/`` there too (predictions encoded on the executors, written
+by the driver); this worker reads the exit files, the summary and metrics.json from
+there through ``sparkcnn.runfs`` (so it needs sparkcnn installed, and the store's
+credentials in its environment, e.g. the AWS variables, as the drivers do).
 """
 
 from __future__ import annotations

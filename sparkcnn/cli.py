@@ -68,7 +68,8 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--batch-size", type=int, default=256, help="images per model call on an executor")
     ev.add_argument("--label-col", default="label", help="label column (default: label)")
     ev.add_argument("--out",
-                    help="directory for predictions/ (Parquet), confusion_matrix.png and metrics.json")
+                    help="directory for predictions/ (Parquet), confusion_matrix.png and metrics.json "
+                         "(a path or a URI such as s3://bucket/runs/<id>/evaluation; replaced when complete)")
     pd.add_argument("--out", required=True, help="Parquet output directory (replaced when complete)")
 
     rp = sub.add_parser("report", help="plots (PNG) and a markdown report from a run directory")
@@ -141,8 +142,13 @@ def cmd_evaluate(a) -> int:
     data, shape, num_classes, classes, ids = _scoring_setup(a)
     if classes is not None and len(classes) != num_classes:
         raise BadInput(f"{a.data}: {len(classes)} classes, the model outputs {num_classes}")
-    if a.out and "://" in a.out:
-        raise BadInput(f"--out {a.out}: evaluate writes its report to a local directory")
+    if a.out:
+        from sparkcnn import runfs
+        from sparkcnn.data.source import is_uri
+
+        if is_uri(a.out) and not runfs.is_uri(a.out):  # file:/x, hdfs:/x: Spark's, not the run directory's
+            raise BadInput(f"--out {a.out}: a local path or a URI such as s3://bucket/runs/<id>/evaluation")
+        runfs.check(a.out, "--out")  # credentials and bucket, before Spark starts
     result = scoring.evaluate(_scoring_spark(), data, a.data, shape, num_classes, table=a.table,
                               image_col=a.image_col, label_col=a.label_col, id_cols=ids, classes=classes,
                               out=a.out, batch_size=a.batch_size)

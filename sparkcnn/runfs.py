@@ -33,8 +33,8 @@ import threading
 
 from sparkcnn.errors import BadInput
 
-__all__ = ["check", "exists", "is_uri", "isdir", "isfile", "join", "listdir", "makedirs", "name",
-           "read_bytes", "read_text", "remove", "rmtree", "shown", "write_bytes", "write_text"]
+__all__ = ["check", "exists", "files", "is_uri", "isdir", "isfile", "join", "listdir", "makedirs", "name",
+           "read_bytes", "read_text", "remove", "replace_dir", "rmtree", "shown", "write_bytes", "write_text"]
 
 # filesystems whose single upload is atomic per object: written in place, no temp object to leave
 _ATOMIC_PUT = ("s3", "gcs")
@@ -207,6 +207,18 @@ def listdir(path: str) -> list[str]:
     return sorted({posixpath.basename(i.path.rstrip("/")) for i in infos})
 
 
+def files(path: str) -> list[str]:
+    """Every file under ``path``, at any depth, as '/'-separated paths relative to it; [] when missing."""
+    if not is_uri(path):
+        return sorted(os.path.relpath(os.path.join(d, f), path).replace(os.sep, "/")
+                      for d, _, names in os.walk(path) for f in names)
+    import pyarrow.fs as pafs
+
+    with _opened(path) as (fs, inner):
+        infos = fs.get_file_info(pafs.FileSelector(inner, recursive=True, allow_not_found=True))
+    return sorted(posixpath.relpath(i.path, inner) for i in infos if i.type == pafs.FileType.File)
+
+
 def read_bytes(path: str) -> bytes:
     """The whole file; FileNotFoundError when it is missing, as for a local file."""
     if not is_uri(path):
@@ -291,3 +303,39 @@ def rmtree(path: str) -> None:
             fs.delete_dir(inner)
         except FileNotFoundError:
             pass
+
+
+def replace_dir(src: str, dst: str, *, last: str | None = None) -> None:
+    """Put the directory ``src`` in the place of ``dst`` (replacing what ``dst`` held); ``src`` is gone after.
+
+    A local path: two renames (``dst`` aside, ``src`` in), so ``dst`` is the old directory or
+    the new one. An object store has no rename of a prefix: ``dst``'s ``last`` file goes first,
+    then the rest of ``dst``, then each file of ``src`` is moved over (S3: a copy on the server
+    and a delete), ``last`` after all others. A reader that finds ``last`` therefore finds the
+    whole new set; one that stops midway finds no ``last``, and what was not moved yet is still
+    under ``src``.
+    """
+    if not is_uri(dst):
+        old = None
+        if os.path.exists(dst):
+            old = f"{dst.rstrip(os.sep)}.old-{secrets.token_hex(4)}"
+            os.rename(dst, old)
+        os.rename(src, dst)
+        if old:
+            import shutil
+
+            shutil.rmtree(old) if os.path.isdir(old) else os.remove(old)
+        return
+    import pyarrow.fs as pafs
+
+    names = sorted(files(src), key=lambda n: n == last)  # stable: ``last`` moves after all others
+    if last:
+        remove(join(dst, last))
+    rmtree(dst)
+    for n in names:
+        with _opened(join(src, n)) as (fs, inner_src), _opened(join(dst, n)) as (_, inner_dst):
+            parent = posixpath.dirname(inner_dst)
+            if fs.type_name not in _ATOMIC_PUT and fs.get_file_info(parent).type == pafs.FileType.NotFound:
+                fs.create_dir(parent, recursive=True)  # ftp:// and friends move into a directory only
+            fs.move(inner_src, inner_dst)
+    rmtree(src)

@@ -8,6 +8,13 @@ shape, the output directory) is checked first; then one aggregate query checks
 the columns, image sizes, labels and row count before the model runs.
 Outputs are written to a temporary sibling and renamed into place only when
 complete, so a failure leaves earlier outputs as they were.
+
+``predict --out`` is a dataset that Spark writes (any filesystem of Spark's, such as
+``s3a://`` with its connector). ``evaluate --out`` is a report, in a run directory in the
+Airflow DAG: it goes where :mod:`sparkcnn.runfs` writes, a local path or a URI such as
+``s3://bucket/runs/<id>/evaluation``, with the run directory's credentials (the AWS
+variables) and no Hadoop connector. There the executors encode each partition of the
+predictions as one Parquet file and the driver writes the files (see :func:`store_parts`).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import uuid
 
 import numpy as np
 
+from sparkcnn import runfs
 from sparkcnn.data.source import column_stats, first_line, has_images, is_uri, read_images, table_exists
 from sparkcnn.errors import BadInput
 
@@ -137,13 +145,7 @@ def write_parquet(df, out: str) -> None:
 
 def _replace(spark, tmp: str, out: str) -> None:
     if not is_uri(out):
-        old = None
-        if os.path.exists(out):
-            old = out.rstrip("/") + f".old-{uuid.uuid4().hex[:8]}"
-            os.rename(out, old)
-        os.rename(tmp, out)
-        if old:
-            shutil.rmtree(old) if os.path.isdir(old) else os.remove(old)
+        runfs.replace_dir(tmp, out)
         return
     fs, jpath = _hadoop(spark, out)
     if fs.exists(jpath):
@@ -165,6 +167,61 @@ def _hadoop(spark, path: str):
     p = sc._jvm.org.apache.hadoop.fs.Path(path)
     return p.getFileSystem(sc._jsc.hadoopConfiguration()), p
 
+
+
+def _encode_part(batches):
+    """Executor side: one partition's Arrow batches as the bytes of one Parquet file (none when empty)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink, writer = pa.BufferOutputStream(), None
+    for batch in batches:
+        if writer is None:
+            writer = pq.ParquetWriter(sink, batch.schema)
+        writer.write_batch(batch)
+    if writer is not None:
+        writer.close()
+        yield pa.RecordBatch.from_pydict({"data": [sink.getvalue().to_pybytes()]})
+
+
+def store_parts(rows, dest: str, num_classes: int) -> tuple[np.ndarray, float]:
+    """Write ``rows`` under ``dest`` (a :mod:`sparkcnn.runfs` URI) as ``part-NNNNN.parquet``; returns the
+    confusion matrix and summed loss of what was written (columns ``label``, ``prediction``, ``loss``).
+
+    The executors encode the files, in parallel, into a cache on the executors (the model runs
+    once); the driver then fetches them one partition at a time and writes each with one upload,
+    so it never holds more than a partition's predictions and the executors need no credentials.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark import StorageLevel
+
+    parts = rows.mapInArrow(_encode_part, "data binary").persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        parts.count()  # one job: every partition encoded at once
+        matrix, loss = np.zeros((num_classes, num_classes), np.int64), 0.0
+        for i, row in enumerate(parts.toLocalIterator()):
+            data = bytes(row["data"])
+            runfs.write_bytes(runfs.join(dest, f"part-{i:05d}.parquet"), data)
+            t = pq.read_table(pa.BufferReader(data), columns=["label", "prediction", "loss"])
+            np.add.at(matrix, (t["label"].to_numpy(), t["prediction"].to_numpy()), 1)
+            loss += float(np.sum(t["loss"].to_numpy()))
+        return matrix, loss
+    finally:
+        parts.unpersist()
+
+
+def _tally(rows, num_classes: int) -> tuple[np.ndarray, float]:
+    """Confusion matrix and summed loss of ``rows``, aggregated by Spark."""
+    from pyspark.sql import functions as F
+
+    cells = (rows.groupBy("label", "prediction")
+             .agg(F.count(F.lit(1)).alias("n"), F.sum("loss").alias("loss")).collect())
+    matrix, loss = np.zeros((num_classes, num_classes), np.int64), 0.0
+    for r in cells:
+        matrix[r["label"], r["prediction"]] += r["n"]
+        loss += r["loss"]
+    return matrix, loss
 
 
 def from_task(e: Exception) -> Exception:
@@ -213,50 +270,40 @@ def evaluate(spark, model, data, shape, num_classes: int, *, table=None, image_c
     rows = s.select(*[F.col(c) for c in id_cols if c != label_col], label.alias("label"),
                     F.col("_p.prediction").cast("int").alias("prediction"),
                     F.col("_p.probability").alias("probability"), (lse - F.get(raw, label)).alias("loss"))
-    tmp = None
+    tmp = out.rstrip("/") + f".tmp-{uuid.uuid4().hex[:8]}" if out else None
     try:
         if out:
             check_out(out)
-            tmp = out.rstrip("/") + f".tmp-{uuid.uuid4().hex[:8]}"
-            write_parquet(rows, tmp + "/predictions")
-            rows = spark.read.parquet(tmp + "/predictions")  # the model ran once; aggregate what it wrote
-        counts = (rows.groupBy("label", "prediction")
-                  .agg(F.count(F.lit(1)).alias("n"), F.sum("loss").alias("loss")))
-        cells = counts.collect()
+        if out and runfs.is_uri(out):
+            matrix, loss = store_parts(rows, runfs.join(tmp, "predictions"), num_classes)
+        else:
+            if out:
+                write_parquet(rows, tmp + "/predictions")
+                rows = spark.read.parquet(tmp + "/predictions")  # the model ran once; aggregate what it wrote
+            matrix, loss = _tally(rows, num_classes)
     except Exception as e:  # noqa: BLE001
         if tmp:
-            _remove(spark, tmp)
+            runfs.rmtree(tmp)
         raise from_task(e) from None
-    matrix = np.zeros((num_classes, num_classes), np.int64)
-    loss = 0.0
-    for r in cells:
-        matrix[r["label"], r["prediction"]] += r["n"]
-        loss += r["loss"]
     names = list(classes) if classes else [str(i) for i in range(num_classes)]
     result = {"samples": n, "test_accuracy": float(np.trace(matrix) / n), "test_loss": float(loss / n),
               "classes": names, "confusion_matrix": matrix.tolist()}
     if out:
         try:
             result["out"] = out
-            _write_report(tmp, result, names, matrix)
-            _replace(spark, tmp, out)
+            runfs.write_bytes(runfs.join(tmp, "confusion_matrix.png"), confusion_png(matrix, names))
+            runfs.write_text(runfs.join(tmp, "metrics.json"), json.dumps(result, indent=2) + "\n")
+            runfs.replace_dir(tmp, out, last="metrics.json")  # metrics.json last: its presence means complete
         except BaseException:
-            _remove(spark, tmp)
+            runfs.rmtree(tmp)
             raise
     return result
 
 
-def _write_report(tmp: str, result: dict, names, matrix: np.ndarray) -> None:
-    from sparkcnn.metrics import atomic_write_text
+def confusion_png(matrix: np.ndarray, names) -> bytes:
+    """Row-normalised confusion matrix (true class down, predicted across) with counts, as PNG bytes."""
+    import io
 
-    if is_uri(tmp):
-        raise BadInput(f"--out {tmp}: evaluate writes its report to a local directory")
-    atomic_write_text(os.path.join(tmp, "metrics.json"), json.dumps(result, indent=2) + "\n")
-    confusion_png(matrix, names, os.path.join(tmp, "confusion_matrix.png"))
-
-
-def confusion_png(matrix: np.ndarray, names, path: str) -> None:
-    """Row-normalised confusion matrix (true class down, predicted across) with counts, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -281,4 +328,6 @@ def confusion_png(matrix: np.ndarray, names, path: str) -> None:
                             color="white" if frac[i, j] > 0.5 else "black")
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     fig.tight_layout()
-    fig.savefig(path)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()

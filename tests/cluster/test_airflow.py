@@ -2,10 +2,12 @@
 
 One DAG run through Airflow's own ``dag.test()``: prepare -> train -> evaluate, each
 task's spark-submit argv built and run by the Spark provider's hook, against the
-shared standalone cluster (local[2] where the suite has none). Its first train try
-is SIGKILLed after a checkpoint (``chaos.kill_driver_round``); Airflow retries it and
-the retry resumes the same run directory. A second run with a bad config fails
-train at once, without a retry.
+shared standalone cluster (local[2] where the suite has none), its runs root on S3
+(moto's server on loopback, authentication on, tests/s3server.py). Its first train
+try is SIGKILLed after a checkpoint (``chaos.kill_driver_round``); Airflow retries it
+and the retry resumes the same run directory from its checkpoint on S3; evaluate
+writes its report there and returns metrics.json as its XCom. A second run, with a
+local runs root and a bad config, fails train at once, without a retry.
 """
 
 import json
@@ -14,15 +16,21 @@ import re
 import subprocess
 import sys
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+
+from tests.s3server import BUCKET, s3_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUNNER = os.path.join(ROOT, "tests", "airflow_run.py")
 KILL_AFTER = 1  # round index; checkpoints every 2 rounds, so round 1 ends with one
+RUNS_PREFIX = "airflow"  # the killed-then-retried run's runs root: s3://runs/airflow
 
 
 def _runner(env, *args, log=None, timeout=900) -> dict:
-    p = subprocess.run([sys.executable, RUNNER, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run([sys.executable, RUNNER, *args], env=env, capture_output=True, text=True,
+                       timeout=timeout)
     out = p.stdout + p.stderr
     if log:
         with open(log, "w") as fh:
@@ -85,16 +93,25 @@ def raw_data(airflow_root):
 
 
 @pytest.fixture(scope="module")
-def killed_then_retried(airflow_root, cluster_master, raw_data):
-    """One DAG run whose first train try is SIGKILLed after round KILL_AFTER's checkpoint."""
+def s3(tmp_path_factory):
+    with s3_server(str(tmp_path_factory.mktemp("s3"))) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def killed_then_retried(airflow_root, cluster_master, raw_data, s3):
+    """One DAG run with its runs root on S3, whose first train try is SIGKILLed after round
+    KILL_AFTER's checkpoint: (result, run directory URI, its key prefix, the runner's log).
+    Airflow, spark-submit and the drivers reach the store through the AWS variables only."""
     data = str(airflow_root / "data")
     overrides = ["train.epochs=1", "train.batch_size=32", "train.steps_per_round=3",  # 3 rounds
                  "checkpoint.every_rounds=2", f"chaos.kill_driver_round={KILL_AFTER}"]
+    conf = {"raw": raw_data, "data": data, "runs_root": f"s3://{BUCKET}/{RUNS_PREFIX}",
+            "overrides": overrides}
     log = airflow_root / "killed_then_retried.log"
-    result = _runner(_env(airflow_root, cluster_master), "run", json.dumps({"raw": raw_data, "data": data, "overrides": overrides}),
-                     log=log)
-    run_dir = os.path.join(airflow_root, "runs", "sparkcnn", _path_safe(result["run_id"]))
-    return result, run_dir, log.read_text()
+    result = _runner(s3.env(_env(airflow_root, cluster_master)), "run", json.dumps(conf), log=log)
+    prefix = f"{RUNS_PREFIX}/sparkcnn/{_path_safe(result['run_id'])}"
+    return result, f"s3://{BUCKET}/{prefix}", prefix, log.read_text()
 
 
 def test_dagbag_loads_the_dag(airflow_root):
@@ -109,8 +126,8 @@ def test_dagbag_loads_the_dag(airflow_root):
 
 @pytest.mark.slow
 @pytest.mark.cluster
-def test_killed_train_is_retried_and_resumes_the_same_run(killed_then_retried, cluster_master):
-    result, run_dir, log = killed_then_retried
+def test_killed_train_is_retried_and_resumes_the_same_run_on_s3(killed_then_retried, cluster_master, s3):
+    result, run_dir, prefix, log = killed_then_retried
     assert result["state"] == "success", result
     tasks = result["tasks"]
     assert tasks["prepare"] == {"state": "success", "try_number": 1}
@@ -119,23 +136,38 @@ def test_killed_train_is_retried_and_resumes_the_same_run(killed_then_retried, c
     # both tries ran the hook's spark-submit argv with the same --run-dir, derived from the DAG run
     submits = [line for line in log.splitlines() if "Spark-Submit cmd" in line and " train " in line]
     assert len(submits) == 2 and all(f"--run-dir {run_dir} " in s for s in submits), submits
-    assert sorted(os.listdir(os.path.dirname(run_dir))) == sorted([os.path.basename(run_dir),
-                                                                   os.path.basename(run_dir) + ".exit"])
-    # the retry resumed: rounds up to the checkpoint kept from the first try, the rest run by new workers
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        rounds = [r for r in map(json.loads, fh) if r["kind"] == "round"]
+    keys = s3.keys(f"{RUNS_PREFIX}/")
+    name = run_dir.rsplit("/", 1)[1]
+    assert {k.split("/")[2] for k in keys} == {name, name + ".exit"}  # the run and its exit codes only
+    assert not [k for k in keys if ".tmp-" in k or ".old-" in k]  # no temporary left behind
+    for task in ("train", "evaluate"):  # the exit codes the operator read, on S3 too
+        assert json.loads(s3.read(f"{prefix}.exit/{task}.json")) == {"command": task, "exit_code": 0}
+    # the retry resumed from the first try's checkpoint on S3: rounds up to it kept, the rest run anew
+    assert s3.read(f"{prefix}/checkpoints/LATEST").strip().startswith(b"r")
+    assert any(k.startswith(f"{prefix}/checkpoints/r") and k.endswith("/manifest.json") for k in keys)
+    rounds = [r for r in map(json.loads, s3.read(f"{prefix}/metrics.jsonl").decode().splitlines())
+              if r["kind"] == "round"]
     assert [r["round"] for r in rounds] == [0, 1, 2]
     first_try = {p for r in rounds[:KILL_AFTER + 1] for p in r["task_pids"].values()}
     second_try = {p for r in rounds[KILL_AFTER + 1:] for p in r["task_pids"].values()}
     assert first_try and second_try and not first_try & second_try
-    # summary.json and the evaluation reach XCom
+    # summary.json reaches XCom
     summary = result["xcom"]["train.return_value"]
-    with open(os.path.join(run_dir, "summary.json")) as fh:
-        assert summary == json.load(fh)
+    assert summary == json.loads(s3.read(f"{prefix}/summary.json"))
     assert summary["run_dir"] == run_dir and summary["rounds"] == 3
     assert summary["master"] == cluster_master
+    # evaluate wrote its report beside the run on S3, and metrics.json is its XCom
     metrics = result["xcom"]["evaluate.return_value"]
-    assert metrics["samples"] == 200 and 0 <= metrics["test_accuracy"] <= 1
+    assert metrics == json.loads(s3.read(f"{prefix}/evaluation/metrics.json"))
+    assert metrics["out"] == f"{run_dir}/evaluation" and metrics["samples"] == 200
+    assert sum(map(sum, metrics["confusion_matrix"])) == 200
+    # the model evaluate scored is the one train finished with: the same accuracy on the same split
+    assert abs(metrics["test_accuracy"] - summary["test_accuracy"]) <= 0.02, (metrics, summary)
+    assert metrics["test_accuracy"] > 0.2  # 10 classes: well above chance after 9 steps
+    assert s3.read(f"{prefix}/evaluation/confusion_matrix.png")[:8] == b"\x89PNG\r\n\x1a\n"
+    parts = [k for k in keys if k.startswith(f"{prefix}/evaluation/predictions/") and k.endswith(".parquet")]
+    preds = pa.concat_tables(pq.read_table(pa.BufferReader(s3.read(k))) for k in parts)
+    assert preds.num_rows == 200 and {"label", "prediction", "probability", "loss"} <= set(preds.column_names)
 
 
 def test_bad_config_fails_train_without_retry(airflow_root, raw_data):

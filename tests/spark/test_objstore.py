@@ -189,3 +189,35 @@ def test_metrics_on_s3_are_rewritten_whole_at_each_flush(s3_env):
     again.write({"round": 2})
     again.close()
     assert [r["round"] for r in read_jsonl(path)] == [0, 1, 2]
+
+
+def test_an_evaluation_on_s3_is_replaced_whole(s3_env):
+    """evaluate's --out on S3 (the run's evaluation/ in the Airflow DAG): the new set in place of
+    the old one, a prediction file the new set lacks gone with it, no temporary objects left."""
+    from sparkcnn import runfs
+
+    out, tmp = f"s3://{BUCKET}/evalrep/evaluation", f"s3://{BUCKET}/evalrep/evaluation.tmp-1"
+    for path, text in [("metrics.json", "old"), ("predictions/part-00000.parquet", "old0"),
+                       ("predictions/part-00001.parquet", "old1")]:
+        runfs.write_text(f"{out}/{path}", text)
+    new = {"confusion_matrix.png": "png", "metrics.json": "new", "predictions/part-00000.parquet": "new0"}
+    for path, text in new.items():
+        runfs.write_text(f"{tmp}/{path}", text)
+    assert runfs.files(tmp) == sorted(new)
+    runfs.replace_dir(tmp, out, last="metrics.json")
+    objects = [k for k in s3_env.keys("evalrep/") if not k.endswith("/")]  # pyarrow's folder markers aside
+    assert objects == sorted(f"evalrep/evaluation/{p}" for p in new)
+    assert not s3_env.keys("evalrep/evaluation.tmp-1")
+    assert {p: runfs.read_text(f"{out}/{p}") for p in new} == new
+
+
+def test_evaluate_into_a_missing_bucket_exits_2_before_spark(s3_env, resumed, tiny_data, capsys):
+    from sparkcnn.cli import main
+
+    out = "s3://no-such-bucket/x/evaluation"
+    code = main(["evaluate", "--model", resumed[0]["run_dir"], "--data", os.path.join(tiny_data, "test"),
+                 "--out", out])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err == [f"sparkcnn evaluate: error: --out {out}: bucket 'no-such-bucket' does not exist"]
+    assert "no-such-bucket" not in [b["Name"] for b in s3_env.client().list_buckets()["Buckets"]]

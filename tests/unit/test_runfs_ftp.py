@@ -55,3 +55,25 @@ def test_a_wrong_password_or_an_unreachable_server_is_one_line_naming_the_uri(ft
     closed = url.replace(f":{port}", f":{port + 1 if port < 65535 else port - 1}") + "/runs"
     with pytest.raises(BadInput, match="cannot access it"):
         runfs.check(closed)
+
+
+@pytest.mark.parametrize("store", ["local", "ftp"])
+def test_replace_dir_puts_the_new_set_in_place_of_the_old(store, tmp_path, request):
+    """What evaluate's --out does: the whole new set replaces the old one, files the new set
+    lacks go with the old, and the temporary directory is gone after."""
+    base = str(tmp_path / "base") if store == "local" else request.getfixturevalue("ftp")[0] + "/base"
+    out, tmp = runfs.join(base, "evaluation"), runfs.join(base, "evaluation.tmp-1")
+    runfs.makedirs(base)
+    for path, text in [("metrics.json", "old"), ("predictions/part-00000.parquet", "old0"),
+                       ("predictions/part-00001.parquet", "old1")]:
+        runfs.makedirs(os.path.dirname(runfs.join(out, path)))
+        runfs.write_text(runfs.join(out, path), text)
+    new = {"confusion_matrix.png": "png", "metrics.json": "new", "predictions/part-00000.parquet": "new0"}
+    for path, text in new.items():
+        runfs.makedirs(os.path.dirname(runfs.join(tmp, path)))
+        runfs.write_text(runfs.join(tmp, path), text)
+    assert runfs.files(tmp) == sorted(new)
+    runfs.replace_dir(tmp, out, last="metrics.json")
+    assert {p: runfs.read_text(runfs.join(out, p)) for p in runfs.files(out)} == new
+    assert not runfs.exists(tmp) and runfs.files(tmp) == []
+    assert runfs.listdir(base) == ["evaluation"]
