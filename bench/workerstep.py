@@ -32,8 +32,10 @@ measure (one epoch of its short slice; ``spark``): the in-run figure
 With ``--base REV`` the same figures are measured of REV's ``sparkcnn`` (a temporary ``git
 worktree``) beside this working tree's, side by side in one run: each repetition, in process and
 on Spark, is a child process of its own, base and head in turn (which goes first alternates, so
-that a drift of the machine falls on both). The top-level figures are the head's; ``base`` holds
-the same keys of REV. This file's loop is run against both checkouts' modules.
+that a drift of the machine falls on both), after one short untimed repetition of each (numba
+compiles the kernels of a new checkout into its cache there, not in a Spark run's executors). The
+top-level figures are the head's; ``base`` holds the same keys of REV. This file's loop is run
+against both checkouts' modules.
 
     python bench/workerstep.py [--reps 5] [--steps 300] [--spark-reps 5] [--base REV] [--out F]
 """
@@ -59,6 +61,7 @@ SPARSE = ["compression.method=threshold", "compression.density=0.001", "compress
 SETTINGS = ["engine.transport=stream", "engine.mode=async", "train.steps_per_round=1", "train.epochs=1",
             f"data.num_blocks={BLOCKS}", f"train.batch_size={BATCH}", *SPARSE]
 SKIP = 5  # steps left out at each end of a block's stage
+WARM_STEPS = 60  # steps per block of the untimed repetition of each checkout (--base)
 PARTS = ("batches", "lookahead", "gradient", "clip", "policy", "encode", "push", "downlink", "snapshot",
          "push_thread", "other")
 
@@ -278,6 +281,8 @@ def side_by_side(a, data: str) -> tuple[dict, dict]:
         subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", dirs["base"], commit], check=True,
                        capture_output=True)
         try:
+            for name in ("base", "head"):  # untimed: compiles the kernels into a new checkout's cache
+                child(dirs[name], "rep", data, WARM_STEPS)
             for slot, what, n in ((0, "rep", a.reps), (1, "spark", a.spark_reps)):
                 for i in range(n):
                     for name in (("base", "head") if i % 2 == 0 else ("head", "base")):
