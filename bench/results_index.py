@@ -106,6 +106,10 @@ KEPT: dict[str, tuple[str, str]] = {
         ("`bench/workerstep.py`: a stream task's CPU per step outside TensorFlow at one step per "
          "exchange, part by part, before the worker-step changes (at the bench's commit) and after"),
         OPEN_ISSUE),
+    "2026-12-07-workerstep-2": (
+        ("`bench/workerstep.py --base main`: the same figures with the out-of-place policies' buffers "
+         "in one block (head) beside main (base), in one run, each repetition a child process"),
+        OPEN_ISSUE),
     "archive": (
         ("results from before the dated folders (bench/run_all.py moves older results here): "
          "`accuracy-stream.json`, the seed comparison; `throughput`, `jobcost`, `scale`, `balance`, "
