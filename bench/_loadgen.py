@@ -7,7 +7,8 @@ flight, and reports each push's send time and reply latency, as one JSON line on
 
 The job a process reads on stdin names the server's ``ticket``: its address and token, with
 ``ps.shards`` the shards' addresses (each delta is then sent as one piece per shard, split
-beforehand).
+beforehand), and with ``ps.servers`` each block's own server (``servers``: block -> address,
+what the stream's ticket of that block's task would carry).
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ def _worker(ticket: dict, block: int, n: int, deltas: list[dict], interval: floa
     def stream(host, port, hello):
         return streamsocket.connect(host, port, ticket["token"], json.dumps(hello).encode(), 60)
 
-    conn = stream(ticket["host"], ticket["port"], {"block": block})
+    host, port = ticket.get("servers", {}).get(str(block), (ticket["host"], ticket["port"]))
+    conn = stream(host, port, {"block": block})  # ps.servers: the block's own server
     got = {"down": 0, "up": 0}
 
     def read(c=None, kind=Reply):
