@@ -3,8 +3,9 @@
 Prints one JSON object. The server is the real one: ``StreamEngine`` (async, one step per
 exchange, GS-ASGD + MS: uplink ``--density``, downlink 0.01, no warm-up) behind its
 service, in this process, with nothing else running in it. The workers are synthetic: one
-load generator (beside the server on the same cores: one process per 16 workers, whose threads
-would otherwise queue behind each other for one interpreter lock) opens one authenticated stream per block and replays, block by block, deltas that a real run of the
+load generator (``bench/_loadgen.py``, beside the server on the same cores: one process per 16
+workers, whose threads would otherwise queue behind each other for one interpreter lock) opens
+one authenticated stream per block and replays, block by block, deltas that a real run of the
 same model and settings encoded (recorded first, in this process, through the exchange core).
 Each worker keeps one push in flight, follows its replica's version through the replies'
 downlinks (so the server sends what it sends real workers), echoes the offered lr and
@@ -12,23 +13,31 @@ density, and trains a dropped push "again" by sending the next recorded delta fo
 steps. With ``--rate R`` the workers together offer R pushes/s (each at R/N, a push no
 earlier than its slot); ``--rate 0`` sends as fast as replies come.
 
-For each N (``--workers``) and K (``--shards``: ``ps.shards``; with K > 1 each worker sends
-its recorded delta as one piece per shard, split beforehand, and merges nothing: it follows
-the version the replies name), over the middle of the run (the first and last 10 % of
+The server's layout: K key-range shards (``--shards``: ``ps.shards``; with K > 1 each worker
+sends its recorded delta as one piece per shard, split beforehand, and merges nothing: it
+follows the version the replies name), or K server processes (``--servers``: ``ps.servers``;
+each worker streams to its block's server, block b to server b mod K, as its task would).
+For each N (``--workers``) and layout, over the middle of the run (the first and last 10 % of
 pushes left out, in the order their workers read the replies): ``pushes_per_s`` sustained,
 ``reply_ms`` p50/p99 (push sent to reply read, at the worker), ``server_cpu_ms_per_push`` (the
-CPU of this process, the engine's handler and the connections' threads, plus that of the shard
-processes, each sampled every 10 ms and read at the window's ends, over the window / pushes
-in it; apart:
-``coordinator_cpu_ms_per_push`` and ``shard_cpu_ms_per_push``, one per shard; the load
-generator's CPU is its own, ``client_cpu_ms_per_push``),
+CPU of this process, the driver: the engine's handler and the connections' threads, plus that
+of the shard or server processes, each sampled every 10 ms and read at the window's ends, over
+the window / pushes in it; apart: ``driver_cpu_ms_per_push`` (this process; also as
+``coordinator_cpu_ms_per_push``), ``shard_cpu_ms_per_push`` or
+``server_process_cpu_ms_per_push``, one per process; the load generator's CPU is its own,
+``client_cpu_ms_per_push``), ``capacity_pushes_per_s`` (1000 over the busiest process's ms
+per push: the pushes/s the layout would sustain with a core per process, which this 2-core
+machine, one core of it the load generator's, cannot show as pushes/s),
 ``bytes_per_push`` each way (the whole messages, downlinks and start replies included),
 ``dropped`` (too stale: trained again) and ``refused`` (should be 0). Each case runs ``--reps``
-times (default 5); its figures are the medians of the repetitions' (``each`` keeps theirs), and
-the target is judged on those medians.
+times (default 5), the layouts of one N taking turns rep by rep, so that a slow spell of the
+machine falls on all of them; its figures are the medians of the repetitions' (``each`` keeps
+theirs), and the targets are judged on those medians: the load target on K = 1 at the most
+workers, and with ``--servers`` 1 and 2 the servers' target, K = 2's summed CPU per push
+within 10 % of K = 1's at every N.
 
-    python bench/psload.py [--workers 2 4 8 16 32 64] [--rate 1050] [--pushes 4000] [--reps 5] [--quick]
-                           [--out F]
+    python bench/psload.py [--workers 2 4 8 16 32 64] [--shards 1 2 4] [--servers 1 2] [--rate 1050]
+                           [--pushes 4000] [--reps 5] [--quick] [--out F]
 """
 
 from __future__ import annotations
@@ -36,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -46,186 +54,35 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._common import ROOT, emit, ensure_data, exit_status, log, median, slice_data  # noqa: E402
+from bench._loadgen import BATCH, client_main, record_deltas, write_deltas  # noqa: E402
 
-BATCH = 2  # samples per push: only the server's bookkeeping reads it; small so a block holds many steps
 SETTINGS = ["engine.transport=stream", "engine.mode=async", "train.steps_per_round=1",
             "compression.method=threshold", "compression.density_down=0.01", "compression.warmup_epochs=0",
             "compression.momentum=correction"]
 TARGET_PUSHES_PER_S, TARGET_P99_MS = 1000.0, 50.0
 PER_PROCESS = 16  # workers per load-generator process: 64 threads under one GIL queue behind each other
 OFFERED = 1050.0  # pushes/s offered by default: a little over the target, so that meeting it shows
-
-
-# -- recorded deltas -------------------------------------------------------------------------------
-def record_deltas(data: str, density: float, count: int, out_dir: str) -> list[dict]:
-    """``count`` pushes of a real in-process run (jobs transport, async, one step per exchange, the
-    same model and compression): payload bytes, nnz, loss and correct counts of the results its
-    jobs returned, which the run accepted as they came (the backend the run is handed keeps them)."""
-    from sparkcnn import config
-    from sparkcnn.backends.inprocess import LocalBackend
-    from sparkcnn.protocol import ExchangeResult
-    from sparkcnn.train import train
-
-    cfg = config.load(None, [f"data.path={data}", f"run.out_dir={out_dir}", "run.name=psload-record",
-                             "engine.master=inprocess", "engine.mode=async", "train.epochs=1",
-                             "train.steps_per_round=1", "data.num_blocks=2", "compression.method=threshold",
-                             f"compression.density={density}", "compression.density_down=0.01",
-                             "compression.warmup_epochs=0", "scheduler.target_job_seconds=0.001"])
-    got: list[dict] = []
-
-    class Recording(LocalBackend):
-        """The in-process backend, keeping the first ``count`` training results its jobs return."""
-
-        def map_blocks(self, fn, blocks, description="", universe=None, split="train"):
-            out = super().map_blocks(fn, blocks, description, universe, split)
-            for r in out:
-                if isinstance(r, ExchangeResult) and len(got) < count:
-                    got.append({"payload": bytes(r.payload), "nnz": int(r.nnz), "loss_sum": float(r.loss_sum),
-                                "correct": int(r.correct), "samples": int(r.samples)})
-            return out
-
-    train(cfg, backend=Recording("psload-record"))
-    return got
-
-
-def write_deltas(deltas: list[dict], path: str) -> None:
-    """Length-prefixed records: u32 header length, JSON header, u64 payload length, payload."""
-    with open(path, "wb") as fh:
-        for d in deltas:
-            h = json.dumps({k: v for k, v in d.items() if k != "payload"}).encode()
-            fh.write(struct.pack("<I", len(h)) + h + struct.pack("<Q", len(d["payload"])) + d["payload"])
-
-
-def read_deltas(path: str) -> list[dict]:
-    out, buf, i = [], open(path, "rb").read(), 0
-    while i < len(buf):
-        (n,), i = struct.unpack_from("<I", buf, i), i + 4
-        d, i = json.loads(buf[i:i + n]), i + n
-        (m,), i = struct.unpack_from("<Q", buf, i), i + 8
-        d["payload"], i = buf[i:i + m], i + m
-        out.append(d)
-    return out
-
-
-# -- the load generator (a child process) ----------------------------------------------------------
-def _split(deltas: list[dict], layout: list[int], k: int, value_dtype: str) -> None:
-    """K > 1: each recorded delta's pieces (codec bytes per shard) and their squared norms."""
-    from sparkcnn.compression import codec
-    from sparkcnn.shards import shard_ranges, split_delta, sum_squares
-
-    ranges = shard_ranges(layout, k)
-    for d in deltas:
-        whole = codec.decode(d["payload"], layout)
-        pieces = [codec.encode(p, layout, value_dtype=value_dtype) for p in split_delta(whole, ranges)]
-        d["pieces"] = pieces
-        d["sumsq"] = tuple(sum_squares(codec.decode(p, layout)) for p in pieces)
-
-
-def _worker(ticket: dict, block: int, n: int, deltas: list[dict], interval: float, t_start: float,
-            out: dict) -> None:
-    from sparkcnn import streamsocket
-    from sparkcnn.protocol import Done, Piece, Push, Reply, ShardReply
-    from sparkcnn.streamwire import decode, encode
-
-    def stream(host, port, hello):
-        return streamsocket.connect(host, port, ticket["token"], json.dumps(hello).encode(), 60)
-
-    conn = stream(ticket["host"], ticket["port"], {"block": block})
-    got = {"down": 0, "up": 0}
-
-    def read(c=None, kind=Reply):
-        md = (c or conn).read()
-        got["down"] += len(md)
-        return decode(md, (kind,))
-
-    def send(c, msg):
-        buf = encode(msg)
-        got["up"] += len(buf)
-        c.write(buf)
-
-    reply = read()
-    plan = reply.plan
-    have = reply.dense_version
-    shards = [stream(h, p, {"stream": plan.stream}) for h, p in ticket.get("shards", ())]
-    for c in shards:  # the first view's pieces
-        send(c, Piece(plan.stream, -1, -1, b""))
-    for c in shards:
-        read(c, ShardReply)
-    seq, step, left = plan.seq0, plan.first_step, plan.steps
-    sent = dropped = refused = 0
-    lat: list[tuple[float, float]] = []  # (send time, reply seconds)
-    k = block * 7919  # each block starts elsewhere in the recording
-    while left > 0:
-        slot = t_start + (sent + block / n) * interval  # the workers' slots interleaved
-        now = time.perf_counter()
-        if slot > now:
-            time.sleep(slot - now)
-        d = deltas[k % len(deltas)]
-        k += 1
-        push = Push(seq=seq, first_step=step, steps=1, samples=BATCH, base_version=have, have=have, attempt=0,
-                    lr=reply.lr, density=reply.density, loss_sum=d["loss_sum"] * BATCH / d["samples"],
-                    correct=min(BATCH, d["correct"]), nnz=d["nnz"], compute_s=0.02, wait_s=0.0, view_bytes=0,
-                    state_reset=False, replica_resync=False, pid=os.getpid(), executor="psload:0",
-                    payload=b"" if shards else d["payload"], state=(), sumsq=d["sumsq"] if shards else ())
-        t0 = time.perf_counter()
-        for c, piece in zip(shards, d.get("pieces", ())):  # the pieces first, as a task sends them
-            send(c, Piece(plan.stream, sent, have, piece))
-        send(conn, push)
-        reply = read()
-        for c in shards:
-            read(c, ShardReply)
-        lat.append((t0, time.perf_counter() - t0))
-        sent += 1
-        if shards:  # the shards' parts bring a replica to the version the reply names
-            have = reply.dense_version
-        elif reply.dense:
-            have = reply.dense_version
-        elif reply.downlinks:
-            have = reply.downlinks[-1].version
-        if reply.refused:
-            refused += 1
-        if reply.retrain:
-            dropped += 1
-            continue
-        seq, step, left = seq + 1, step + 1, left - 1
-    for c in [conn, *shards]:
-        c.write(encode(Done()))
-        c.close()
-    out[block] = {"lat": lat, "sent": sent, "dropped": dropped, "refused": refused, **got}
-
-
-def client_main() -> None:
-    """The load generator: reads its job (ticket, blocks, rate, deltas file) as JSON on stdin,
-    prints one JSON line of per-push send times and reply latencies."""
-    job = json.loads(sys.stdin.read())
-    deltas = read_deltas(job["deltas"])
-    if job["ticket"].get("shards"):
-        _split(deltas, job["layout"], len(job["ticket"]["shards"]), job["value_dtype"])
-    n = len(job["blocks"])
-    n_all = job["workers"]
-    interval = n_all / job["rate"] if job["rate"] > 0 else 0.0
-    out: dict = {}
-    c0 = time.process_time()
-    t_start = job["t_start"]  # the same instant in every load-generator process (a monotonic clock)
-    threads = [threading.Thread(target=_worker, args=(job["ticket"], b, n_all, deltas, interval, t_start, out))
-               for b in job["blocks"]]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if len(out) != n:
-        raise SystemExit(f"psload: {n - len(out)} workers failed")
-    print(json.dumps({"cpu_s": time.process_time() - c0, "workers": {str(b): v for b, v in out.items()}}))
+SERVERS_WITHIN = 0.10  # K = 2 server processes: their summed CPU per push at most this much over K = 1's
 
 
 # -- the server side -------------------------------------------------------------------------------
+def children(engine) -> list:
+    """The server's processes besides this one (their ``subprocess.Popen``): ``ps.servers``' server
+    processes or ``ps.shards``' shard processes; none with one server."""
+    if engine.group is not None:
+        return [p.proc for p in engine.group.procs]
+    shards = engine.server.shards
+    return [p.proc for p in shards.procs] if shards is not None else []
+
+
 class _Cpu:
-    """This process's CPU (the engine's handler and the connections' threads) and, with shards, each shard
+    """This process's CPU (the engine's handler and the connections' threads, or with server
+    processes the driver's part: their records written, and this sampler) and each shard or server
     process's, sampled every 10 ms on a thread; read at a time by interpolation."""
 
     def __init__(self, engine):
         self.rows: list[tuple[float, float]] = []                # (time, this process's CPU seconds)
-        self.shard_rows: list[tuple[float, list[float]]] = []   # (time, each shard's CPU seconds)
+        self.child_rows: list[tuple[float, list[float]]] = []   # (time, each other process's CPU seconds)
         self.engine, self.stop = engine, threading.Event()
         self.thread = threading.Thread(target=self.sample, daemon=True)
         self.thread.start()
@@ -234,20 +91,20 @@ class _Cpu:
         tick = os.sysconf("SC_CLK_TCK")
         while not self.stop.wait(0.01):
             self.rows.append((time.perf_counter(), time.process_time()))
-            shards = self.engine.server.shards
-            if shards is None:
+            procs = children(self.engine)
+            if not procs:
                 continue
             cpu = []
-            for p in shards.procs:
+            for p in procs:
                 try:
-                    with open(f"/proc/{p.proc.pid}/stat") as f:
+                    with open(f"/proc/{p.pid}/stat") as f:
                         fields = f.read().rsplit(")", 1)[1].split()
-                    cpu.append((int(fields[11]) + int(fields[12])) / tick)
+                    cpu.append((int(fields[11]) + int(fields[12])) / tick)  # utime + stime, every thread
                 except (OSError, IndexError, ValueError):
                     cpu = []
                     break
             if cpu:
-                self.shard_rows.append((time.perf_counter(), cpu))
+                self.child_rows.append((time.perf_counter(), cpu))
 
     def close(self) -> None:
         self.stop.set()
@@ -267,9 +124,23 @@ class _Cpu:
         """This process's CPU seconds at ``t``."""
         return self._at([(ti, [c]) for ti, c in self.rows], t)[0]
 
-    def shard_cpu(self, t: float) -> list[float]:
-        """Each shard's CPU seconds at ``t``."""
-        return self._at(self.shard_rows, t)
+    def child_cpu(self, t: float) -> list[float]:
+        """Each shard or server process's CPU seconds at ``t``."""
+        return self._at(self.child_rows, t)
+
+
+def load_ticket(engine, blocks: int) -> dict:
+    """What the load generator's workers connect to, as the stream's tickets tell real tasks: the
+    service's address and token, with ``ps.shards`` the shards' addresses, with ``ps.servers``
+    each block's server (``ServerGroup.server_of``) and the servers' token."""
+    group = engine.group
+    if group is not None:
+        host, port = group.server_of(0)
+        return {"host": host, "port": port, "token": group.token, "shards": [],
+                "servers": {str(b): list(group.server_of(b)) for b in range(blocks)}}
+    svc, shards = engine.service, engine.server.shards
+    return {"host": svc.host, "port": svc.port, "token": svc.token,
+            "shards": list(shards.locations) if shards is not None else []}
 
 
 def _load_backend(deltas_path: str, rate: float):
@@ -283,19 +154,17 @@ def _load_backend(deltas_path: str, rate: float):
         client: dict | None = None
 
         def run_stage(self, fn, universe, description=""):
-            svc = self.engine.service
             env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
             procs = max(1, -(-universe // PER_PROCESS))
             t_start = time.perf_counter() + 2.0  # after every process has opened its streams
-            shards = self.engine.server.shards
-            ticket = {"host": svc.host, "port": svc.port, "token": svc.token,
-                      "shards": list(shards.locations) if shards is not None else []}
+            ticket = load_ticket(self.engine, universe)
             jobs = [{"ticket": ticket, "workers": universe, "layout": list(self.engine.spec.layout),
                      "value_dtype": self.engine.spec.value_dtype,
                      "blocks": list(range(i, universe, procs)), "rate": rate, "deltas": deltas_path,
                      "t_start": t_start} for i in range(procs)]
-            ps = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--client"], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in jobs]
+            ps = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--client"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, env=env) for _ in jobs]
             for p, job in zip(ps, jobs):  # every process has its job before any is waited for
                 p.stdin.write(json.dumps(job))
                 p.stdin.close()
@@ -320,7 +189,9 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def run_case(data_src: str, workers: int, pushes: int, rate: float, density: float, deltas_path: str,
-             out_dir: str, shards: int = 1) -> dict:
+             out_dir: str, shards: int = 1, servers: int = 1) -> dict:
+    """One repetition of a case: N = ``workers`` against the server with ``ps.shards`` = ``shards``
+    or ``ps.servers`` = ``servers`` (module docstring for its figures)."""
     from sparkcnn import config
     from sparkcnn.train import build_engine
 
@@ -328,8 +199,8 @@ def run_case(data_src: str, workers: int, pushes: int, rate: float, density: flo
     data = slice_data(data_src, rows, 500)
     cfg = config.load(None, [f"data.path={data}", f"run.out_dir={out_dir}", f"run.name=psload-{workers}",
                              f"data.num_blocks={workers}", f"train.batch_size={BATCH}", "train.epochs=1",
-                             f"compression.density={density}", "checkpoint.every_rounds=0", f"ps.shards={shards}",
-                             *SETTINGS])
+                             f"compression.density={density}", "checkpoint.every_rounds=0",
+                             f"ps.shards={shards}", f"ps.servers={servers}", *SETTINGS])
     backend = _load_backend(deltas_path, rate)(f"psload-{workers}")
     engine, _ = build_engine(cfg, backend, f"psload-{workers}")
     backend.engine = engine
@@ -348,16 +219,21 @@ def run_case(data_src: str, workers: int, pushes: int, rate: float, density: flo
     window = (t_lo, t_hi)
     lat = [ms for w in client["workers"].values() for t, ms in w["lat"] if window[0] <= t <= window[1]]
     sent = sum(w["sent"] for w in client["workers"].values())
-    shard_ms = [1000 * (b - a) / (hi - lo) for a, b in zip(cpu.shard_cpu(t_lo), cpu.shard_cpu(t_hi))]
-    if shards > 1 and len(shard_ms) != shards:
-        raise RuntimeError("psload: the shard processes' CPU could not be read")
-    coordinator_ms = 1000 * (c_hi - c_lo) / (hi - lo)
-    return {"workers": workers, "shards": shards, "offered_pushes_per_s": rate or None, "pushes": n,
+    child_ms = [1000 * (b - a) / (hi - lo) for a, b in zip(cpu.child_cpu(t_lo), cpu.child_cpu(t_hi))]
+    if len(child_ms) != (shards if shards > 1 else servers if servers > 1 else 0):
+        raise RuntimeError("psload: the shard or server processes' CPU could not be read")
+    driver_ms = 1000 * (c_hi - c_lo) / (hi - lo)
+    return {"workers": workers, "shards": shards, "servers": servers, "offered_pushes_per_s": rate or None,
+            "pushes": n,
             "pushes_per_s": (hi - lo) / (t_hi - t_lo),
             "reply_ms": {"p50": 1000 * _pct(lat, 0.5), "p99": 1000 * _pct(lat, 0.99)},
-            "server_cpu_ms_per_push": coordinator_ms + sum(shard_ms),
-            "coordinator_cpu_ms_per_push": coordinator_ms, "shard_cpu_ms_per_push": shard_ms,
-            "client_cpu_ms_per_push": 1000 * client["cpu_s"] / max(1, sent), "client_processes": client["processes"],
+            "server_cpu_ms_per_push": driver_ms + sum(child_ms),
+            "driver_cpu_ms_per_push": driver_ms, "coordinator_cpu_ms_per_push": driver_ms,
+            "shard_cpu_ms_per_push": child_ms if shards > 1 else [],
+            "server_process_cpu_ms_per_push": child_ms if servers > 1 else [],
+            "capacity_pushes_per_s": 1000 / max(1e-9, driver_ms, *child_ms),
+            "client_cpu_ms_per_push": 1000 * client["cpu_s"] / max(1, sent),
+            "client_processes": client["processes"],
             "bytes_per_push": {way: sum(w[way] for w in client["workers"].values()) / max(1, sent)
                                for way in ("up", "down")},
             "dropped": sum(w["dropped"] for w in client["workers"].values()),
@@ -373,30 +249,62 @@ def _median_case(reps: list[dict]) -> dict:
     if len(reps) == 1:
         return {**reps[0], "repetitions": 1}
     out = dict(reps[-1])
-    for key in ("pushes_per_s", "server_cpu_ms_per_push", "client_cpu_ms_per_push", "coordinator_cpu_ms_per_push"):
+    for key in ("pushes_per_s", "server_cpu_ms_per_push", "client_cpu_ms_per_push",
+                "coordinator_cpu_ms_per_push", "driver_cpu_ms_per_push", "capacity_pushes_per_s"):
         out[key] = median([r[key] for r in reps])
-    out["shard_cpu_ms_per_push"] = [median(x) for x in zip(*(r["shard_cpu_ms_per_push"] for r in reps))]
+    for key in ("shard_cpu_ms_per_push", "server_process_cpu_ms_per_push"):
+        out[key] = [median(x) for x in zip(*(r[key] for r in reps))]
     out["reply_ms"] = {q: median([r["reply_ms"][q] for r in reps]) for q in ("p50", "p99")}
     out["bytes_per_push"] = {w: median([r["bytes_per_push"][w] for r in reps]) for w in ("up", "down")}
     for key in ("dropped", "refused", "pushes"):
         out[key] = sum(r[key] for r in reps)
     out["repetitions"] = len(reps)
     out["each"] = [{"pushes_per_s": r["pushes_per_s"], "reply_ms": r["reply_ms"],
-                    "server_cpu_ms_per_push": r["server_cpu_ms_per_push"]} for r in reps]
+                    "server_cpu_ms_per_push": r["server_cpu_ms_per_push"],
+                    "capacity_pushes_per_s": r["capacity_pushes_per_s"]} for r in reps]
     return out
+
+
+def _against(by: dict, key, one) -> dict:
+    """One layout's figures over K = 1's at the same N (ratios of the medians)."""
+    c, o = by[key], by[one]
+    return {"pushes_per_s": c["pushes_per_s"] / o["pushes_per_s"],
+            "p99_ms": c["reply_ms"]["p99"] / max(1e-9, o["reply_ms"]["p99"]),
+            "server_cpu_ms_per_push": c["server_cpu_ms_per_push"] / max(1e-9, o["server_cpu_ms_per_push"]),
+            "capacity_pushes_per_s": c["capacity_pushes_per_s"] / max(1e-9, o["capacity_pushes_per_s"])}
+
+
+def servers_target(by: dict) -> dict | None:
+    """K = 2 server processes against one at each N measured with both: their summed CPU per push
+    (the driver's part and every server's) at most ``SERVERS_WITHIN`` over K = 1's, no push
+    refused; None when no N has both. Judged on the medians of the repetitions."""
+    ns = sorted(n for k, s, n in by if (k, s) == (1, 2) and (1, 1, n) in by)
+    if not ns:
+        return None
+    ratio = {str(n): by[1, 2, n]["server_cpu_ms_per_push"] / max(1e-9, by[1, 1, n]["server_cpu_ms_per_push"])
+             for n in ns}
+    refused = sum(by[1, s, n]["refused"] for n in ns for s in (1, 2))
+    return {"servers": 2, "within": SERVERS_WITHIN, "at_workers": ns, "cpu_ratio": ratio, "refused": refused,
+            "repetitions": min(by[1, s, n]["repetitions"] for n in ns for s in (1, 2)),
+            "met": refused == 0 and all(r <= 1 + SERVERS_WITHIN for r in ratio.values())}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64])
-    ap.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4], help="ps.shards of each case (--quick: 1 2)")
+    ap.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4],
+                    help="ps.shards of each case (--quick: 1 2)")
+    ap.add_argument("--servers", type=int, nargs="+", default=[], help="ps.servers of more cases (each with "
+                    "ps.shards = 1; 1 is the same case as --shards 1)")
     ap.add_argument("--rate", type=float, default=OFFERED, help="pushes/s offered by all workers (0: "
                     "as fast as replies come)")
-    ap.add_argument("--pushes", type=int, default=4000, help="pushes per case")
+    ap.add_argument("--pushes", type=int, default=4000, help="pushes per repetition of a case")
     ap.add_argument("--density", type=float, default=0.001, help="uplink density of the recorded deltas")
     ap.add_argument("--record", type=int, default=400, help="deltas to record")
-    ap.add_argument("--reps", type=int, default=5, help="repetitions of each case (its figures are their medians)")
-    ap.add_argument("--quick", action="store_true", help="N = 2, 8, 64, 1,500 pushes and 1 repetition per case")
+    ap.add_argument("--reps", type=int, default=5,
+                    help="repetitions of each case (its figures are their medians)")
+    ap.add_argument("--quick", action="store_true",
+                    help="N = 2, 8, 64, 1,500 pushes and 1 repetition per case")
     ap.add_argument("--out", default=None)
     ap.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -405,9 +313,13 @@ def main() -> int:
         return 0
     if args.quick:
         args.workers, args.pushes, args.record, args.reps, args.shards = [2, 8, 64], 1500, 200, 1, [1, 2]
-    if min(args.workers) < 1 or args.pushes < 10 * max(args.workers) or args.rate < 0 or args.reps < 1:
+    layouts = list(dict.fromkeys([(k, 1) for k in args.shards] + [(1, s) for s in args.servers]))
+    if (min(args.workers) < 1 or args.pushes < 10 * max(args.workers) or args.rate < 0 or args.reps < 1
+            or min(k for lay in layouts for k in lay) < 1
+            or max(args.servers, default=1) > min(args.workers)):
         print(f"psload: need --workers >= 1, --pushes >= 10 x the most workers ({10 * max(args.workers)}), "
-              f"--rate >= 0 and --reps >= 1", file=sys.stderr)
+              "--rate >= 0, --reps >= 1, --shards >= 1 and 1 <= --servers <= the fewest workers",
+              file=sys.stderr)
         return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     src = ensure_data()
@@ -416,31 +328,39 @@ def main() -> int:
     deltas = record_deltas(slice_data(src, 2 * args.record * 32, 500), args.density, args.record, tmp)
     path = os.path.join(tmp, "deltas.bin")
     write_deltas(deltas, path)
-    cases = []
-    for k in args.shards:
-        for n in args.workers:
-            log("N = %d, K = %d, offered %s pushes/s", n, k, args.rate or "unlimited")
-            c = _median_case([run_case(src, n, args.pushes, args.rate, args.density, path, tmp, k)
-                              for _ in range(args.reps)])
-            log("  median of %d: %.0f pushes/s, p99 %.1f ms, server CPU %.3f ms/push, dropped %d", args.reps,
-                c["pushes_per_s"], c["reply_ms"]["p99"], c["server_cpu_ms_per_push"], c["dropped"])
-            cases.append(c)
+    runs: dict[tuple[int, int, int], list[dict]] = {(k, s, n): [] for k, s in layouts for n in args.workers}
+    for n in args.workers:
+        for rep in range(args.reps):  # the layouts take turns: a slow spell of the machine falls on each
+            for k, s in layouts:
+                r = run_case(src, n, args.pushes, args.rate, args.density, path, tmp, k, s)
+                log("N = %d, shards %d, servers %d, rep %d/%d (offered %s pushes/s): %.0f pushes/s, "
+                    "p99 %.1f ms, server CPU %.3f ms/push (driver %.3f, others %s)", n, k, s, rep + 1,
+                    args.reps, args.rate or "unlimited", r["pushes_per_s"], r["reply_ms"]["p99"],
+                    r["server_cpu_ms_per_push"], r["driver_cpu_ms_per_push"],
+                    [round(x, 3) for x in r["shard_cpu_ms_per_push"] + r["server_process_cpu_ms_per_push"]])
+                runs[k, s, n].append(r)
+    by = {key: _median_case(reps) for key, reps in runs.items()}
+    cases = list(by.values())
     layout = [c.pop("layout") for c in cases][-1]
-    one = [c for c in cases if c["workers"] == max(args.workers) and c["shards"] == 1] or cases
-    # K shards against one, at each N: this machine's 2 cores leave no core free for a shard,
-    # so the question here is whether K = 2 loses anything
-    by = {(c["shards"], c["workers"]): c for c in cases}
-    against_one = {f"K={k} N={n}": {"pushes_per_s": by[k, n]["pushes_per_s"] / by[1, n]["pushes_per_s"],
-                                    "p99_ms": by[k, n]["reply_ms"]["p99"] / max(1e-9, by[1, n]["reply_ms"]["p99"])}
-                   for k, n in by if k > 1 and (1, n) in by}
+    one = [c for c in cases if c["workers"] == max(args.workers) and c["shards"] == c["servers"] == 1]
+    one = one or cases
+    # K shards or servers against one, at each N: this machine's 2 cores leave no core free for
+    # another process, so the question here is whether K = 2 loses anything
+    against_one = {f"K={k} N={n}": _against(by, (k, 1, n), (1, 1, n))
+                   for k, s, n in by if k > 1 and (1, 1, n) in by}
+    servers_against_one = {f"K={s} N={n}": _against(by, (1, s, n), (1, 1, n))
+                           for k, s, n in by if s > 1 and (1, 1, n) in by}
     met = bool(one) and all(c["pushes_per_s"] >= TARGET_PUSHES_PER_S and c["reply_ms"]["p99"] < TARGET_P99_MS
                             and c["refused"] == 0 for c in one)
+    st = servers_target(by)
     emit({"bench": "psload", "model": "fmnist_cnn", "settings": SETTINGS, "density": args.density,
           "recorded_deltas": len(deltas), "layout": layout,
           "median_payload_bytes": median([len(d["payload"]) for d in deltas]),
           "cases": cases, "shards_against_one": against_one,
-          "target": {"pushes_per_s": TARGET_PUSHES_PER_S, "p99_ms": TARGET_P99_MS, "at_workers": max(args.workers),
-                     "met": met}}, args.out)
+          **({"servers_against_one": servers_against_one} if servers_against_one else {}),
+          "target": {"pushes_per_s": TARGET_PUSHES_PER_S, "p99_ms": TARGET_P99_MS,
+                     "at_workers": max(args.workers), "met": met},
+          **({"servers_target": st} if st else {})}, args.out)
     return exit_status("psload")
 
 

@@ -13,7 +13,9 @@ file renders as "Not measured in this run.", a missing field as "—".
 Every measured figure of the README lives between two marker lines that this script rewrites:
 ``<!-- benchmarks:begin -->`` ... ``<!-- benchmarks:end -->`` (the headline, required) and
 ``<!-- benchmarks:begin NAME -->`` ... ``<!-- benchmarks:end NAME -->`` for the named blocks of
-``BLOCKS`` (each optional, at most once). ``--check`` re-renders every block the README holds, and
+``BLOCKS`` (each optional, at most once; the ``servers`` block from the psload.json of the folder a
+README line ``<!-- results servers: DIR -->`` names, when it names one, a ``bench/psload.py
+--servers`` run of its own). ``--check`` re-renders every block the README holds, and
 fails on a measured figure (a number with a unit of time, speed or size, a ratio, a share or an
 accuracy) anywhere in the README outside them (``hand_figures``).
 
@@ -426,25 +428,34 @@ def psload_section(pl: dict | None) -> str:
     if not cases:
         return "\n".join(out + [NOT_MEASURED])
     def largest(c):
-        xs = [x for x in _list(c.get("shard_cpu_ms_per_push")) if _num(x)]
+        xs = [x for key in ("shard_cpu_ms_per_push", "server_process_cpu_ms_per_push")
+              for x in _list(c.get(key)) if _num(x)]
         return max(xs) if xs else None
 
-    body = [[_g(c.get("workers")), _g(c.get("shards")), _f(c.get("offered_pushes_per_s"), 0), _f(c.get("pushes_per_s"), 0),
-             _f(_get(c, "reply_ms", "p50"), 1), _f(_get(c, "reply_ms", "p99"), 1), _f(c.get("server_cpu_ms_per_push"), 3),
-             _f(c.get("coordinator_cpu_ms_per_push"), 3) if c.get("shards", 1) != 1 else DASH, _f(largest(c), 3),
-             _f(c.get("client_cpu_ms_per_push"), 3), _f(_get(c, "bytes_per_push", "down"), 1, 1e-3), _g(c.get("dropped"))]
+    def one(c):
+        return c.get("shards", 1) == 1 and c.get("servers", 1) == 1
+
+    body = [[_g(c.get("workers")), _g(c.get("shards")), _g(c.get("servers", 1)),
+             _f(c.get("offered_pushes_per_s"), 0), _f(c.get("pushes_per_s"), 0),
+             _f(_get(c, "reply_ms", "p50"), 1), _f(_get(c, "reply_ms", "p99"), 1),
+             _f(c.get("server_cpu_ms_per_push"), 3),
+             DASH if one(c) else _f(c.get("coordinator_cpu_ms_per_push"), 3),
+             _f(largest(c), 3), _f(c.get("client_cpu_ms_per_push"), 3),
+             _f(_get(c, "bytes_per_push", "down"), 1, 1e-3), _g(c.get("dropped"))]
             for c in cases]
     t = _get(pl, "target") or {}
     versus = _get(pl, "shards_against_one") or {}
     versus = "; ".join(f"{k}: {_f(_get(v, 'pushes_per_s'), 2)}x the pushes/s, {_f(_get(v, 'p99_ms'), 2)}x the p99"
                        for k, v in versus.items() if isinstance(v, dict))
     out += [measured(pl, "psload"), "",
-            _table(["Workers", "Shards", "Offered pushes/s", "Pushes/s", "Reply p50 (ms)", "Reply p99 (ms)",
-                    "Server CPU per push (ms)", "Coordinator (ms)", "Largest shard (ms)",
+            _table(["Workers", "Shards", "Servers", "Offered pushes/s", "Pushes/s", "Reply p50 (ms)",
+                    "Reply p99 (ms)", "Server CPU per push (ms)", "Coordinator or driver (ms)",
+                    "Largest shard or server (ms)",
                     "Load generator CPU per push (ms)", "kB down per push", "Dropped"],
                    body), "",
             *([f"K shards against one, at the same N: {versus}. Server CPU per push counts the coordinator and every "
                "shard process; on this machine they share 2 cores with the load generator.", ""] if versus else []),
+            *([servers_sentence(pl), ""] if servers_cases(pl) else []),
             f"Target at {_g(t.get('at_workers'))} workers: {_f(t.get('pushes_per_s'), 0)} pushes/s with a reply p99 "
             f"under {_f(t.get('p99_ms'), 0)} ms (judged below){_reps_note(cases)}. One server process "
             "(the real stream engine and its Flight service) and one load-generator process share this machine's "
@@ -452,6 +463,50 @@ def psload_section(pl: dict | None) -> str:
             f"{_g(_get(pl, 'density'))}), one push in flight each."]
     block = targets_block(pl, "psload", tg.of_psload(pl))
     return "\n".join(out + (["", block] if block else []))
+
+
+def servers_cases(pl: dict | None) -> list[dict]:
+    """psload.json's cases of one server process and of ``ps.servers`` > 1 (shards = 1), by N then K;
+    none unless some case has more than one server."""
+    cases = [c for c in _list(_get(pl, "cases")) if isinstance(c, dict) and c.get("shards", 1) == 1
+             and isinstance(c.get("servers"), int) and isinstance(c.get("workers"), int)]
+    if not any(c["servers"] > 1 for c in cases):
+        return []
+    return sorted(cases, key=lambda c: (c["workers"], c["servers"]))
+
+
+def servers_sentence(pl: dict | None) -> str:
+    """What the servers' figures mean on this machine, and their target's verdict."""
+    ts = tg.of_servers(pl)
+    verdict = f"**{ts[0].verdict}**" if ts and ts[0].verdict == tg.MISSES else ts[0].verdict if ts else DASH
+    ratios = "; ".join(f"N = {n}: {_f(r, 3)}x" for n, r in _items(_get(pl, "servers_target", "cpu_ratio")))
+    evidence = f" ({ts[0].evidence})" if ts else ""
+    within = _f(_get(pl, "servers_target", "within"), 0, 100, " %")
+    return (f"K server processes (`ps.servers`) against one: summed CPU per push (the driver's part and "
+            f"every server process) at K = 2 over K = 1's, {ratios or DASH}; target within {within}: "
+            f"{verdict}{evidence}. This machine has 2 cores and the load generator needs one, so capacity "
+            "beyond K = 1 is shown by the CPU per push and by the pushes/s with a core per process (1000 ms "
+            "over the busiest process's ms per push), not by the pushes/s measured here.")
+
+
+def servers_block(pl: dict | None, label: str = "psload") -> str:
+    """The README's ``servers`` block: K = 1 and K > 1 server processes at each N measured, from a
+    psload.json (``label``: where it is, for the line naming the run)."""
+    cases = servers_cases(pl)
+    if not cases:
+        return "\n".join(["", NOT_MEASURED, "", ""])
+    body = [[_g(c["workers"]), _g(c["servers"]), _f(c.get("server_cpu_ms_per_push"), 3),
+             _f(c.get("driver_cpu_ms_per_push"), 3),
+             ", ".join(_f(x, 3) for x in _list(c.get("server_process_cpu_ms_per_push"))) or DASH,
+             _f(c.get("capacity_pushes_per_s"), 0), _f(c.get("pushes_per_s"), 0),
+             _f(_get(c, "reply_ms", "p99"), 1)] for c in cases]
+    offered = {c.get("offered_pushes_per_s") for c in cases}
+    offered = _f(offered.pop(), 0) if len(offered) == 1 else DASH
+    return "\n".join([
+        "", _table(["Workers N", "Servers K", "Server CPU per push (ms)", "Driver's part (ms)",
+                    "Each server (ms)", "Pushes/s with a core each", "Pushes/s here", "Reply p99 (ms)"],
+                   body), "",
+        f"{servers_sentence(pl)} Offered {offered} pushes/s{_reps_note(cases)}. {measured(pl, label)}", "", ""])
 
 
 def shardmodel_section(sm: dict | None, pl: dict | None = None) -> str:
@@ -1063,15 +1118,29 @@ def render(results_dir: str, figures_dir: str | None = None, *, doc: str | None 
                 balance_section(d["balance"], d["throughput"], fig),
                 jobcost_table(d["jobcost"]), run_table(d["run_all"], d), method_section(docs_dir)]
     readme_dir = os.path.dirname(os.path.abspath(readme or os.path.join(ROOT, "README.md")))
+    servers_dir = servers_results_of(_read(readme)) if readme else None
+    servers = (d["psload"], "psload")
+    if servers_dir:
+        servers = (_load(os.path.join(ROOT, servers_dir), "psload"), f"{servers_dir}/psload")
     return {"benchmarks": "\n\n".join(["\n".join(top), *sections]) + "\n",
             "headline": headline(d["accuracy"], d["throughput"], os.path.relpath(doc, readme_dir), d["momentum"],
                                  summary_line(every)),
             "glance": glance_block(d["accuracy"]),
-            "transports": transports_block(d["throughput"], d["jobcost"])}
+            "transports": transports_block(d["throughput"], d["jobcost"]), "servers": servers_block(*servers)}
 
 
 # README block name -> render()'s key; "" is the headline between the unnamed markers
-BLOCKS = {"": "headline", "glance": "glance", "transports": "transports"}
+BLOCKS = {"": "headline", "glance": "glance", "transports": "transports", "servers": "servers"}
+# The README's servers block shows the psload.json of RESULTS_DIR, or of the folder a README line
+# ``<!-- results servers: DIR -->`` names (relative to the repository): a run of ``bench/psload.py
+# --servers`` of its own, until a full run measures K server processes.
+SERVERS_RESULTS = re.compile(r"^<!-- results servers: (.+?) -->$", re.M)
+
+
+def servers_results_of(readme_text: str) -> str | None:
+    """The results folder the README's servers block is rendered from, when it names one."""
+    m = SERVERS_RESULTS.search(readme_text)
+    return m.group(1).strip() if m else None
 
 
 def readme_blocks(text: str) -> tuple[list[tuple[str, int, int]], str | None]:

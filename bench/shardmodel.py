@@ -106,7 +106,9 @@ def main(argv=None) -> int:
     try:
         with open(a.psload, encoding="utf-8") as fh:
             pl = json.load(fh)
-        cases, layout = [c for c in pl["cases"] if "workers" in c], pl["layout"]
+        # the key-range shards' cases (ps.servers' cases, where psload measured them, are another layout)
+        cases = [c for c in pl["cases"] if "workers" in c and c.get("servers", 1) == 1]
+        layout = pl["layout"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"shardmodel: {a.psload}: not a psload result with a layout ({e})", file=sys.stderr)
         return 2

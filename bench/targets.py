@@ -232,13 +232,14 @@ def of_linkmodel(lm: dict | None) -> list[Target]:
 
 
 def of_psload(pl: dict | None) -> list[Target]:
-    """The load target: pushes/s on the median of the repetitions, the reply p99 on every one."""
+    """The load target: pushes/s on the median of the repetitions, the reply p99 on every one; and
+    beside it the servers' target (``of_servers``), when the run measured one."""
     t = _get(pl, "target")
     if not isinstance(t, dict):
-        return []
+        return of_servers(pl)
     at = t.get("at_workers")
-    case = next((c for c in (_get(pl, "cases") or []) if isinstance(c, dict)
-                 and c.get("workers") == at and c.get("shards", 1) == 1), {})
+    case = next((c for c in (_get(pl, "cases") or []) if isinstance(c, dict) and c.get("workers") == at
+                 and c.get("shards", 1) == 1 and c.get("servers", 1) == 1), {})
     n = _reps(case)
     each = [e for e in (case.get("each") or []) if isinstance(e, dict)] or ([case] if n == 1 else [])
     p99s = [_get(e, "reply_ms", "p99") for e in each]
@@ -250,7 +251,23 @@ def of_psload(pl: dict | None) -> list[Target]:
     figure = (f"{_fmt(case.get('pushes_per_s'), 0)} pushes/s (median); p99 per repetition: "
               + (", ".join(_fmt(p, 1) for p in p99s) or "—") + " ms")
     return [Target(f"{_fmt(t.get('pushes_per_s'), 0)} pushes/s with reply p99 < {_fmt(t.get('p99_ms'), 0)} ms "
-                   f"at {at} workers", figure, verdict, f"pushes/s: {speed[1]}; p99: {tail[1]}")]
+                   f"at {at} workers", figure, verdict, f"pushes/s: {speed[1]}; p99: {tail[1]}"),
+            *of_servers(pl)]
+
+
+def of_servers(pl: dict | None) -> list[Target]:
+    """psload's servers target: K = 2 server processes' summed CPU per push within its bound of
+    K = 1's at every N measured with both, on the medians of the repetitions."""
+    st = _get(pl, "servers_target")
+    if not isinstance(st, dict):
+        return []
+    ratios = _get(st, "cpu_ratio") or {}
+    figure = "; ".join(f"N = {n}: {_fmt(r, 3)}x" for n, r in ratios.items()) or "—"
+    within = st.get("within")
+    bound = f"{within * 100:.0f} %" if _num(within) else "—"
+    return [Target(f"K = {_fmt(st.get('servers'), 0)} server processes: summed CPU per push within {bound} "
+                   "of K = 1's", f"K = 2 over K = 1: {figure}",
+                   *judge(SPEED, st.get("repetitions"), _bool(st.get("met"))))]
 
 
 def of_shardmodel(sm: dict | None, pl: dict | None = None) -> list[Target]:

@@ -46,3 +46,35 @@ def test_summary_counts_every_verdict():
     ts = [tg.Target("a", "1", tg.HOLDS, ""), tg.Target("b", "2", tg.MISSES, ""),
           tg.Target("c", "3", tg.NOT_JUDGED, ""), tg.Target("d", "4", tg.NOT_JUDGED, "")]
     assert tg.summary(ts) == "1 hold, 1 miss, 2 not judged, of 4"
+
+
+def _servers_run(cpu_two: float, reps: int = 5) -> dict:
+    """A psload result with K = 1 and K = 2 server processes at N = 16 and 64, K = 1 at 0.6 ms."""
+    from bench import psload
+
+    def case(n, s, cpu):
+        return {"workers": n, "shards": 1, "servers": s, "server_cpu_ms_per_push": cpu, "refused": 0,
+                "repetitions": reps}
+
+    by = {(1, s, n): case(n, s, 0.6 if s == 1 else cpu_two) for n in (16, 64) for s in (1, 2)}
+    return {"cases": list(by.values()), "servers_target": psload.servers_target(by)}
+
+
+def test_the_servers_target_holds_within_ten_percent_and_misses_beyond_it():
+    (t,) = tg.of_servers(_servers_run(0.65))
+    assert t.verdict == tg.HOLDS and "N = 16: 1.083x" in t.figure and "10 %" in t.name
+    (t,) = tg.of_servers(_servers_run(0.67))
+    assert t.verdict == tg.MISSES and "N = 64: 1.117x" in t.figure
+    assert tg.of_servers(_servers_run(0.6, reps=3))[0].verdict == tg.NOT_JUDGED
+
+
+def test_psload_judges_its_load_target_on_one_server_and_the_servers_target_beside_it():
+    doc = _servers_run(0.62)
+    doc["target"] = {"pushes_per_s": 1000.0, "p99_ms": 50.0, "at_workers": 64, "met": True}
+    for c in doc["cases"]:  # only the K = 1 case at N = 64 may decide the load target
+        good = c["servers"] == 1 and c["workers"] == 64
+        c.update(pushes_per_s=1050.0 if good else 10.0, reply_ms={"p99": 5.0 if good else 500.0},
+                 each=[{"reply_ms": {"p99": 5.0 if good else 500.0}}] * 5)
+    load, servers = tg.of_psload(doc)
+    assert load.verdict == tg.HOLDS and servers.verdict == tg.HOLDS
+    assert tg.of_servers({"cases": doc["cases"]}) == []  # a run without K = 2 judges no servers target

@@ -435,6 +435,7 @@ def targets_in_json(folder: str) -> int:
             + sum(len(v) if isinstance(v, dict) else 1 for v in scale.values())
             + ("within_25pct" in load("costmodel")) + len(load("links").get("checks") or {})
             + ("passed" in load("linkmodel")) + ("target" in load("psload")) + ("target" in load("shardmodel"))
+            + ("servers_target" in load("psload"))
             + len(momentum))
 
 
@@ -476,3 +477,38 @@ def test_one_limit_divides_every_row_and_a_run_that_did_not_train_gets_no_effici
     assert "| Stream, async, H = 1, dense | 5000.0 | 0.4700 | did not train |" in doc
     assert "10000.0 images/s, the median of 5 repetitions measured once for the run (9800.0 to 10200.0)" in doc
     assert "80.0 % of it (Stream, async, H = 1, sparse, 8000.0 images/s, test accuracy 0.8100)" in out["headline"]
+
+
+def servers_psload(ratio: float) -> dict:
+    """A psload result with one and two server processes at N = 16 and 64, five repetitions each."""
+    cases = [{"workers": n, "shards": 1, "servers": k, "offered_pushes_per_s": 1000.0, "pushes_per_s": 990.0,
+              "reply_ms": {"p50": 1.0, "p99": 4.0}, "server_cpu_ms_per_push": 0.6 * (ratio if k == 2 else 1),
+              "driver_cpu_ms_per_push": 0.6 if k == 1 else 0.05, "refused": 0, "repetitions": 5,
+              "server_process_cpu_ms_per_push": [] if k == 1 else [0.3 * ratio - 0.025] * 2,
+              "capacity_pushes_per_s": 1000 / (0.6 if k == 1 else 0.3 * ratio - 0.025)}
+             for n in (16, 64) for k in (1, 2)]
+    ratios = {"16": ratio, "64": ratio}
+    return {"cases": cases, "servers_target": {"servers": 2, "within": 0.1, "cpu_ratio": ratios, "refused": 0,
+                                               "repetitions": 5, "met": ratio <= 1.1}}
+
+
+def test_the_servers_block_shows_each_k_and_its_verdict_and_a_readme_line_names_its_folder(results, tmp_path):
+    assert render.render(str(results))["servers"].strip() == render.NOT_MEASURED  # no psload.json here
+    (results / "psload.json").write_text(json.dumps(servers_psload(1.25)))
+    block = render.render(str(results))["servers"]
+    assert "| 64 | 2 | 0.750 | 0.050 | 0.350, 0.350 | 2857 | 990 | 4.0 |" in block
+    assert "N = 16: 1.250x" in block and "**misses** (5 repetitions, median)" in block
+    psload = section(render.render(str(results))["benchmarks"], "## Parameter server under load")
+    assert "K = 2 server processes: summed CPU per push within 10 % of K = 1's" in psload
+    # a README line names another folder for the block: its psload.json is shown, not RESULTS_DIR's
+    other = tmp_path / "servers"
+    other.mkdir()
+    (other / "psload.json").write_text(json.dumps(servers_psload(1.05)))
+    readme = tmp_path / "README.md"
+    readme.write_text(README + f"\n<!-- results servers: {os.path.relpath(other, ROOT)} -->\n"
+                      "<!-- benchmarks:begin servers -->\n<!-- benchmarks:end servers -->\n")
+    block = render.render(str(results), readme=str(readme))["servers"]
+    assert "N = 64: 1.050x" in block and ": holds (5 repetitions, median)" in block
+    assert f"({os.path.relpath(other, ROOT)}/psload.json)" in block
+    assert cli(results, "--out", tmp_path / "B.md", "--readme", readme).returncode == 0
+    assert cli(results, "--out", tmp_path / "B.md", "--readme", readme, "--check").returncode == 0
