@@ -110,6 +110,10 @@ KEPT: dict[str, tuple[str, str]] = {
         ("`bench/psload.py --servers 1 2`: one and two parameter-server processes (`ps.servers`) at 16 "
          "and 64 workers, the CPU per push summed over the driver and every server, 5 repetitions each"),
         "the README's servers block (`<!-- results servers: -->` line); named by an open issue"),
+    "2026-12-07-workerstep-2": (
+        ("`bench/workerstep.py --base main`: the same figures with the out-of-place policies' buffers "
+         "in one block (head) beside main (base), in one run, each repetition a child process"),
+        OPEN_ISSUE),
     "archive": (
         ("results from before the dated folders (bench/run_all.py moves older results here): "
          "`accuracy-stream.json`, the seed comparison; `throughput`, `jobcost`, `scale`, `balance`, "

@@ -16,8 +16,8 @@ stage trains the two blocks in turn, each alone:
   factor), ``policy`` (DGC's momentum pass, threshold selection and what it leaves: the policy's
   step), ``encode`` (the codec), ``push`` (the Push message built, encoded and handed to the push
   thread), ``downlink`` (the reply's downlinks decoded and applied to the replica), ``snapshot``
-  (the block state kept for a dropped push), ``push_thread`` (the link's push thread: Flight's
-  write and read, the reply decoded), ``other`` (the rest of the loop: waits, bookkeeping);
+  (the block state kept for a dropped push), ``push_thread`` (the link's push thread: the socket's
+  write and read, their MACs, the reply decoded), ``other`` (the rest of the loop: waits, bookkeeping);
   ``total`` is what the task's own meter adds up (its thread outside TF plus the push thread);
 - block 1, ``task``: the stream task itself, unchanged; its figure is the one the records carry
   (``task_overhead_cpu_s``, the task's ``CpuMeter``), per step.
@@ -29,21 +29,31 @@ also runs ``N`` times on the shared ``local[2]`` session through bench/throughpu
 measure (one epoch of its short slice; ``spark``): the in-run figure
 ``task_overhead_cpu_ms_per_step``, with images/s and test accuracy, median and each.
 
-    python bench/workerstep.py [--reps 5] [--steps 300] [--spark-reps 5] [--out F]
+With ``--base REV`` the same figures are measured of REV's ``sparkcnn`` (a temporary ``git
+worktree``) beside this working tree's, side by side in one run: each repetition, in process and
+on Spark, is a child process of its own, base and head in turn (which goes first alternates, so
+that a drift of the machine falls on both), after one short untimed repetition of each (numba
+compiles the kernels of a new checkout into its cache there, not in a Spark run's executors). The
+top-level figures are the head's; ``base`` holds the same keys of REV. This file's loop is run
+against both checkouts' modules.
+
+    python bench/workerstep.py [--reps 5] [--steps 300] [--spark-reps 5] [--base REV] [--out F]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import TimedSink, emit, ensure_data, log, slice_data  # noqa: E402
+from bench._common import ROOT, TimedSink, emit, ensure_data, log, slice_data  # noqa: E402
 
 BATCH, BLOCKS = 64, 2  # bench/throughput.py's
 SPARSE = ["compression.method=threshold", "compression.density=0.001", "compression.density_down=0.01",
@@ -51,6 +61,7 @@ SPARSE = ["compression.method=threshold", "compression.density=0.001", "compress
 SETTINGS = ["engine.transport=stream", "engine.mode=async", "train.steps_per_round=1", "train.epochs=1",
             f"data.num_blocks={BLOCKS}", f"train.batch_size={BATCH}", *SPARSE]
 SKIP = 5  # steps left out at each end of a block's stage
+WARM_STEPS = 60  # steps per block of the untimed repetition of each checkout (--base)
 PARTS = ("batches", "lookahead", "gradient", "clip", "policy", "encode", "push", "downlink", "snapshot",
          "push_thread", "other")
 
@@ -212,19 +223,77 @@ def one_rep(data: str, out_dir: str, rep: int) -> dict:
             "test_accuracy": summary.get("test_accuracy")}
 
 
-def spark_case(reps: int) -> dict:
-    """bench/throughput.py's ``async_h1_sparse`` on the shared local[2] session, ``reps`` times."""
+SPARK_KEYS = ("task_overhead_cpu_ms_per_step", "images_per_s", "test_accuracy", "compute_ms_per_step",
+              "exposed_comm_ms_per_step")
+
+
+def spark_run() -> dict:
+    """bench/throughput.py's ``async_h1_sparse`` once on the shared local[2] session."""
     from bench import throughput
 
     h, mode, extra = throughput.STREAM_CASES["async_h1_sparse"]
-    short = throughput.short_slice(ensure_data())
-    runs = [throughput.measure_stream(short, h, mode, extra) for _ in range(reps)]
-    keys = ("task_overhead_cpu_ms_per_step", "images_per_s", "test_accuracy", "compute_ms_per_step",
-            "exposed_comm_ms_per_step")
-    each = [{k: r.get(k) for k in keys} for r in runs]
-    return {"reps": reps, "slice": os.path.basename(short),
-            "median": {k: statistics.median(e[k] for e in each if e[k] is not None) for k in keys},
+    r = throughput.measure_stream(throughput.short_slice(ensure_data()), h, mode, extra)
+    return {k: r.get(k) for k in SPARK_KEYS}
+
+
+def spark_summary(each: list[dict]) -> dict:
+    """The Spark runs' medians, and each run."""
+    from bench import throughput
+
+    return {"reps": len(each), "slice": os.path.basename(throughput.short_slice(ensure_data())),
+            "median": {k: statistics.median(e[k] for e in each if e[k] is not None) for k in SPARK_KEYS},
             "repetitions": each}
+
+
+def figures(reps: list[dict], spark: list[dict]) -> dict:
+    """The medians of the in-process repetitions (and of the Spark runs, when there are any)."""
+    parts = {p: statistics.median(r["parts"][p] for r in reps) for p in (*PARTS, "tf", "total")}
+    out = {"reps": len(reps), "parts_ms_per_step": parts,
+           "task_overhead_cpu_ms_per_step": statistics.median(r["task_overhead_cpu_ms_per_step"]
+                                                               for r in reps),
+           "repetitions": reps}
+    if spark:
+        out["spark"] = spark_summary(spark)
+    return out
+
+
+def child(tree: str, what: str, data: str, steps: int) -> dict:
+    """One repetition (``what``: ``rep``, in process, or ``spark``) of ``tree``'s sparkcnn in a child
+    process: its JSON line."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")])),
+               PYSPARK_PYTHON=sys.executable, TF_CPP_MIN_LOG_LEVEL="2")
+    got = subprocess.run([sys.executable, os.path.abspath(__file__), "--tree", tree, "--one", what,
+                          "--data", data, "--steps", str(steps)], env=env, cwd=tree, capture_output=True,
+                         text=True, check=False)
+    if got.returncode != 0:
+        raise SystemExit(f"workerstep: a {what} repetition in {os.path.basename(tree)} failed: "
+                         f"{got.stderr[-3000:]}")
+    return json.loads(got.stdout.strip().splitlines()[-1])
+
+
+def side_by_side(a, data: str) -> tuple[dict, dict]:
+    """(base, head) figures, each repetition a child process, base and head in turn (module docstring)."""
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--verify", f"{a.base}^{{commit}}"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    runs = {"base": ([], []), "head": ([], [])}
+    with tempfile.TemporaryDirectory(prefix="sparkcnn-workerstep-base-") as tmp:
+        dirs = {"base": os.path.join(tmp, "base"), "head": ROOT}
+        subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", dirs["base"], commit], check=True,
+                       capture_output=True)
+        try:
+            for name in ("base", "head"):  # untimed: compiles the kernels into a new checkout's cache
+                child(dirs[name], "rep", data, WARM_STEPS)
+            for slot, what, n in ((0, "rep", a.reps), (1, "spark", a.spark_reps)):
+                for i in range(n):
+                    for name in (("base", "head") if i % 2 == 0 else ("head", "base")):
+                        r = child(dirs[name], what, data, a.steps)
+                        log("%s %s %d: %s", name, what, i, json.dumps(r.get("parts", r))[:160])
+                        runs[name][slot].append(r)
+        finally:
+            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", dirs["base"]],
+                           capture_output=True, check=False)
+    base = {"rev": a.base, "commit": commit, **figures(*runs["base"])}
+    return base, figures(*runs["head"])
 
 
 def main(argv=None) -> dict:
@@ -232,27 +301,36 @@ def main(argv=None) -> dict:
     ap.add_argument("--reps", type=int, default=5, help="repetitions in process (figures: their medians)")
     ap.add_argument("--steps", type=int, default=300, help="steps per block and repetition")
     ap.add_argument("--spark-reps", type=int, default=5, help="runs of the case on local[2] (0: none)")
+    ap.add_argument("--base", help="a revision measured beside this working tree, in one run (docstring)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--tree", help=argparse.SUPPRESS)  # a child: the checkout whose sparkcnn it measures
+    ap.add_argument("--one", choices=("rep", "spark"), help=argparse.SUPPRESS)  # a child's one repetition
+    ap.add_argument("--data", help=argparse.SUPPRESS)  # a child's slice
     a = ap.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if a.one:  # a child: sparkcnn is the tree's (PYTHONPATH), ahead of this file's checkout
+        sys.path.insert(0, os.path.abspath(a.tree))
+        tmp = tempfile.mkdtemp(prefix="sparkcnn-workerstep-")
+        r = one_rep(a.data, tmp, 0) if a.one == "rep" else spark_run()
+        print(json.dumps(r))
+        return r
     data = slice_data(ensure_data(), BLOCKS * a.steps * BATCH, 1000)
-    tmp = tempfile.mkdtemp(prefix="sparkcnn-workerstep-")
-    reps = []
-    for i in range(a.reps):
-        r = one_rep(data, tmp, i)
-        log("rep %d: parts total %.3f ms/step (policy %.3f), task %.3f ms/step", i, r["parts"]["total"],
-            r["parts"]["policy"], r["task_overhead_cpu_ms_per_step"])
-        reps.append(r)
-    med = {p: statistics.median(r["parts"][p] for r in reps) for p in (*PARTS, "tf", "total")}
     out = {"bench": "workerstep", "model": "fmnist_cnn", "settings": SETTINGS, "steps_per_block": a.steps,
-           "skip_steps": SKIP, "reps": a.reps,
-           "parts_ms_per_step": med,
-           "task_overhead_cpu_ms_per_step": statistics.median(r["task_overhead_cpu_ms_per_step"]
-                                                               for r in reps),
-           "repetitions": reps}
-    if a.spark_reps > 0:
-        log("the throughput case on local[2], %d runs", a.spark_reps)
-        out["spark"] = spark_case(a.spark_reps)
+           "skip_steps": SKIP}
+    if a.base:
+        base, head = side_by_side(a, data)
+        out.update(head, base=base)
+    else:
+        tmp = tempfile.mkdtemp(prefix="sparkcnn-workerstep-")
+        reps = []
+        for i in range(a.reps):
+            r = one_rep(data, tmp, i)
+            log("rep %d: parts total %.3f ms/step (policy %.3f), task %.3f ms/step", i, r["parts"]["total"],
+                r["parts"]["policy"], r["task_overhead_cpu_ms_per_step"])
+            reps.append(r)
+        if a.spark_reps > 0:
+            log("the throughput case on local[2], %d runs", a.spark_reps)
+        out.update(figures(reps, [spark_run() for _ in range(a.spark_reps)]))
     emit(out, a.out)
     return out
 
