@@ -29,7 +29,11 @@ the window / pushes in it; apart: ``driver_cpu_ms_per_push`` (this process; also
 per push: the pushes/s the layout would sustain with a core per process, which this 2-core
 machine, one core of it the load generator's, cannot show as pushes/s),
 ``bytes_per_push`` each way (the whole messages, downlinks and start replies included),
-``dropped`` (too stale: trained again) and ``refused`` (should be 0). Each case runs ``--reps``
+``dropped`` (too stale: trained again) and ``refused`` (should be 0). To tell a tail's cause,
+each repetition also keeps ``late_replies`` (replies in the window over 10 ms),
+``driver_pauses`` (this process's cyclic collections over 5 ms, and the sampler's wake-ups
+late by over 5 ms, which the interpreter lock or a busy machine cause: count, longest, sum, in
+the window) and ``load_1min`` (the machine's load average at its end). Each case runs ``--reps``
 times (default 5), the layouts of one N taking turns rep by rep, so that a slow spell of the
 machine falls on all of them; its figures are the medians of the repetitions' (``each`` keeps
 theirs), and the targets are judged on those medians: the load target on K = 1 at the most
@@ -43,6 +47,7 @@ within 10 % of K = 1's at every N.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -62,6 +67,8 @@ SETTINGS = ["engine.transport=stream", "engine.mode=async", "train.steps_per_rou
 TARGET_PUSHES_PER_S, TARGET_P99_MS = 1000.0, 50.0
 PER_PROCESS = 16  # workers per load-generator process: 64 threads under one GIL queue behind each other
 OFFERED = 1050.0  # pushes/s offered by default: a little over the target, so that meeting it shows
+PAUSE_S = 0.005  # a collection or a late wake-up of the sampler over this is recorded as a pause
+LATE_S = 0.010   # a reply later than this counts in ``late_replies`` (the p99 target's bound)
 SERVERS_WITHIN = 0.10  # K = 2 server processes: their summed CPU per push at most this much over K = 1's
 
 
@@ -84,13 +91,28 @@ class _Cpu:
         self.rows: list[tuple[float, float]] = []                # (time, this process's CPU seconds)
         self.child_rows: list[tuple[float, list[float]]] = []   # (time, each other process's CPU seconds)
         self.engine, self.stop = engine, threading.Event()
+        self.pauses: list[tuple[str, float, float]] = []  # (kind, start, seconds): this process held up
+        gc.callbacks.append(self._gc)
+        self._gc_start = 0.0
         self.thread = threading.Thread(target=self.sample, daemon=True)
         self.thread.start()
 
+    def _gc(self, phase: str, info: dict) -> None:
+        """A cyclic collection of this process over ``PAUSE_S``: every thread waited for it."""
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        elif time.perf_counter() - self._gc_start > PAUSE_S:
+            self.pauses.append((f"gc{info['generation']}", self._gc_start, time.perf_counter() - self._gc_start))
+
     def sample(self) -> None:
         tick = os.sysconf("SC_CLK_TCK")
+        last = time.perf_counter()
         while not self.stop.wait(0.01):
-            self.rows.append((time.perf_counter(), time.process_time()))
+            now = time.perf_counter()
+            if now - last > 0.01 + PAUSE_S:  # this thread woke late: the interpreter lock or the cores
+                self.pauses.append(("stall", last, now - last - 0.01))
+            last = now
+            self.rows.append((now, time.process_time()))
             procs = children(self.engine)
             if not procs:
                 continue
@@ -109,6 +131,20 @@ class _Cpu:
     def close(self) -> None:
         self.stop.set()
         self.thread.join()
+        gc.callbacks.remove(self._gc)
+
+    def paused(self, t0: float, t1: float) -> dict:
+        """The pauses of this process that overlap [t0, t1]: how many, the longest, their sum (ms),
+        by kind (``gc0``..``gc2``: a collection; ``stall``: the sampler woke late, the process held
+        up by its interpreter lock or kept off the cores)."""
+        out: dict = {}
+        for kind, a, d in self.pauses:
+            if a <= t1 and a + d >= t0:
+                k = out.setdefault(kind, {"n": 0, "max_ms": 0.0, "sum_ms": 0.0})
+                k["n"] += 1
+                k["max_ms"] = max(k["max_ms"], 1000 * d)
+                k["sum_ms"] += 1000 * d
+        return out
 
     @staticmethod
     def _at(rows: list, t: float) -> list[float]:
@@ -232,6 +268,8 @@ def run_case(data_src: str, workers: int, pushes: int, rate: float, density: flo
             "shard_cpu_ms_per_push": child_ms if shards > 1 else [],
             "server_process_cpu_ms_per_push": child_ms if servers > 1 else [],
             "capacity_pushes_per_s": 1000 / max(1e-9, driver_ms, *child_ms),
+            "late_replies": sum(ms > LATE_S for ms in lat), "driver_pauses": cpu.paused(*window),
+            "load_1min": os.getloadavg()[0],
             "client_cpu_ms_per_push": 1000 * client["cpu_s"] / max(1, sent),
             "client_processes": client["processes"],
             "bytes_per_push": {way: sum(w[way] for w in client["workers"].values()) / max(1, sent)
@@ -261,7 +299,8 @@ def _median_case(reps: list[dict]) -> dict:
     out["repetitions"] = len(reps)
     out["each"] = [{"pushes_per_s": r["pushes_per_s"], "reply_ms": r["reply_ms"],
                     "server_cpu_ms_per_push": r["server_cpu_ms_per_push"],
-                    "capacity_pushes_per_s": r["capacity_pushes_per_s"]} for r in reps]
+                    "capacity_pushes_per_s": r["capacity_pushes_per_s"], "late_replies": r["late_replies"],
+                    "driver_pauses": r["driver_pauses"], "load_1min": r["load_1min"]} for r in reps]
     return out
 
 
