@@ -114,6 +114,11 @@ KEPT: dict[str, tuple[str, str]] = {
         ("`bench/workerstep.py --base main`: the same figures with the out-of-place policies' buffers "
          "in one block (head) beside main (base), in one run, each repetition a child process"),
         OPEN_ISSUE),
+    "2026-12-07-tails": (
+        ("`bench/tails.py`: the 64-worker psload case at 1,000 pushes/s, 5 repetitions on a quiet "
+         "machine and 5 beside three spinning processes, taken in turn, each with its late replies, "
+         "the server's collections and stalls, and the load"),
+        "the cause of the reply tails (the cores taken, not a pause of the server); named by an open issue"),
     "archive": (
         ("results from before the dated folders (bench/run_all.py moves older results here): "
          "`accuracy-stream.json`, the seed comparison; `throughput`, `jobcost`, `scale`, `balance`, "
