@@ -243,8 +243,7 @@ class Run:
     def write(self, decision: Decision, timings: Timings, where: Where = Where(),
               progress_at: tuple | None = None) -> dict:
         """Write an applied exchange's record with what the transport measured."""
-        return self.records.write(dataclasses.replace(decision.record, timings=timings, where=where),
-                                  progress_at)
+        return self.records.write(decision.record, progress_at, timings, where)
 
     def write_line(self, line: dict, progress_at: tuple | None = None) -> dict:
         """An exchange record a server process wrote (``ps.servers`` > 1), in this run's records."""
