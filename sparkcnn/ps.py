@@ -196,7 +196,7 @@ class ParameterServer:
 
     # -- optimizer side --------------------------------------------------------------
 
-    def apply(self, update: np.ndarray | SparseDelta, scale: float = 1.0) -> int:
+    def apply(self, update: np.ndarray | SparseDelta, scale: float = 1.0, *, decoded: bool = False) -> int:
         """``W -= scale * update`` in float32; returns the new version (old + 1).
 
         ``update`` is a dense vector (cast to float32) or a SparseDelta; both
@@ -204,7 +204,9 @@ class ParameterServer:
         server only through the codec, whose decoder refuses non-finite
         values (:func:`sparkcnn.server.apply.apply_deltas`), and through the
         divergence guard, which refuses exploding ones; so this method checks
-        shapes, not values.
+        shapes, not values. ``decoded``: a SparseDelta the codec's decoder made,
+        whose indices it validated already (a second pass would cost O(nnz)
+        again on every push).
         """
         scale = float(scale)
         if not (math.isfinite(scale) and scale > 0):
@@ -215,7 +217,8 @@ class ParameterServer:
                 if update.size != self._W.size:
                     raise BadInput(f"update has size {update.size}, weights have {self._W.size}")
                 try:
-                    update.validate()
+                    if not decoded:
+                        update.validate()
                 except ValueError as err:
                     raise BadInput(f"malformed sparse update: {err}") from None
                 idx, step = update.indices, update.values

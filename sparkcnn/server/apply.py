@@ -100,9 +100,10 @@ def _apply_one(ps: ParameterServer, payload: bytes, k: int, factor: float, guard
 
 
 def apply_decoded(ps: ParameterServer, delta, factor: float) -> None:
-    """``W -= float32(factor) · delta`` for one decoded payload: in place when sparse, bitwise the
-    dense subtraction (what :func:`apply_deltas` does with a lone payload)."""
+    """``W -= float32(factor) · delta`` for one payload the codec decoded (and so validated): in
+    place when sparse, bitwise the dense subtraction (what :func:`apply_deltas` does with a lone
+    payload)."""
     if delta.nnz * SPARSE_APPLY_BELOW < ps.W.size:
-        ps.apply(delta, scale=float(np.float32(factor)))
+        ps.apply(delta, scale=float(np.float32(factor)), decoded=True)
     else:
         ps.apply(delta.to_dense() * np.float32(factor))
