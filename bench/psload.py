@@ -38,7 +38,11 @@ times (default 5), the layouts of one N taking turns rep by rep, so that a slow 
 machine falls on all of them; its figures are the medians of the repetitions' (``each`` keeps
 theirs), and the targets are judged on those medians: the load target on K = 1 at the most
 workers, and with ``--servers`` 1 and 2 the servers' target, K = 2's summed CPU per push
-within 10 % of K = 1's at every N.
+within 10 % of K = 1's at every N. With one server at 64 workers and 1,000 pushes/s offered, the
+floor's target (``cpu_target``): its CPU per push at most 0.2 ms on the median, the reply p99 under
+10 ms in every repetition; beside it, where one server's CPU per push goes
+(``cpu_parts_ms_per_push``: the wire, the handler's checks, reply and record, the run's accept and
+apply, the downlink).
 
     python bench/psload.py [--workers 2 4 8 16 32 64] [--shards 1 2 4] [--servers 1 2] [--rate 1050]
                            [--pushes 4000] [--reps 5] [--quick] [--out F]
@@ -70,6 +74,10 @@ OFFERED = 1050.0  # pushes/s offered by default: a little over the target, so th
 PAUSE_S = 0.005  # a collection or a late wake-up of the sampler over this is recorded as a pause
 LATE_S = 0.010   # a reply later than this counts in ``late_replies`` (the p99 target's bound)
 SERVERS_WITHIN = 0.10  # K = 2 server processes: their summed CPU per push at most this much over K = 1's
+# the floor's target: one server, 64 workers offering 1,000 pushes/s, at most this much CPU per push
+# (everything: decode, accept, apply, downlink, reply, record), the reply p99 under its bound in every
+# repetition
+CPU_TARGET_MS, CPU_TARGET_P99_MS, CPU_TARGET_AT = 0.2, 10.0, (64, 1000.0)
 
 
 # -- the server side -------------------------------------------------------------------------------
@@ -219,6 +227,26 @@ def _load_backend(deltas_path: str, rate: float):
     return LoadBackend
 
 
+def cpu_parts(engine, service: dict | None) -> dict | None:
+    """One server's CPU per push by part, over the whole run (ms per message the service handled):
+    ``wire`` (the connection's thread outside the handler: reading, checking the MAC, decoding,
+    encoding and writing the reply, waking), ``accept_apply`` (the run's accept and apply, as each
+    record's ``server_cpu_s`` less its downlink), ``downlink`` (choosing D and encoding it: the
+    records' ``downlink_cpu_s``) and ``check_reply_record`` (the rest of the handler: the push's
+    checks, the reply's weights part, the record written). None with shards or server processes,
+    whose parts run elsewhere."""
+    messages = (service or {}).get("messages")
+    if engine.group is not None or engine.server.shards is not None or not messages:
+        return None
+    lines = [h for h in engine.server.history if h.get("kind") == "round" and "server_cpu_s" in h]
+    take = sum(h["server_cpu_s"] for h in lines)
+    down = sum(h.get("downlink_cpu_s") or 0.0 for h in lines)
+    ms = 1000 / messages
+    return {"wire": ms * (service["stream_cpu_s"] - service["handler_cpu_s"]),
+            "check_reply_record": ms * (service["handler_cpu_s"] - take),
+            "accept_apply": ms * (take - down), "downlink": ms * down}
+
+
 def _pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -277,7 +305,9 @@ def run_case(data_src: str, workers: int, pushes: int, rate: float, density: flo
             "dropped": sum(w["dropped"] for w in client["workers"].values()),
             "stale_dropped": summary.get("stale_dropped"),
             "refused": sum(w["refused"] for w in client["workers"].values()),
-            "service": summary.get("stream"), "exchanges_applied": summary.get("rounds"),
+            "service": summary.get("stream"),
+            "cpu_parts_ms_per_push": cpu_parts(engine, summary.get("stream")),
+            "exchanges_applied": summary.get("rounds"),
             "layout": list(engine.spec.layout)}
 
 
@@ -296,6 +326,9 @@ def _median_case(reps: list[dict]) -> dict:
     out["bytes_per_push"] = {w: median([r["bytes_per_push"][w] for r in reps]) for w in ("up", "down")}
     for key in ("dropped", "refused", "pushes"):
         out[key] = sum(r[key] for r in reps)
+    parts = [r["cpu_parts_ms_per_push"] for r in reps if r.get("cpu_parts_ms_per_push")]
+    if parts:
+        out["cpu_parts_ms_per_push"] = {k: median([p[k] for p in parts]) for k in parts[0]}
     out["repetitions"] = len(reps)
     out["each"] = [{"pushes_per_s": r["pushes_per_s"], "reply_ms": r["reply_ms"],
                     "server_cpu_ms_per_push": r["server_cpu_ms_per_push"],
@@ -311,6 +344,24 @@ def _against(by: dict, key, one) -> dict:
             "p99_ms": c["reply_ms"]["p99"] / max(1e-9, o["reply_ms"]["p99"]),
             "server_cpu_ms_per_push": c["server_cpu_ms_per_push"] / max(1e-9, o["server_cpu_ms_per_push"]),
             "capacity_pushes_per_s": c["capacity_pushes_per_s"] / max(1e-9, o["capacity_pushes_per_s"])}
+
+
+def cpu_target(by: dict) -> dict | None:
+    """The floor's target: one server at ``CPU_TARGET_AT`` (workers, pushes/s offered), its CPU per
+    push at most ``CPU_TARGET_MS`` on the median of the repetitions and the reply p99 under
+    ``CPU_TARGET_P99_MS`` in every one; None when that case was not run."""
+    n, rate = CPU_TARGET_AT
+    case = by.get((1, 1, n))
+    if case is None or case.get("offered_pushes_per_s") != rate:
+        return None
+    each = case.get("each") or [case]
+    p99s = [e["reply_ms"]["p99"] for e in each]
+    return {"ms_per_push": CPU_TARGET_MS, "p99_ms": CPU_TARGET_P99_MS, "at_workers": n,
+            "offered_pushes_per_s": rate,
+            "server_cpu_ms_per_push": case["server_cpu_ms_per_push"], "p99_each": p99s,
+            "parts_ms_per_push": case.get("cpu_parts_ms_per_push"), "repetitions": case["repetitions"],
+            "met": (case["server_cpu_ms_per_push"] <= CPU_TARGET_MS and case["refused"] == 0
+                    and all(p < CPU_TARGET_P99_MS for p in p99s))}
 
 
 def servers_target(by: dict) -> dict | None:
@@ -391,7 +442,7 @@ def main() -> int:
                            for k, s, n in by if s > 1 and (1, 1, n) in by}
     met = bool(one) and all(c["pushes_per_s"] >= TARGET_PUSHES_PER_S and c["reply_ms"]["p99"] < TARGET_P99_MS
                             and c["refused"] == 0 for c in one)
-    st = servers_target(by)
+    st, ct = servers_target(by), cpu_target(by)
     emit({"bench": "psload", "model": "fmnist_cnn", "settings": SETTINGS, "density": args.density,
           "recorded_deltas": len(deltas), "layout": layout,
           "median_payload_bytes": median([len(d["payload"]) for d in deltas]),
@@ -399,7 +450,7 @@ def main() -> int:
           **({"servers_against_one": servers_against_one} if servers_against_one else {}),
           "target": {"pushes_per_s": TARGET_PUSHES_PER_S, "p99_ms": TARGET_P99_MS,
                      "at_workers": max(args.workers), "met": met},
-          **({"servers_target": st} if st else {})}, args.out)
+          **({"servers_target": st} if st else {}), **({"cpu_target": ct} if ct else {})}, args.out)
     return exit_status("psload")
 
 

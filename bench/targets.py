@@ -236,7 +236,7 @@ def of_psload(pl: dict | None) -> list[Target]:
     beside it the servers' target (``of_servers``), when the run measured one."""
     t = _get(pl, "target")
     if not isinstance(t, dict):
-        return of_servers(pl)
+        return of_cpu(pl) + of_servers(pl)
     at = t.get("at_workers")
     case = next((c for c in (_get(pl, "cases") or []) if isinstance(c, dict) and c.get("workers") == at
                  and c.get("shards", 1) == 1 and c.get("servers", 1) == 1), {})
@@ -252,7 +252,30 @@ def of_psload(pl: dict | None) -> list[Target]:
               + (", ".join(_fmt(p, 1) for p in p99s) or "—") + " ms")
     return [Target(f"{_fmt(t.get('pushes_per_s'), 0)} pushes/s with reply p99 < {_fmt(t.get('p99_ms'), 0)} ms "
                    f"at {at} workers", figure, verdict, f"pushes/s: {speed[1]}; p99: {tail[1]}"),
-            *of_servers(pl)]
+            *of_cpu(pl), *of_servers(pl)]
+
+
+def of_cpu(pl: dict | None) -> list[Target]:
+    """psload's floor target: one server's CPU per push on the median of the repetitions, with the
+    reply p99 under its bound in every one."""
+    ct = _get(pl, "cpu_target")
+    if not isinstance(ct, dict):
+        return []
+    n, p99s = ct.get("repetitions"), list(ct.get("p99_each") or [])
+    cpu = judge(SPEED, n, _num(ct.get("server_cpu_ms_per_push"))
+                and ct["server_cpu_ms_per_push"] <= ct.get("ms_per_push", 0))
+    tail = judge(TAIL, n, None, [_num(p) and p < ct.get("p99_ms", 0) for p in p99s])
+    verdicts = {cpu[0], tail[0]}
+    verdict = MISSES if MISSES in verdicts else NOT_JUDGED if NOT_JUDGED in verdicts else HOLDS
+    parts = ct.get("parts_ms_per_push") or {}
+    figure = (f"{_fmt(ct.get('server_cpu_ms_per_push'), 3)} ms/push (median)"
+              + (" = " + " + ".join(f"{k} {_fmt(v, 3)}" for k, v in parts.items()) if parts else "")
+              + "; p99 per repetition: " + (", ".join(_fmt(p, 1) for p in p99s) or "—") + " ms")
+    return [Target(f"one server at {_fmt(ct.get('offered_pushes_per_s'), 0)} pushes/s from "
+                   f"{_fmt(ct.get('at_workers'), 0)} workers: CPU per push "
+                   f"<= {_fmt(ct.get('ms_per_push'), 1)} ms, "
+                   f"reply p99 < {_fmt(ct.get('p99_ms'), 0)} ms", figure, verdict,
+                   f"CPU: {cpu[1]}; p99: {tail[1]}")]
 
 
 def of_servers(pl: dict | None) -> list[Target]:

@@ -78,3 +78,24 @@ def test_psload_judges_its_load_target_on_one_server_and_the_servers_target_besi
     load, servers = tg.of_psload(doc)
     assert load.verdict == tg.HOLDS and servers.verdict == tg.HOLDS
     assert tg.of_servers({"cases": doc["cases"]}) == []  # a run without K = 2 judges no servers target
+
+
+def _floor_run(cpu: float, p99s: list[float]) -> dict:
+    """A psload result with one server at 64 workers and 1,000 pushes/s offered."""
+    from bench import psload
+
+    each = [{"reply_ms": {"p99": p}} for p in p99s]
+    case = {"workers": 64, "shards": 1, "servers": 1, "offered_pushes_per_s": 1000.0,
+            "server_cpu_ms_per_push": cpu, "refused": 0, "repetitions": len(p99s), "each": each,
+            "cpu_parts_ms_per_push": {"wire": 0.1, "accept_apply": cpu - 0.1}}
+    return {"cases": [case], "cpu_target": psload.cpu_target({(1, 1, 64): case})}
+
+
+def test_the_floor_target_needs_its_cpu_on_the_median_and_its_p99_in_every_repetition():
+    (t,) = tg.of_cpu(_floor_run(0.19, [3.0] * 5))
+    assert t.verdict == tg.HOLDS and "0.190 ms/push (median) = wire 0.100 + accept_apply 0.090" in t.figure
+    assert tg.of_cpu(_floor_run(0.21, [3.0] * 5))[0].verdict == tg.MISSES
+    (t,) = tg.of_cpu(_floor_run(0.19, [3.0, 3.0, 12.0, 3.0, 3.0]))  # one repetition's tail over 10 ms
+    assert t.verdict == tg.MISSES and "1 over the bound" in t.evidence
+    assert tg.of_cpu(_floor_run(0.19, [3.0] * 3))[0].verdict == tg.NOT_JUDGED
+    assert tg.of_cpu({"cases": []}) == []  # a run without that case judges nothing

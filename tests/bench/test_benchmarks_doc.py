@@ -435,7 +435,7 @@ def targets_in_json(folder: str) -> int:
             + sum(len(v) if isinstance(v, dict) else 1 for v in scale.values())
             + ("within_25pct" in load("costmodel")) + len(load("links").get("checks") or {})
             + ("passed" in load("linkmodel")) + ("target" in load("psload")) + ("target" in load("shardmodel"))
-            + ("servers_target" in load("psload"))
+            + ("servers_target" in load("psload")) + ("cpu_target" in load("psload"))
             + len(momentum))
 
 
