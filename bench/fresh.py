@@ -39,7 +39,7 @@ VERSIONS = ("python", "tensorflow", "keras", "pyspark", "numpy", "pyarrow")
 MANIFEST = "manifest.json"
 # the results a render reads, as bench/run_all.py saves them (<name>.json)
 READ = ("accuracy", "throughput", "jobcost", "scale", "balance", "cifar", "costmodel", "links", "linkmodel",
-        "psload", "shardmodel", "momentum", "run_all")
+        "psload", "shardmodel", "servermodel", "momentum", "run_all")
 RESULTS_LINE = re.compile(r"^<!-- results: (.+?) -->$", re.M)
 
 

@@ -489,9 +489,10 @@ def servers_sentence(pl: dict | None) -> str:
             "over the busiest process's ms per push), not by the pushes/s measured here.")
 
 
-def servers_block(pl: dict | None, label: str = "psload") -> str:
+def servers_block(pl: dict | None, label: str = "psload", sv: dict | None = None) -> str:
     """The README's ``servers`` block: K = 1 and K > 1 server processes at each N measured, from a
-    psload.json (``label``: where it is, for the line naming the run)."""
+    psload.json (``label``: where it is, for the line naming the run), and the K the model
+    (servermodel.json of the same folder, ``sv``) picks for each N."""
     cases = servers_cases(pl)
     if not cases:
         return "\n".join(["", NOT_MEASURED, "", ""])
@@ -506,7 +507,48 @@ def servers_block(pl: dict | None, label: str = "psload") -> str:
         "", _table(["Workers N", "Servers K", "Server CPU per push (ms)", "Driver's part (ms)",
                     "Each server (ms)", "Pushes/s with a core each", "Pushes/s here", "Reply p99 (ms)"],
                    body), "",
-        f"{servers_sentence(pl)} Offered {offered} pushes/s{_reps_note(cases)}. {measured(pl, label)}", "", ""])
+        f"{servers_sentence(pl)} Offered {offered} pushes/s{_reps_note(cases)}. {measured(pl, label)}", "",
+        *([servers_choice(sv), ""] if servers_choice(sv) else []), ""])
+
+
+def servers_choice(sv: dict | None) -> str:
+    """The model's answer to how many server processes N workers need (servermodel.json), or ''."""
+    best, by = _get(sv, "best_servers"), _get(sv, "by_servers")
+    if not isinstance(best, dict) or not isinstance(by, dict):
+        return ""
+    picks = "; ".join(f"N = {n}: K = {k} ({_f(_get(by, k, 'speed_up', n), 1)}x)" for n, k in best.items())
+    return (f"How many to choose, as `bench/servermodel.py` predicts from these costs (a core per worker and per "
+            f"process, steps of {_f(_get(sv, 'step_ms'), 1)} ms, a worker's {_f(_get(sv, 'worker_ms'), 2)} ms "
+            f"outside training, a driver host of {_g(_get(sv, 'cores'))} cores): the smallest K of the best "
+            f"per-step speed-up, {picks}.")
+
+
+def servermodel_section(sv: dict | None, pl: dict | None = None) -> str:
+    """servermodel.json: the per-step speed-up predicted with K server processes that split the workers."""
+    out = ["## Predicted speed-up with K server processes", ""]
+    by = _get(sv, "by_servers")
+    if not isinstance(by, dict) or not by:
+        return "\n".join(out + [NOT_MEASURED])
+    ks = sorted(by, key=int)
+    ns = list((_get(by, ks[0], "speed_up") or {}).keys())
+    body = [[n, *[_f(_get(by, k, "speed_up", n), 1) for k in ks], _g(_get(sv, "best_servers", n))] for n in ns]
+    f, v = _get(sv, "fit") or {}, _get(sv, "validation") or {}
+    caps = ", ".join(f"K = {k}: {_f(_get(by, k, 'capacity_pushes_per_s'), 0)}" for k in ks)
+    held = "; ".join(f"K = {k}: {_f(_get(x, 'predicted'), 0)} predicted, {_f(_get(x, 'measured'), 0)} measured"
+                     for k, x in _items(v.get("by_servers")))
+    out += [measured(sv, "servermodel"), "",
+            _table(["Workers N", *[f"K = {k}" for k in ks], "Best K"], body), "",
+            f"Per-step GS-ASGD + MS, a core per worker and per server process on a driver host of "
+            f"{_g(_get(sv, 'cores'))} cores, a {_g(_get(sv, 'gbit'))} Gbit/s driver link, steps of "
+            f"{_f(_get(sv, 'step_ms'), 1)} ms and {_f(_get(sv, 'worker_ms'), 2)} ms of a worker's CPU outside "
+            f"training. Costs per push measured by `bench/psload.py --servers 1 2` at N = "
+            f"{_g(f.get('at_workers'))}: one server {_f(f.get('c_1_ms'), 3)} ms; two server processes "
+            f"{_f(f.get('s_2_ms'), 3)} ms summed (taken to grow linearly with K beyond) and the driver's part "
+            f"{_f(f.get('d_ms'), 3)} ms. Pushes/s the servers sustain: {caps}. Fitted at N = "
+            f"{_g(v.get('fitted_at_workers'))} instead, the model's capacities at N = {_g(v.get('held_out_workers'))}: "
+            f"{held or DASH}."]
+    block = targets_block(sv, "servermodel", tg.of_servermodel(sv))
+    return "\n".join(out + (["", block] if block else []))
 
 
 def shardmodel_section(sm: dict | None, pl: dict | None = None) -> str:
@@ -1114,14 +1156,15 @@ def render(results_dir: str, figures_dir: str | None = None, *, doc: str | None 
                 throughput_table(d["throughput"]), cifar_table(d["cifar"]),
                 scale_section(d["scale"], d["costmodel"], fig), links_section(d["links"], fig),
                 linkmodel_section(d["linkmodel"]), psload_section(d["psload"]),
-                shardmodel_section(d["shardmodel"], d["psload"]),
+                shardmodel_section(d["shardmodel"], d["psload"]), servermodel_section(d["servermodel"]),
                 balance_section(d["balance"], d["throughput"], fig),
                 jobcost_table(d["jobcost"]), run_table(d["run_all"], d), method_section(docs_dir)]
     readme_dir = os.path.dirname(os.path.abspath(readme or os.path.join(ROOT, "README.md")))
     servers_dir = servers_results_of(_read(readme)) if readme else None
-    servers = (d["psload"], "psload")
+    servers = (d["psload"], "psload", d["servermodel"])
     if servers_dir:
-        servers = (_load(os.path.join(ROOT, servers_dir), "psload"), f"{servers_dir}/psload")
+        servers = (_load(os.path.join(ROOT, servers_dir), "psload"), f"{servers_dir}/psload",
+                   _load(os.path.join(ROOT, servers_dir), "servermodel"))
     return {"benchmarks": "\n\n".join(["\n".join(top), *sections]) + "\n",
             "headline": headline(d["accuracy"], d["throughput"], os.path.relpath(doc, readme_dir), d["momentum"],
                                  summary_line(every)),

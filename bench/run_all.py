@@ -80,9 +80,13 @@ def benchmarks(quick: bool, seeds: int) -> dict[str, list[str]]:
         # 24,000 rows: on 12,000 a run is mostly the density warm-up, whose bytes the model does not
         # hold (held-out error 40.5 % at f07a85a, 5.0 % on 24,000 at 1b90cf7)
         "linkmodel": ["linkmodel.py", "--train-rows", "24000"],
-        "psload": ["psload.py", *q],
+        # one server, key-range shards, and K = 2 server processes (the servers' model reads those)
+        "psload": ["psload.py", *q, "--servers", "1", "2"],
         # the per-step speed-up with K shards, predicted from the two above ({out}: this run's folder)
         "shardmodel": ["shardmodel.py", "--psload", "{out}/psload.json", "--throughput", "{out}/throughput.json"],
+        # the same with K server processes that split the workers
+        "servermodel": ["servermodel.py", "--psload", "{out}/psload.json", "--throughput",
+                        "{out}/throughput.json"],
         # sparsification-aware momentum against momentum correction at N = 2, 4, 8 blocks
         "momentum": ["momentum.py", *(["--blocks", "2", "--seeds", "1", "--epochs", "1", "--settings", "project"]
                                       if quick else [])],

@@ -307,6 +307,25 @@ def of_shardmodel(sm: dict | None, pl: dict | None = None) -> list[Target]:
                    f"best speed-ups by N: {figure}", *judge(SPEED, n, _bool(t.get("met"))))]
 
 
+def of_servermodel(sv: dict | None) -> list[Target]:
+    """The servers' model: its predicted speed-up at N = 64 on a driver host of at most 8 cores, on
+    the repetitions of the psload costs it read; and its check on the held-out capacities."""
+    t, v = _get(sv, "target"), _get(sv, "validation")
+    if not isinstance(t, dict) or not isinstance(v, dict):
+        return []
+    n, at = _get(sv, "repetitions"), t.get("at_workers")
+    best = _get(sv, "best_servers", str(at))
+    held = "; ".join(f"K = {k}: {_fmt(_get(x, 'error') * 100 if _num(_get(x, 'error')) else None, 1)} %"
+                     for k, x in (v.get("by_servers") or {}).items())
+    return [Target(f"predicted speed-up >= {t.get('fraction_of_n')} N at N = {at} with K server processes on "
+                   f"a driver host of at most {t.get('cores_at_most')} cores",
+                   f"{_fmt(t.get('speed_up'), 1)} at K = {best} on {_fmt(_get(sv, 'cores'), 0)} cores",
+                   *judge(SPEED, n, _bool(t.get("met")))),
+            Target(f"the model within {_fmt((v.get('within') or 0) * 100, 0)} % on held-out capacities "
+                   f"(N = {v.get('held_out_workers')}, fitted at N = {v.get('fitted_at_workers')})",
+                   f"errors: {held or '—'}", *judge(SPEED, n, _bool(v.get("passed"))))]
+
+
 MOMENTUM_GAP = -0.3  # points: SAMomentum within 0.3 points of momentum correction at N = 8, or better
 
 
@@ -345,6 +364,7 @@ def of_folder(docs: dict[str, dict | None]) -> dict[str, list[Target]]:
             "costmodel": of_costmodel(docs.get("costmodel")), "links": of_links(docs.get("links")),
             "linkmodel": of_linkmodel(docs.get("linkmodel")), "psload": of_psload(docs.get("psload")),
             "shardmodel": of_shardmodel(docs.get("shardmodel"), docs.get("psload")),
+            "servermodel": of_servermodel(docs.get("servermodel")),
             "balance": of_targets_met(docs.get("balance"))}
 
 
