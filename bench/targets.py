@@ -307,6 +307,17 @@ def of_shardmodel(sm: dict | None, pl: dict | None = None) -> list[Target]:
                    f"best speed-ups by N: {figure}", *judge(SPEED, n, _bool(t.get("met"))))]
 
 
+def of_cifar(cif: dict | None) -> list[Target]:
+    """The CIFAR-10 bench's gate: every mode's run trained, so that its speed figure counts."""
+    t = _get(cif, "target")
+    if not isinstance(t, dict):
+        return []
+    modes = [m for m in (_get(cif, "modes") or []) if isinstance(m, dict)]
+    figure = "; ".join(f"{m.get('mode')}: {_fmt(m.get('test_accuracy'), 3)}" for m in modes) or "—"
+    return [Target(f"every mode's test accuracy >= {_fmt(t.get('trained_at_least'), 2)} (its run trained)",
+                   figure, *judge(COUNT, 1, _bool(t.get("met"))))]
+
+
 def of_servermodel(sv: dict | None) -> list[Target]:
     """The servers' model: its predicted speed-up at N = 64 on a driver host of at most 8 cores, on
     the repetitions of the psload costs it read; and its check on the held-out capacities."""
@@ -364,7 +375,7 @@ def of_folder(docs: dict[str, dict | None]) -> dict[str, list[Target]]:
             "costmodel": of_costmodel(docs.get("costmodel")), "links": of_links(docs.get("links")),
             "linkmodel": of_linkmodel(docs.get("linkmodel")), "psload": of_psload(docs.get("psload")),
             "shardmodel": of_shardmodel(docs.get("shardmodel"), docs.get("psload")),
-            "servermodel": of_servermodel(docs.get("servermodel")),
+            "servermodel": of_servermodel(docs.get("servermodel")), "cifar": of_cifar(docs.get("cifar")),
             "balance": of_targets_met(docs.get("balance"))}
 
 

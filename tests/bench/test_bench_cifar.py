@@ -1,95 +1,65 @@
-"""bench/cifar.py's generated data: byte-exact CIFAR-10 binary, deterministic, read back by the
-project's reader and its prepare step (the benchmark's Spark training is not run here)."""
+"""bench/cifar.py's data: a seeded random sample of a prepared CIFAR-10 whose splits hold the
+images class by class, as make data-cifar10 prepares them (the benchmark's Spark training is not
+run here)."""
 
 import importlib
+import json
 import os
 
 import numpy as np
 import pytest
 
-from sparkcnn.data.cifar import CIFAR10_CLASSES, RECORD_BYTES, read_cifar_bin_file, read_cifar_split
+from sparkcnn.data.parquet_io import META_MEAN, META_STD, read_meta, read_split_numpy, write_split
 
 bc = importlib.import_module("bench.cifar")
-
-FILES = [f"data_batch_{k}.bin" for k in range(1, 6)] + ["test_batch.bin"]
+CLASSES = [f"c{k}" for k in range(10)]
 
 
 @pytest.fixture(scope="module")
-def generated(tmp_path_factory):
-    return bc.write_generated_cifar(str(tmp_path_factory.mktemp("cifar") / "bin"), 103, 21, seed=7)
+def by_class(tmp_path_factory):
+    """A prepared CIFAR-10-shaped dataset ordered by class, each image marked with its row."""
+    root = tmp_path_factory.mktemp("cifar") / "prepared"
+    for split, per in (("train", 30), ("test", 10)):
+        y = np.repeat(np.arange(10), per)
+        x = np.zeros((len(y), 32, 32, 3), np.uint8)
+        x[:, 0, 0, 0], x[:, 0, 0, 1], x[:, 0, 0, 2] = np.arange(len(y)) % 256, y, np.arange(len(y)) // 256
+        stats = {META_MEAN: json.dumps([0.5, 0.4, 0.3]), META_STD: json.dumps([0.2, 0.2, 0.2])}
+        extra = stats if split == "train" else {}
+        write_split(str(root / split), x, y, CLASSES, extra=extra)
+    return str(root)
 
 
-def test_files_are_3073_byte_records_with_label_bytes(generated):
-    rows = []
-    for name in FILES:
-        raw = np.fromfile(os.path.join(generated, name), dtype=np.uint8)
-        assert raw.size > 0 and raw.size % RECORD_BYTES == 0, name
-        records = raw.reshape(-1, RECORD_BYTES)
-        assert records[:, 0].max() <= 9, name  # the first byte of each record is a label 0..9
-        rows.append(len(records))
-    assert sum(rows[:5]) == 103 and rows[5] == 21
-    assert max(rows[:5]) - min(rows[:5]) <= 1  # the train rows spread over the five batches
-    with open(os.path.join(generated, "batches.meta.txt"), encoding="utf-8") as f:
-        assert tuple(f.read().split()) == CIFAR10_CLASSES
+def test_the_sample_mixes_every_class_and_keeps_the_pixel_statistics(by_class):
+    out = bc.sample_cifar(by_class, 50, 20, seed=3)
+    x, y = read_split_numpy(os.path.join(out, "train"))
+    assert len(y) == 50 and set(y) == set(range(10))  # the first 50 rows would be classes 0 and 1
+    np.testing.assert_array_equal(x[:, 0, 0, 1], y)  # each image kept with its own label
+    rows = x[:, 0, 0, 0].astype(int) + 256 * x[:, 0, 0, 2].astype(int)
+    assert np.all(np.diff(rows) > 0)  # rows in their order in the source
+    meta = read_meta(os.path.join(out, "train"))
+    assert meta.mean == pytest.approx((0.5, 0.4, 0.3)) and meta.std == pytest.approx((0.2, 0.2, 0.2))
+    assert len(read_split_numpy(os.path.join(out, "test"))[1]) == 20
+    assert out.endswith("-sample-50-20") and bc.sample_cifar(by_class, 50, 20, seed=3) == out
 
 
-def test_records_decode_to_the_images_and_labels(generated):
-    x, y = read_cifar_bin_file(os.path.join(generated, "data_batch_1.bin"))
-    raw = np.fromfile(os.path.join(generated, "data_batch_1.bin"), dtype=np.uint8).reshape(-1, RECORD_BYTES)
-    # record = label byte, then the R, G, B planes, each 32 x 32 row-major
-    np.testing.assert_array_equal(y, raw[:, 0])
-    np.testing.assert_array_equal(x[:, :, :, 0].reshape(len(x), -1), raw[:, 1:1025])
-    np.testing.assert_array_equal(x[:, :, :, 2].reshape(len(x), -1), raw[:, 2049:])
-    # the whole train split equals what the generator draws for the same seed
-    rng = np.random.default_rng(7)
-    labels = [(np.arange(n) % 10).astype(np.uint8) for n in (103, 21)]
-    for lab in labels:
-        rng.shuffle(lab)
-    images = bc.generated_images(np.concatenate(labels), rng)
-    xs, ys, classes = read_cifar_split(generated, "bin", "train")
-    np.testing.assert_array_equal(ys, labels[0])
-    np.testing.assert_array_equal(xs, images[:103])
-    assert classes == CIFAR10_CLASSES
-    assert np.bincount(ys, minlength=10).min() == 10  # 103 rows: every class 10 or 11 times
+def test_the_same_seed_gives_the_same_rows(by_class, tmp_path):
+    a = bc.sample_cifar(by_class, 40, 10, seed=5)
+    copy = tmp_path / "again"
+    os.makedirs(copy)
+    for split in ("train", "test"):
+        x, y = read_split_numpy(os.path.join(by_class, split))
+        write_split(str(copy / split), x, y, CLASSES)
+    b = bc.sample_cifar(str(copy), 40, 10, seed=5)
+    np.testing.assert_array_equal(read_split_numpy(os.path.join(a, "train"))[0],
+                                  read_split_numpy(os.path.join(b, "train"))[0])
 
 
-def test_images_depend_on_the_class(generated):
-    x, y, _ = read_cifar_split(generated, "bin", "train")
-    means = np.stack([x[y == c].mean(axis=0) for c in range(10)]).astype(np.float64)
-    # within a class only the noise (uniform 0..65, sd ~19) varies; the per-class means differ far more
-    within = np.mean([np.abs(x[y == c] - means[c]).mean() for c in range(10)])
-    between = np.abs(means[:, None] - means[None, :]).mean(axis=(2, 3, 4))
-    assert between[~np.eye(10, dtype=bool)].min() > 2 * within
-
-
-def test_same_seed_same_bytes_other_seed_other_bytes(generated, tmp_path):
-    again = bc.write_generated_cifar(str(tmp_path / "again"), 103, 21, seed=7)
-    other = bc.write_generated_cifar(str(tmp_path / "other"), 103, 21, seed=8)
-    for name in FILES + ["batches.meta.txt"]:
-        with open(os.path.join(generated, name), "rb") as f:
-            first = f.read()
-        with open(os.path.join(again, name), "rb") as f:
-            assert f.read() == first, name
-    with open(os.path.join(other, "test_batch.bin"), "rb") as f:
-        with open(os.path.join(generated, "test_batch.bin"), "rb") as g:
-            assert f.read() != g.read()
-
-
-def test_prepare_reads_the_generated_batches(generated, tmp_path):
-    from sparkcnn.data.parquet_io import read_split_numpy
-    from sparkcnn.data.prepare import prepare
-
-    summary = prepare("cifar10-bin", generated, str(tmp_path / "prepared"))
-    assert summary["splits"]["train"]["rows"] == 103 and summary["splits"]["test"]["rows"] == 21
-    assert (summary["height"], summary["width"], summary["channels"]) == (32, 32, 3)
-    x, y = read_split_numpy(str(tmp_path / "prepared" / "train"))
-    xs, ys, _ = read_cifar_split(generated, "bin", "train")
-    np.testing.assert_array_equal(x, xs)
-    np.testing.assert_array_equal(y, ys)
-
-
-def test_sizes_are_checked(tmp_path):
-    with pytest.raises(ValueError, match="train_rows must be >= 5"):
-        bc.write_generated_cifar(str(tmp_path / "x"), 4, 10)
-    with pytest.raises(ValueError, match="test_rows must be >= 1"):
-        bc.write_generated_cifar(str(tmp_path / "x"), 10, 0)
+def test_no_prepared_data_or_not_cifar_exits_2_with_one_line(tmp_path, capsys, by_class):
+    assert bc.main(["--data", str(tmp_path / "absent")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "run `make data-cifar10`" in err[0] and "absent" in err[0]
+    small = tmp_path / "mnistlike"
+    for split in ("train", "test"):
+        write_split(str(small / split), np.zeros((4, 28, 28, 1), np.uint8), np.arange(4) % 2, ["a", "b"])
+    assert bc.main(["--data", str(small)]) == 2
+    assert "not CIFAR-10: 28x28x1 images, 2 classes" in capsys.readouterr().err

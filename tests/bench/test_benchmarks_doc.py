@@ -436,7 +436,7 @@ def targets_in_json(folder: str) -> int:
             + ("within_25pct" in load("costmodel")) + len(load("links").get("checks") or {})
             + ("passed" in load("linkmodel")) + ("target" in load("psload")) + ("target" in load("shardmodel"))
             + ("servers_target" in load("psload")) + ("cpu_target" in load("psload"))
-            + 2 * ("target" in load("servermodel"))
+            + 2 * ("target" in load("servermodel")) + ("target" in load("cifar"))
             + len(momentum))
 
 
