@@ -7,6 +7,11 @@ equivalents (4·P per block per round and direction), ``steady_uplink_ratio``
 (dense / actual bytes per round once the density warm-up is over) and
 ``run_uplink_ratio`` (whole run); likewise for the downlink.
 
+Each row trains its file in ``conf/seed/`` (``fmnist_<variant>.yaml``, bench/rows.py) with the
+``--set`` overrides of its variant on top, and records both, per run and per row, as
+``config_file`` and ``command`` (``sparkcnn train --config ... --set ...``; the Keras row's
+``python bench/keras_fit.py --config conf/seed/fmnist_keras.yaml``): what reproduces it.
+
 Variants: ``sync-dense``, ``sync-sparse`` (uplink density 0.001 after a
 3-epoch exponential warm-up from 0.25), ``sync-sparse-bidir`` (and downlink
 density 0.01), and the same three in async mode (ASGD, GS-ASGD, GS-ASGD with
@@ -40,6 +45,7 @@ to 0.88 and 0.90: what the parallel runs are compared with.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -51,37 +57,54 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import ROOT, config_of, emit, ensure_data, exit_status, log, run_children  # noqa: E402
+from bench._common import ROOT, config_of, emit, ensure_data, exit_status, log, portable_path  # noqa: E402
+from bench.rows import file_sets, reproduction, seed_file  # noqa: E402
 
-SPARSE = ["compression.method=threshold", "compression.density=0.001", "compression.initial_density=0.25",
-          "compression.warmup_epochs=3", "compression.dense_below=1000"]  # only biases travel dense
+# Each seed-table row is a conf/seed/ file (bench/rows.py); a variant is a row file and the --set
+# overrides this bench puts on top of it. The parts the jobs variants share with the stream rows
+# are read from the row files, so that the table and the files cannot drift apart.
+SYNC_DENSE, ASGD, GS_ASGD, GS_ASGD_MS, SAMOMENTUM, KERAS_FILE = (seed_file("fmnist", v) for v in (
+    "sync_dense", "asgd", "gs_asgd", "gs_asgd_ms", "gs_asgd_samomentum", "keras"))
+# the uplink's sparsification (only biases travel dense)
+SPARSE = file_sets(GS_ASGD, ("compression.method", "compression.density", "compression.initial_density",
+                             "compression.warmup_epochs", "compression.dense_below"))
 # the downlink's warm-up from 0.05: each replica takes one downlink per push of every block
-BIDIR = ["compression.density_down=0.01", "compression.initial_density_down=0.05"]
+BIDIR = file_sets(GS_ASGD_MS, ("compression.density_down", "compression.initial_density_down"))
 # async: one block per job, jobs sized to ~0.5 s (about 10 steps here, as in sync)
 ASYNC = ["engine.mode=async", "scheduler.target_job_seconds=0.5"]
+BASE = "conf/fashion_mnist.yaml"  # what a run of no row file trains on (the sweeps, the other benches)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    config: str                 # its row file (conf/seed/), relative to the repository
+    sets: tuple[str, ...] = ()  # --set overrides on top of it
+
+
 VARIANTS = {
-    "sync-dense": ["train.steps_per_round=10"],
-    "sync-sparse": ["train.steps_per_round=10", *SPARSE],
-    "sync-sparse-bidir": ["train.steps_per_round=10", *SPARSE, *BIDIR],
-    "async-dense": ["train.steps_per_round=10", *ASYNC],
-    "async-sparse": ["train.steps_per_round=10", *ASYNC, *SPARSE],
-    "async-sparse-bidir": ["train.steps_per_round=10", *ASYNC, *SPARSE, *BIDIR],
+    "sync-dense": Variant(SYNC_DENSE),
+    "sync-sparse": Variant(SYNC_DENSE, (*SPARSE,)),
+    "sync-sparse-bidir": Variant(SYNC_DENSE, (*SPARSE, *BIDIR)),
+    "async-dense": Variant(SYNC_DENSE, (*ASYNC,)),
+    "async-sparse": Variant(SYNC_DENSE, (*ASYNC, *SPARSE)),
+    "async-sparse-bidir": Variant(SYNC_DENSE, (*ASYNC, *SPARSE, *BIDIR)),
 }
 # the second seed's own setting: one step per exchange over the streaming transport, async (ASGD),
 # 3 seeds each; sparse variants clip each block's gradient (DGC; ~0.8-1.7 measured per batch here)
-STREAM = ["engine.transport=stream", "engine.mode=async", "train.steps_per_round=1"]
-N8 = ["data.num_blocks=8", "engine.master=local[8]"]
+STREAM = file_sets(ASGD, ("engine.transport", "engine.mode", "train.steps_per_round"))
+N8 = ("data.num_blocks=8", "engine.master=local[8]")
 # GS-ASGD is momentum correction (the seed's words) without DGC's factor masking, which slows
 # coordinates selected every step (2 epochs: 0.848 with it, 0.862 without, 0.870 dense)
-STREAM_SPARSE = [*STREAM, *SPARSE, "compression.clip_norm=2.0", "compression.factor_masking=false"]
+PER_STEP = file_sets(GS_ASGD, ("compression.clip_norm", "compression.factor_masking"))
+STREAM_SPARSE = [*STREAM, *SPARSE, *PER_STEP]
 STREAM_VARIANTS = {
-    "stream-asgd": STREAM,
-    "stream-gs-asgd": STREAM_SPARSE,  # uplink 0.001 + DGC momentum correction
-    "stream-gs-asgd-ms": [*STREAM_SPARSE, *BIDIR],  # + model-parameter sparsification (downlink 0.01)
-    "stream-gs-asgd-samomentum": [*STREAM_SPARSE, *BIDIR, "compression.momentum=sparsification_aware"],
+    "stream-asgd": Variant(ASGD),
+    "stream-gs-asgd": Variant(GS_ASGD),  # uplink 0.001 + DGC momentum correction
+    "stream-gs-asgd-ms": Variant(GS_ASGD_MS),  # + model-parameter sparsification (downlink 0.01)
+    "stream-gs-asgd-samomentum": Variant(SAMOMENTUM),
     # the same two at N = 8 blocks (local[8], each run in a process of its own): staleness grows with N
-    "stream-gs-asgd-ms-n8": [*STREAM_SPARSE, *BIDIR, *N8],
-    "stream-gs-asgd-samomentum-n8": [*STREAM_SPARSE, *BIDIR, "compression.momentum=sparsification_aware", *N8],
+    "stream-gs-asgd-ms-n8": Variant(GS_ASGD_MS, N8),
+    "stream-gs-asgd-samomentum-n8": Variant(SAMOMENTUM, N8),
 }
 # the two momentum forms of the per-step path (steps_per_round = 1, DESIGN §3), side by side on a
 # slice of the training set: DGC momentum correction with factor masking, and sparsification-aware
@@ -121,12 +144,14 @@ def _own_process(overrides: list[str]) -> bool:
     return any(o.startswith("engine.master=") for o in overrides)
 
 
-def run_isolated(data: str, name: str, overrides: list[str], epochs: int, out_dir: str) -> dict:
+def run_isolated(data: str, name: str, overrides: list[str], epochs: int, out_dir: str,
+                 config_file: str = BASE) -> dict:
     """:func:`run_variant` in a child process (its own Spark session, on the master it names)."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYSPARK_PYTHON=sys.executable)
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", name, "--data", data,
-                           "--epochs", str(epochs), "--out-dir", out_dir, "--overrides", json.dumps(overrides)],
+                           "--epochs", str(epochs), "--out-dir", out_dir, "--config", config_file,
+                           "--overrides", json.dumps(overrides)],
                           capture_output=True, text=True, env=env, timeout=4 * 3600)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or [""])[-1]
@@ -143,32 +168,38 @@ class Collapsed(Exception):
     """A run the divergence guard stopped (sparkcnn.errors.Diverged), in this process or a child."""
 
 
-def run_seeds(data: str, name: str, overrides: list[str], epochs: int, out_dir: str, seeds: int) -> dict:
-    """``name`` over ``seeds`` seeds (``run.seed`` 42, 43, ...), aggregated. A seed the guard
-    stopped is kept as a collapsed run (its reason, no accuracy) and the others still run: a
-    collapse is a result of the table, not a failure of the bench."""
+def run_seeds(data: str, name: str, variant: Variant, epochs: int, out_dir: str, seeds: int) -> dict:
+    """``name`` over ``seeds`` seeds (``run.seed`` 42, 43, ...), aggregated, with the row's
+    reproduction (its file and command, without the seed). A seed the guard stopped is kept as a
+    collapsed run (its reason, no accuracy) and the others still run: a collapse is a result of
+    the table, not a failure of the bench."""
     from sparkcnn.errors import Diverged
 
+    overrides, path = list(variant.sets), portable_path(data)
     run = run_isolated if _own_process(overrides) else run_variant
     out = []
     for i in range(seeds):
         seeded = [*overrides, f"run.seed={42 + i}"]
         try:
-            out.append(run(data, name, seeded, epochs, out_dir))
+            out.append(run(data, name, seeded, epochs, out_dir, config_file=variant.config))
         except (Diverged, Collapsed) as e:
             log("%s seed %d collapsed: %s", name, 42 + i, e)
-            out.append({"name": name, "overrides": seeded, "epochs": epochs, "seed": 42 + i,
-                        "collapsed": str(e)})
-    return _aggregate(name, out)
+            out.append({"name": name, "overrides": seeded, "epochs": epochs, "seed": 42 + i, "collapsed": str(e),
+                        **reproduction(variant.config, seeded, data=path, epochs=epochs)})
+    return {**_aggregate(name, out), **reproduction(variant.config, overrides, data=path, epochs=epochs)}
 
 
-def run_variant(data: str, name: str, overrides: list[str], epochs: int, out_dir: str) -> dict:
+def run_variant(data: str, name: str, overrides: list[str], epochs: int, out_dir: str,
+                config_file: str = BASE) -> dict:
+    """One training of ``config_file`` (relative to the repository) with ``overrides`` on top, on
+    ``data`` for ``epochs`` epochs: its figures, resolved config and reproduction."""
     from sparkcnn import config
     from sparkcnn.metrics import read_jsonl
     from sparkcnn.train import train
 
-    cfg = config.load(None, [f"data.path={data}", f"run.out_dir={out_dir}", f"run.name={name}",
-                             f"train.epochs={epochs}", "train.lr_warmup_epochs=0.3", *overrides])
+    cfg = config.load(os.path.join(ROOT, config_file), [f"data.path={data}", f"run.out_dir={out_dir}",
+                                                         f"run.name={name}", f"train.epochs={epochs}",
+                                                         *overrides])
     t0 = time.perf_counter()
     s = train(cfg)
     wall = time.perf_counter() - t0
@@ -184,7 +215,8 @@ def run_variant(data: str, name: str, overrides: list[str], epochs: int, out_dir
             "time_to_0_90_s": _time_to(records, 0.90),
             "exposed_comm_ms_per_step": s.get("exposed_comm_ms_per_step"),
             "bytes_per_exchange_quantiles": exchange_bytes_quantiles(records),
-            "exchange_slices": exchange_slices(records), **config_of(cfg)}
+            "exchange_slices": exchange_slices(records), **config_of(cfg),
+            **reproduction(config_file, overrides, data=portable_path(data), epochs=epochs)}
 
 
 def exchange_bytes_quantiles(records: list[dict], points: int = 20) -> list[float]:
@@ -213,52 +245,19 @@ def exchange_slices(records: list[dict], points: int = 20) -> dict:
             for k, v in columns.items()}
 
 
-# Single-process Keras: the same model, data, batch, SGD with momentum and lr schedule (linear
-# warm-up over 0.3 epoch, cosine decay to 0), model.fit with TF's default threads; a child process,
-# so this one's TF (and Spark's workers) do not share its threads. Prints one JSON line.
-KERAS = r"""
-import json, os, sys, time
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import keras, numpy as np
-from sparkcnn.compression.warmup import lr_at
-from sparkcnn.data.parquet_io import read_split_numpy
-from sparkcnn.models import build_model
-data, epochs, lr, momentum, batch, seed = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
-x, y = read_split_numpy(os.path.join(data, "train"))
-xt, yt = read_split_numpy(os.path.join(data, "test"))
-keras.utils.set_random_seed(seed)
-steps = len(x) // batch
-m = build_model("fmnist_cnn", x.shape[1:], 10, seed)
-opt = keras.optimizers.SGD(lr, momentum=momentum)
-m.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
-class Lr(keras.callbacks.Callback):
-    def on_train_batch_begin(self, b, logs=None):
-        opt.learning_rate.assign(lr_at((self.epoch + b / steps), base_lr=lr, warmup_epochs=0.3, total_epochs=epochs, schedule="cosine"))
-    def on_epoch_begin(self, e, logs=None):
-        self.epoch = e
-acc, walls, t0 = [], [], time.perf_counter()
-class Eval(keras.callbacks.Callback):
-    def on_epoch_end(self, e, logs=None):
-        walls.append(time.perf_counter() - t0)
-        acc.append(float(m.evaluate(xt, yt, batch_size=1000, verbose=0)[1]))
-m.fit(x, y, batch_size=batch, epochs=epochs, shuffle=True, verbose=0, callbacks=[Lr(), Eval()])
-wall = time.perf_counter() - t0
-first = lambda t: next((w for a, w in zip(acc, walls) if a >= t), None)
-print(json.dumps({"test_accuracy": acc[-1], "accuracy_per_epoch": acc, "wall_s": wall, "epochs": epochs,
-                  "images_per_s": epochs * steps * batch / wall, "time_to_0_88_s": first(0.88),
-                  "time_to_0_90_s": first(0.90), "seed": seed, "lr": lr, "momentum": momentum, "batch_size": batch}))
-"""
-
-
-def keras_reference(data: str, epochs: int) -> dict:
-    """Single-process Keras ``model.fit`` on the same model and data (KERAS above); its wall
-    includes each epoch's evaluation, as the engines' does."""
-    from sparkcnn import config
-
-    t = config.load(None, []).train
-    [out] = run_children(KERAS, [[data, str(epochs), str(t.lr), str(t.momentum), str(t.batch_size), "42"]],
-                         timeout=7200)
-    return {"keras": out}
+def keras_reference(data: str, epochs: int, out_dir: str) -> dict:
+    """Single-process Keras ``model.fit`` of the row file KERAS_FILE on ``data`` for ``epochs``
+    epochs (bench/keras_fit.py), in a child process so that this one's TF (and Spark's workers) do
+    not share its threads; its wall includes each epoch's evaluation, as the engines' does."""
+    sets = [f"data.path={data}", f"train.epochs={epochs}", f"run.out_dir={out_dir}"]
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    argv = [sys.executable, os.path.join(ROOT, "bench", "keras_fit.py"),
+            "--config", os.path.join(ROOT, KERAS_FILE), *(x for s in sets for x in ("--set", s))]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=7200)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench/keras_fit.py failed: {proc.stderr.strip().splitlines()[-1:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"keras": {**out, **reproduction(KERAS_FILE, (), data=portable_path(data), epochs=epochs)}}
 
 
 def _aggregate(name: str, seeds: list[dict]) -> dict:
@@ -296,6 +295,15 @@ def _summary(row: dict) -> str:
     return text + (f" ({row['collapsed']} of {len(row['seeds'])} seeds collapsed)" if row["collapsed"] else "")
 
 
+def _sparse_downlink(row: dict) -> bool:
+    """Whether a row's runs sparsify the downlink: from their resolved config, else (runs that
+    carry none) from the row's overrides."""
+    configs = [r["config"] for r in row.get("runs") or [] if isinstance(r.get("config"), dict)]
+    if configs:
+        return configs[0].get("compression", {}).get("density_down", 0) > 0
+    return "density_down" in " ".join(row.get("overrides") or [])
+
+
 def _stream_checks(by: dict) -> dict:
     """The issue's bars for the per-step table: ASGD >= 0.905; GS-ASGD within 0.5 points of it;
     with model-parameter sparsification within 0.7 points and steady downlink compression >= 100x."""
@@ -307,7 +315,7 @@ def _stream_checks(by: dict) -> dict:
         if name in by and asgd:
             checks[f"{name} mean within {100 * pts:g}pt of stream-asgd"] = (
                 _v(asgd, "test_accuracy_mean") - _v(by[name], "test_accuracy_mean") <= pts)
-        if name in by and "density_down" in " ".join(by[name]["overrides"]):
+        if name in by and _sparse_downlink(by[name]):
             checks[f"{name} steady_downlink_ratio>=100"] = _v(by[name], "steady_downlink_ratio_mean") >= 100
     return checks
 
@@ -332,16 +340,17 @@ def main(argv=None) -> dict:
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--out-dir", help=argparse.SUPPRESS)
     ap.add_argument("--overrides", help=argparse.SUPPRESS)
+    ap.add_argument("--config", default=BASE, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.one:
-        print(json.dumps(run_variant(a.data, a.one, json.loads(a.overrides), a.epochs, a.out_dir)))
+        print(json.dumps(run_variant(a.data, a.one, json.loads(a.overrides), a.epochs, a.out_dir, a.config)))
         return {}
     if a.seeds < 1:
         raise SystemExit(f"bench/accuracy.py: --seeds must be >= 1, got {a.seeds}")
     data = ensure_data()
     out_dir = tempfile.mkdtemp(prefix="sparkcnn-bench-acc-")
     epochs = 1 if a.quick else a.epochs
-    reference = keras_reference(data, epochs) if a.keras else {}
+    reference = keras_reference(data, epochs, out_dir) if a.keras else {}
     if reference:
         print(f"# keras model.fit: {reference['keras']['test_accuracy']}", file=sys.stderr, flush=True)
     runs = []

@@ -100,7 +100,7 @@ def test_every_seed_table_row_runs_its_seeds_and_n8_rows_run_apart(monkeypatch):
     calls = []
 
     def fake(kind):
-        def run(data, name, overrides, epochs, out_dir):
+        def run(data, name, overrides, epochs, out_dir, config_file):
             calls.append((kind, name, overrides[-1]))
             return {**_run(int(overrides[-1].split("=")[1]), 0.9), "overrides": overrides}
         return run
@@ -112,14 +112,19 @@ def test_every_seed_table_row_runs_its_seeds_and_n8_rows_run_apart(monkeypatch):
     assert calls == [("here", "sync-dense", "run.seed=42"), ("here", "sync-dense", "run.seed=43"),
                      ("here", "sync-dense", "run.seed=44"), ("child", "stream-gs-asgd-ms-n8", "run.seed=42"),
                      ("child", "stream-gs-asgd-ms-n8", "run.seed=43")]
-    assert jobs["seeds"] == [42, 43, 44] and jobs["overrides"] == accuracy.VARIANTS["sync-dense"]
+    assert jobs["seeds"] == [42, 43, 44] and jobs["overrides"] == []
+    assert jobs["config_file"] == "conf/seed/fmnist_sync_dense.yaml"
+    # the row's command: its file, the bench's shorter run, no seed (the row names its seeds)
+    assert jobs["command"].startswith("sparkcnn train --config conf/seed/fmnist_sync_dense.yaml --set data.path=")
+    assert jobs["command"].endswith(" --set train.epochs=1") and "run.seed" not in jobs["command"]
     assert {"data.num_blocks=8", "engine.master=local[8]"} <= set(n8["overrides"])
+    assert n8["command"].endswith("--set data.num_blocks=8 --set 'engine.master=local[8]'")
 
 
 def test_seed_table_names_its_spread_and_its_blocks():
     render = importlib.import_module("bench.render")
     row = {**accuracy._aggregate("stream-gs-asgd-ms-n8", [_run(0, 0.80), _run(1, 0.82)]),
-           "overrides": accuracy.STREAM_VARIANTS["stream-gs-asgd-ms-n8"]}
+           "overrides": list(accuracy.STREAM_VARIANTS["stream-gs-asgd-ms-n8"].sets)}
     text = render.seed_table({"std_ddof": 1, "stream": [row]}, lambda *a: "")
     assert text.startswith("## Seed experiment (Fashion-MNIST, 2 blocks, 8 where the row says so)")
     assert "mean ± sample standard deviation" in text
@@ -142,13 +147,13 @@ def test_a_result_is_written_into_a_folder_not_made_yet(tmp_path, capsys):
 def test_a_seed_the_guard_stops_is_a_collapsed_row_not_a_failed_bench(monkeypatch):
     from sparkcnn.errors import Diverged
 
-    def here(data, name, overrides, epochs, out_dir):
+    def here(data, name, overrides, epochs, out_dir, config_file):
         seed = int(overrides[-1].split("=")[1])
         if seed == 43:
             raise Diverged("exchange 367: training loss 2.772, at or above chance level")
         return {**_run(seed, 0.90 + (seed - 42) / 100), "overrides": overrides}
 
-    def child(data, name, overrides, epochs, out_dir):
+    def child(data, name, overrides, epochs, out_dir, config_file):
         raise accuracy.Collapsed("exchange 12: the run collapsed")
 
     monkeypatch.setattr(accuracy, "run_variant", here)
