@@ -115,7 +115,7 @@ def test_every_seed_table_row_runs_its_seeds_and_n8_rows_run_apart(monkeypatch):
     assert jobs["seeds"] == [42, 43, 44] and jobs["overrides"] == []
     assert jobs["config_file"] == "conf/seed/fmnist_sync_dense.yaml"
     # the row's command: its file, the bench's shorter run, no seed (the row names its seeds)
-    assert jobs["command"].startswith("sparkcnn train --config conf/seed/fmnist_sync_dense.yaml --set data.path=")
+    assert jobs["command"].startswith("sparkcnn train --config conf/seed/fmnist_sync_dense.yaml --set ")
     assert jobs["command"].endswith(" --set train.epochs=1") and "run.seed" not in jobs["command"]
     assert {"data.num_blocks=8", "engine.master=local[8]"} <= set(n8["overrides"])
     assert n8["command"].endswith("--set data.num_blocks=8 --set 'engine.master=local[8]'")
@@ -238,3 +238,36 @@ def test_the_momentum_section_shows_training_loss_stopped_seeds_and_the_displace
     assert ("fixed mean plus noise 10 times the spread of the means). What the server applied, projected on the "
             "displacement of dense momentum SGD on the same stream: momentum correction 0.733, SAMomentum 0.186.") \
         in text
+
+
+def test_each_rendered_row_names_its_config_file_and_command(monkeypatch):
+    """A row trained from its conf/seed file shows the file in the README's glance table and its
+    whole command under the seed table, H and transport read from its runs' resolved config; a
+    row of results that predate the record shows a dash."""
+    from sparkcnn import config
+
+    def here(data, name, overrides, epochs, out_dir, config_file):
+        cfg = config.load(f"{accuracy.ROOT}/{config_file}", overrides).to_dict()
+        return {**_run(int(overrides[-1].split("=")[1]), 0.9), "overrides": overrides, "config": cfg}
+
+    monkeypatch.setattr(accuracy, "run_variant", here)
+    ms = accuracy.STREAM_VARIANTS["stream-gs-asgd-ms"]
+    row = accuracy.run_seeds("data/fashion-mnist", "stream-gs-asgd-ms", ms, 10, "o", 3)
+    assert row["overrides"] == [] and row["config_file"] == "conf/seed/fmnist_gs_asgd_ms.yaml"
+    # the file's own data path and epochs: no --set for them
+    assert row["command"] == "sparkcnn train --config conf/seed/fmnist_gs_asgd_ms.yaml"
+    old = {**accuracy._aggregate("sync-dense", [_run(42, 0.91)]), "overrides": ["train.steps_per_round=10"]}
+    keras = {"test_accuracy": 0.9, **accuracy.reproduction(accuracy.KERAS_FILE, ())}
+    acc = {"std_ddof": 1, "runs": [old], "stream": [row], "reference": {"keras": keras}}
+    render = importlib.import_module("bench.render")
+    text = render.seed_table(acc, lambda *a: "")
+    assert ("- GS-ASGD + MS (stream-gs-asgd-ms): `sparkcnn train --config conf/seed/fmnist_gs_asgd_ms.yaml`, "
+            "seeds 42, 43, 44 (`--set run.seed=S`)") in text
+    assert "- Sync SGD, dense (sync-dense): —" in text
+    assert "- Keras `model.fit`: `python bench/keras_fit.py --config conf/seed/fmnist_keras.yaml`" in \
+        render.reference_table(acc, None)
+    glance = render.glance_block(acc)
+    assert "| GS-ASGD + MS | stream, async, H = 1 | 0.9000 ± 0.0000 |" in glance
+    assert glance.count("| `conf/seed/fmnist_gs_asgd_ms.yaml` |") == 1
+    assert "| Sync SGD, dense | jobs, sync, H = 10 |" in glance and "| — |\n| GS-ASGD + MS" in glance
+    assert "| `conf/seed/fmnist_keras.yaml` |" in glance
