@@ -84,7 +84,8 @@ def fit(cfg) -> dict:
                     idx = perm[step * t.batch_size:(step + 1) * t.batch_size]
                     yield augment(x[idx], batch_rng(cfg.run.seed, 0, epoch, step)), y[idx]
 
-        m.fit(batches(), epochs=t.epochs, steps_per_epoch=steps, verbose=0, callbacks=[Schedule()])
+        m.fit(batches(), epochs=t.epochs, steps_per_epoch=steps, shuffle=False, verbose=0,
+              callbacks=[Schedule()])
     wall = time.perf_counter() - t0
     return {"test_accuracy": acc[-1], "accuracy_per_epoch": acc, "wall_s": wall, "epochs": t.epochs,
             "images_per_s": t.epochs * steps * t.batch_size / wall,
