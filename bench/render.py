@@ -267,10 +267,10 @@ def _command(run: dict | None) -> str:
     return f"`{cmd}`" + (f", seeds {said} (`--set run.seed=S`)" if len(seeds) > 1 else "")
 
 
-def reproduce_lines(rows: list[tuple[str, dict | None]]) -> list[str]:
+def reproduce_lines(rows: list[tuple[str, dict | None]],
+                    head: str = "Reproduce each row (its config file and command") -> list[str]:
     """A table's footnote: for each (label, row) the command that reproduces the row."""
-    return ["Reproduce each row (its config file and command; — where the run recorded none):", "",
-            *(f"- {label}: {_command(r)}" for label, r in rows)]
+    return [f"{head}; — where the run recorded none):", "", *(f"- {label}: {_command(r)}" for label, r in rows)]
 
 
 def _reached(run: dict, key: str) -> str:
@@ -419,7 +419,11 @@ def links_section(ln: dict | None, fig) -> str:
             f"each behind its own link (shaped in both directions: {bed.get('shaping') or DASH}); the driver and the "
             f"master on the bridge. {_g(_get(ln, 'epochs'))} epochs per cell, one seed; {reps}; time to 0.88 "
             "is read at epoch ends (— where no epoch reached it). Exposed communication: ms per local step the "
-            "tasks waited for the driver's replies (stream)."]
+            "tasks waited for the driver's replies (stream).", "",
+            *reproduce_lines(list({f"{LINK_NAMES.get(name, name)} ({name})": c for _, cells in reversed(rates)
+                                   for name, c in cells.items() if isinstance(c, dict)}.items()),
+                             "Reproduce each variant's training (its config file and command; the shaped "
+                             "links are the test bed's")]
     block = targets_block(ln, "links", tg.of_links(ln))
     return "\n".join(out + (["", block] if block else []))
 

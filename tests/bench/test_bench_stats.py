@@ -271,3 +271,19 @@ def test_each_rendered_row_names_its_config_file_and_command(monkeypatch):
     assert glance.count("| `conf/seed/fmnist_gs_asgd_ms.yaml` |") == 1
     assert "| Sync SGD, dense | jobs, sync, H = 10 |" in glance and "| — |\n| GS-ASGD + MS" in glance
     assert "| `conf/seed/fmnist_keras.yaml` |" in glance
+
+
+def test_a_links_cell_names_the_command_of_its_variant():
+    """bench/links.py's variants are the seed rows' files; the links section lists each variant's
+    command once, from the first rate that ran it."""
+    links = importlib.import_module("bench.links")
+    assert links.VARIANTS["stream-gs-asgd-ms"].config == "conf/seed/fmnist_gs_asgd_ms.yaml"
+    assert links.VARIANTS["jobs-sync-dense"].config == "conf/seed/fmnist_sync_dense.yaml"
+    cmd = accuracy.reproduction(links.VARIANTS["stream-asgd"].config, ["run.seed=42"], epochs=5)["command"]
+    cell = {"images_per_s": 100.0, "command": cmd}
+    doc = {"rates": {"unshaped": {"stream-asgd": cell, "jobs-sync-dense": {"images_per_s": 90.0}},
+                     "100mbit": {"stream-asgd": {**cell, "command": "other"}}}}
+    text = importlib.import_module("bench.render").links_section(doc, lambda *a: "")
+    assert ("- ASGD, H = 1 (stream-asgd): `sparkcnn train --config conf/seed/fmnist_asgd.yaml "
+            "--set train.epochs=5 --set run.seed=42`") in text
+    assert "- Sync SGD (jobs), H = 10 (jobs-sync-dense): —" in text and "`other`" not in text
