@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import os
 import shlex
+from dataclasses import dataclass
 
 import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED_DIR = "conf/seed"  # the seed tables' row files, relative to the repository
+# a seed table's rows, each a file conf/seed/<dataset>_<row>.yaml
+ROWS = ("keras", "sync_dense", "asgd", "gs_asgd", "gs_asgd_ms", "gs_asgd_samomentum")
 # the settings a bench sets for its own bookkeeping: where a run is written and what it is called
 # change nothing it trains, so a command leaves them out
 BOOKKEEPING = ("run.out_dir=", "run.name=")
@@ -94,3 +97,59 @@ def reproduction(config_file: str, sets=(), *, data: str | None = None, epochs: 
     if epochs is not None and epochs != file_value(config_file, "train.epochs"):
         extra.append(f"train.epochs={epochs}")
     return {"config_file": config_file, "command": command(config_file, [*extra, *sets])}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A bench variant: a row file and the ``--set`` overrides a bench puts on top of it."""
+
+    config: str                 # its row file (conf/seed/), relative to the repository
+    sets: tuple[str, ...] = ()  # section.key=value overrides on top of it
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The settings a dataset's jobs variants borrow from its stream row files, as overrides."""
+
+    sparse: tuple[str, ...]    # the uplink's sparsification, its warm-up and what travels dense
+    bidir: tuple[str, ...]     # the downlink's (model-parameter) sparsification and its warm-up
+    per_step: tuple[str, ...]  # what the H = 1 rows add: DGC gradient clipping, no factor masking
+    stream: tuple[str, ...]    # the stream rows' transport, mode and H
+
+
+def parts(dataset: str) -> Parts:
+    """``dataset``'s :class:`Parts`, read from its row files (ValueError when one lacks a key)."""
+    f = {v: seed_file(dataset, v) for v in ("asgd", "gs_asgd", "gs_asgd_ms")}
+    return Parts(
+        sparse=tuple(file_sets(f["gs_asgd"], ("compression.method", "compression.density",
+                                              "compression.initial_density", "compression.warmup_epochs",
+                                              "compression.dense_below"))),
+        bidir=tuple(file_sets(f["gs_asgd_ms"], ("compression.density_down",
+                                                "compression.initial_density_down"))),
+        per_step=tuple(file_sets(f["gs_asgd"], ("compression.clip_norm", "compression.factor_masking"))),
+        stream=tuple(file_sets(f["asgd"], ("engine.transport", "engine.mode", "train.steps_per_round"))))
+
+
+# async jobs: one block per job, jobs sized to ~0.5 s (about 10 steps of fmnist_cnn, as in sync)
+ASYNC = ("engine.mode=async", "scheduler.target_job_seconds=0.5")
+# N = 8 blocks on local[8]: a run in a process of its own (staleness grows with N)
+N8 = ("data.num_blocks=8", "engine.master=local[8]")
+
+
+def variants(dataset: str) -> tuple[dict[str, Variant], dict[str, Variant]]:
+    """(jobs variants, stream variants) of ``dataset``'s seed table, by run name. The seed rows
+    are files as they are; the others add overrides to one: the jobs transport with the stream
+    rows' sparsification (sync and async), and the last two stream rows at 8 blocks."""
+    f = {v: seed_file(dataset, v) for v in ROWS if v != "keras"}
+    p, sync = parts(dataset), f["sync_dense"]
+    jobs = {"sync-dense": Variant(sync), "sync-sparse": Variant(sync, p.sparse),
+            "sync-sparse-bidir": Variant(sync, (*p.sparse, *p.bidir)), "async-dense": Variant(sync, ASYNC),
+            "async-sparse": Variant(sync, (*ASYNC, *p.sparse)),
+            "async-sparse-bidir": Variant(sync, (*ASYNC, *p.sparse, *p.bidir))}
+    stream = {"stream-asgd": Variant(f["asgd"]),
+              "stream-gs-asgd": Variant(f["gs_asgd"]),  # uplink sparsification + DGC momentum correction
+              "stream-gs-asgd-ms": Variant(f["gs_asgd_ms"]),  # + model-parameter sparsification
+              "stream-gs-asgd-samomentum": Variant(f["gs_asgd_samomentum"]),  # sparsification-aware momentum
+              "stream-gs-asgd-ms-n8": Variant(f["gs_asgd_ms"], N8),
+              "stream-gs-asgd-samomentum-n8": Variant(f["gs_asgd_samomentum"], N8)}
+    return jobs, stream

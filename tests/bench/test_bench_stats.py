@@ -257,7 +257,7 @@ def test_each_rendered_row_names_its_config_file_and_command(monkeypatch):
     # the file's own data path and epochs: no --set for them
     assert row["command"] == "sparkcnn train --config conf/seed/fmnist_gs_asgd_ms.yaml"
     old = {**accuracy._aggregate("sync-dense", [_run(42, 0.91)]), "overrides": ["train.steps_per_round=10"]}
-    keras = {"test_accuracy": 0.9, **accuracy.reproduction(accuracy.KERAS_FILE, ())}
+    keras = {"test_accuracy": 0.9, **accuracy.reproduction(accuracy.seed_file("fmnist", "keras"), ())}
     acc = {"std_ddof": 1, "runs": [old], "stream": [row], "reference": {"keras": keras}}
     render = importlib.import_module("bench.render")
     text = render.seed_table(acc, lambda *a: "")
