@@ -62,6 +62,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._common import ROOT, config_of, emit, ensure_data, exit_status, log, portable_path  # noqa: E402
+from bench import keras_fit  # noqa: E402 - its child (an import, so that bench/fresh.py counts it)
 from bench.rows import ASYNC, N8, Variant, file_value, parts, reproduction, seed_file, variants  # noqa: E402,F401
 
 # Each seed-table row is a conf/seed/ file (bench/rows.py); a variant is a row file and the --set
@@ -223,7 +224,7 @@ def keras_reference(data: str, epochs: int, out_dir: str,
     not share its threads; its wall includes each epoch's evaluation, as the engines' does."""
     sets = [f"data.path={data}", f"train.epochs={epochs}", f"run.out_dir={out_dir}"]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    argv = [sys.executable, os.path.join(ROOT, "bench", "keras_fit.py"),
+    argv = [sys.executable, os.path.abspath(keras_fit.__file__),
             "--config", os.path.join(ROOT, keras_file), *(x for s in sets for x in ("--set", s))]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=7200)
     if proc.returncode != 0:

@@ -1,6 +1,7 @@
 """bench/rows.py: the seed tables' row files as bench variants, and the commands that reproduce them."""
 
 import importlib
+import re
 import shlex
 
 import pytest
@@ -77,3 +78,16 @@ def test_a_command_says_what_differs_from_the_file_and_leaves_bookkeeping_out():
                      "--set data.path=data/cifar10-small")
     with pytest.raises(ValueError, match=r"conf/seed/fmnist_asgd.yaml: gives no compression.density"):
         rows.file_sets(rows.seed_file("fmnist", "asgd"), ["compression.density"])
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["train.lr=0"], r"train\.lr must be in \(0, 10\], got 0"),
+    (["data.path=no/such/data"], r"data\.path 'no/such/data': no prepared split at no/such/data/train"),
+])
+def test_the_keras_row_refuses_bad_input_in_one_line(sets, message, capsys):
+    keras_fit = importlib.import_module("bench.keras_fit")
+    argv = ["--config", rows.seed_file("fmnist", "keras"), *(x for s in sets for x in ("--set", s))]
+    assert keras_fit.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bench/keras_fit.py: error: ")
+    assert re.search(message, err), err
