@@ -7,6 +7,11 @@ equivalents (4·P per block per round and direction), ``steady_uplink_ratio``
 (dense / actual bytes per round once the density warm-up is over) and
 ``run_uplink_ratio`` (whole run); likewise for the downlink.
 
+Each row trains its file in ``conf/seed/`` (``fmnist_<variant>.yaml``, bench/rows.py) with the
+``--set`` overrides of its variant on top, and records both, per run and per row, as
+``config_file`` and ``command`` (``sparkcnn train --config ... --set ...``; the Keras row's
+``python bench/keras_fit.py --config conf/seed/fmnist_keras.yaml``): what reproduces it.
+
 Variants: ``sync-dense``, ``sync-sparse`` (uplink density 0.001 after a
 3-epoch exponential warm-up from 0.25), ``sync-sparse-bidir`` (and downlink
 density 0.01), and the same three in async mode (ASGD, GS-ASGD, GS-ASGD with
@@ -33,8 +38,13 @@ are the last two on 8 blocks (``local[8]``), each run in a process of its own.
 batch size, momentum and lr schedule (TF's default threads), its accuracy per epoch, wall and times
 to 0.88 and 0.90: what the parallel runs are compared with.
 
+``--dataset cifar10``: the same rows from the ``cifar10_*.yaml`` files (ResNet-20 on
+``data/cifar10``, their epochs unless ``--epochs``), relative checks only; the CIFAR-10 seed table
+is ``--dataset cifar10 --keras --variants sync-dense --stream
+stream-asgd,stream-gs-asgd,stream-gs-asgd-ms,stream-gs-asgd-samomentum``.
+
     python bench/accuracy.py [--quick] [--variants sync-dense,sync-sparse] [--no-sweep] [--no-momentum]
-                             [--stream all --seeds 3] [--keras]
+                             [--stream all --seeds 3] [--keras] [--dataset fmnist|cifar10]
 """
 
 from __future__ import annotations
@@ -51,38 +61,23 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import ROOT, config_of, emit, ensure_data, exit_status, log, run_children  # noqa: E402
+from bench._common import ROOT, config_of, emit, ensure_data, exit_status, log, portable_path  # noqa: E402
+from bench import keras_fit  # noqa: E402 - its child (an import, so that bench/fresh.py counts it)
+from bench.rows import ASYNC, N8, Variant, file_value, parts, reproduction, seed_file, variants  # noqa: E402,F401
 
-SPARSE = ["compression.method=threshold", "compression.density=0.001", "compression.initial_density=0.25",
-          "compression.warmup_epochs=3", "compression.dense_below=1000"]  # only biases travel dense
-# the downlink's warm-up from 0.05: each replica takes one downlink per push of every block
-BIDIR = ["compression.density_down=0.01", "compression.initial_density_down=0.05"]
-# async: one block per job, jobs sized to ~0.5 s (about 10 steps here, as in sync)
-ASYNC = ["engine.mode=async", "scheduler.target_job_seconds=0.5"]
-VARIANTS = {
-    "sync-dense": ["train.steps_per_round=10"],
-    "sync-sparse": ["train.steps_per_round=10", *SPARSE],
-    "sync-sparse-bidir": ["train.steps_per_round=10", *SPARSE, *BIDIR],
-    "async-dense": ["train.steps_per_round=10", *ASYNC],
-    "async-sparse": ["train.steps_per_round=10", *ASYNC, *SPARSE],
-    "async-sparse-bidir": ["train.steps_per_round=10", *ASYNC, *SPARSE, *BIDIR],
-}
-# the second seed's own setting: one step per exchange over the streaming transport, async (ASGD),
-# 3 seeds each; sparse variants clip each block's gradient (DGC; ~0.8-1.7 measured per batch here)
-STREAM = ["engine.transport=stream", "engine.mode=async", "train.steps_per_round=1"]
-N8 = ["data.num_blocks=8", "engine.master=local[8]"]
-# GS-ASGD is momentum correction (the seed's words) without DGC's factor masking, which slows
-# coordinates selected every step (2 epochs: 0.848 with it, 0.862 without, 0.870 dense)
-STREAM_SPARSE = [*STREAM, *SPARSE, "compression.clip_norm=2.0", "compression.factor_masking=false"]
-STREAM_VARIANTS = {
-    "stream-asgd": STREAM,
-    "stream-gs-asgd": STREAM_SPARSE,  # uplink 0.001 + DGC momentum correction
-    "stream-gs-asgd-ms": [*STREAM_SPARSE, *BIDIR],  # + model-parameter sparsification (downlink 0.01)
-    "stream-gs-asgd-samomentum": [*STREAM_SPARSE, *BIDIR, "compression.momentum=sparsification_aware"],
-    # the same two at N = 8 blocks (local[8], each run in a process of its own): staleness grows with N
-    "stream-gs-asgd-ms-n8": [*STREAM_SPARSE, *BIDIR, *N8],
-    "stream-gs-asgd-samomentum-n8": [*STREAM_SPARSE, *BIDIR, "compression.momentum=sparsification_aware", *N8],
-}
+# Each seed-table row is a conf/seed/ file (bench/rows.py); a variant is a row file and the --set
+# overrides this bench puts on top of it. The parts the jobs variants share with the stream rows
+# are read from the row files, so that the table and the files cannot drift apart. GS-ASGD is
+# momentum correction (the seed's words) without DGC's factor masking, which slows coordinates
+# selected every step (2 epochs: 0.848 with it, 0.862 without, 0.870 dense); sparse per-step rows
+# clip each block's gradient (DGC; ~0.8-1.7 measured per batch here).
+DATASETS = ("fmnist", "cifar10")  # --dataset: whose conf/seed files the rows train
+VARIANTS, STREAM_VARIANTS = variants("fmnist")
+_PARTS = parts("fmnist")  # what the other benches borrow, as override lists
+SPARSE, BIDIR = list(_PARTS.sparse), list(_PARTS.bidir)
+PER_STEP, STREAM = list(_PARTS.per_step), list(_PARTS.stream)
+STREAM_SPARSE = [*STREAM, *SPARSE, *PER_STEP]
+BASE = "conf/fashion_mnist.yaml"  # what a run of no row file trains on (the sweeps, the other benches)
 # the two momentum forms of the per-step path (steps_per_round = 1, DESIGN §3), side by side on a
 # slice of the training set: DGC momentum correction with factor masking, and sparsification-aware
 # momentum (unsent coordinates keep accumulating instead of decaying)
@@ -121,12 +116,14 @@ def _own_process(overrides: list[str]) -> bool:
     return any(o.startswith("engine.master=") for o in overrides)
 
 
-def run_isolated(data: str, name: str, overrides: list[str], epochs: int, out_dir: str) -> dict:
+def run_isolated(data: str, name: str, overrides: list[str], epochs: int, out_dir: str,
+                 config_file: str = BASE) -> dict:
     """:func:`run_variant` in a child process (its own Spark session, on the master it names)."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYSPARK_PYTHON=sys.executable)
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", name, "--data", data,
-                           "--epochs", str(epochs), "--out-dir", out_dir, "--overrides", json.dumps(overrides)],
+                           "--epochs", str(epochs), "--out-dir", out_dir, "--config", config_file,
+                           "--overrides", json.dumps(overrides)],
                           capture_output=True, text=True, env=env, timeout=4 * 3600)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or [""])[-1]
@@ -143,32 +140,38 @@ class Collapsed(Exception):
     """A run the divergence guard stopped (sparkcnn.errors.Diverged), in this process or a child."""
 
 
-def run_seeds(data: str, name: str, overrides: list[str], epochs: int, out_dir: str, seeds: int) -> dict:
-    """``name`` over ``seeds`` seeds (``run.seed`` 42, 43, ...), aggregated. A seed the guard
-    stopped is kept as a collapsed run (its reason, no accuracy) and the others still run: a
-    collapse is a result of the table, not a failure of the bench."""
+def run_seeds(data: str, name: str, variant: Variant, epochs: int, out_dir: str, seeds: int) -> dict:
+    """``name`` over ``seeds`` seeds (``run.seed`` 42, 43, ...), aggregated, with the row's
+    reproduction (its file and command, without the seed). A seed the guard stopped is kept as a
+    collapsed run (its reason, no accuracy) and the others still run: a collapse is a result of
+    the table, not a failure of the bench."""
     from sparkcnn.errors import Diverged
 
+    overrides, path = list(variant.sets), portable_path(data)
     run = run_isolated if _own_process(overrides) else run_variant
     out = []
     for i in range(seeds):
         seeded = [*overrides, f"run.seed={42 + i}"]
         try:
-            out.append(run(data, name, seeded, epochs, out_dir))
+            out.append(run(data, name, seeded, epochs, out_dir, config_file=variant.config))
         except (Diverged, Collapsed) as e:
             log("%s seed %d collapsed: %s", name, 42 + i, e)
             out.append({"name": name, "overrides": seeded, "epochs": epochs, "seed": 42 + i,
-                        "collapsed": str(e)})
-    return _aggregate(name, out)
+                        "collapsed": str(e), **reproduction(variant.config, seeded, data=path, epochs=epochs)})
+    return {**_aggregate(name, out), **reproduction(variant.config, overrides, data=path, epochs=epochs)}
 
 
-def run_variant(data: str, name: str, overrides: list[str], epochs: int, out_dir: str) -> dict:
+def run_variant(data: str, name: str, overrides: list[str], epochs: int, out_dir: str,
+                config_file: str = BASE) -> dict:
+    """One training of ``config_file`` (relative to the repository) with ``overrides`` on top, on
+    ``data`` for ``epochs`` epochs: its figures, resolved config and reproduction."""
     from sparkcnn import config
     from sparkcnn.metrics import read_jsonl
     from sparkcnn.train import train
 
-    cfg = config.load(None, [f"data.path={data}", f"run.out_dir={out_dir}", f"run.name={name}",
-                             f"train.epochs={epochs}", "train.lr_warmup_epochs=0.3", *overrides])
+    cfg = config.load(os.path.join(ROOT, config_file), [f"data.path={data}", f"run.out_dir={out_dir}",
+                                                         f"run.name={name}", f"train.epochs={epochs}",
+                                                         *overrides])
     t0 = time.perf_counter()
     s = train(cfg)
     wall = time.perf_counter() - t0
@@ -184,7 +187,8 @@ def run_variant(data: str, name: str, overrides: list[str], epochs: int, out_dir
             "time_to_0_90_s": _time_to(records, 0.90),
             "exposed_comm_ms_per_step": s.get("exposed_comm_ms_per_step"),
             "bytes_per_exchange_quantiles": exchange_bytes_quantiles(records),
-            "exchange_slices": exchange_slices(records), **config_of(cfg)}
+            "exchange_slices": exchange_slices(records), **config_of(cfg),
+            **reproduction(config_file, overrides, data=portable_path(data), epochs=epochs)}
 
 
 def exchange_bytes_quantiles(records: list[dict], points: int = 20) -> list[float]:
@@ -213,52 +217,20 @@ def exchange_slices(records: list[dict], points: int = 20) -> dict:
             for k, v in columns.items()}
 
 
-# Single-process Keras: the same model, data, batch, SGD with momentum and lr schedule (linear
-# warm-up over 0.3 epoch, cosine decay to 0), model.fit with TF's default threads; a child process,
-# so this one's TF (and Spark's workers) do not share its threads. Prints one JSON line.
-KERAS = r"""
-import json, os, sys, time
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import keras, numpy as np
-from sparkcnn.compression.warmup import lr_at
-from sparkcnn.data.parquet_io import read_split_numpy
-from sparkcnn.models import build_model
-data, epochs, lr, momentum, batch, seed = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
-x, y = read_split_numpy(os.path.join(data, "train"))
-xt, yt = read_split_numpy(os.path.join(data, "test"))
-keras.utils.set_random_seed(seed)
-steps = len(x) // batch
-m = build_model("fmnist_cnn", x.shape[1:], 10, seed)
-opt = keras.optimizers.SGD(lr, momentum=momentum)
-m.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
-class Lr(keras.callbacks.Callback):
-    def on_train_batch_begin(self, b, logs=None):
-        opt.learning_rate.assign(lr_at((self.epoch + b / steps), base_lr=lr, warmup_epochs=0.3, total_epochs=epochs, schedule="cosine"))
-    def on_epoch_begin(self, e, logs=None):
-        self.epoch = e
-acc, walls, t0 = [], [], time.perf_counter()
-class Eval(keras.callbacks.Callback):
-    def on_epoch_end(self, e, logs=None):
-        walls.append(time.perf_counter() - t0)
-        acc.append(float(m.evaluate(xt, yt, batch_size=1000, verbose=0)[1]))
-m.fit(x, y, batch_size=batch, epochs=epochs, shuffle=True, verbose=0, callbacks=[Lr(), Eval()])
-wall = time.perf_counter() - t0
-first = lambda t: next((w for a, w in zip(acc, walls) if a >= t), None)
-print(json.dumps({"test_accuracy": acc[-1], "accuracy_per_epoch": acc, "wall_s": wall, "epochs": epochs,
-                  "images_per_s": epochs * steps * batch / wall, "time_to_0_88_s": first(0.88),
-                  "time_to_0_90_s": first(0.90), "seed": seed, "lr": lr, "momentum": momentum, "batch_size": batch}))
-"""
-
-
-def keras_reference(data: str, epochs: int) -> dict:
-    """Single-process Keras ``model.fit`` on the same model and data (KERAS above); its wall
-    includes each epoch's evaluation, as the engines' does."""
-    from sparkcnn import config
-
-    t = config.load(None, []).train
-    [out] = run_children(KERAS, [[data, str(epochs), str(t.lr), str(t.momentum), str(t.batch_size), "42"]],
-                         timeout=7200)
-    return {"keras": out}
+def keras_reference(data: str, epochs: int, out_dir: str,
+                    keras_file: str = seed_file("fmnist", "keras")) -> dict:
+    """Single-process Keras ``model.fit`` of the row file ``keras_file`` on ``data`` for ``epochs``
+    epochs (bench/keras_fit.py), in a child process so that this one's TF (and Spark's workers) do
+    not share its threads; its wall includes each epoch's evaluation, as the engines' does."""
+    sets = [f"data.path={data}", f"train.epochs={epochs}", f"run.out_dir={out_dir}"]
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    argv = [sys.executable, os.path.abspath(keras_fit.__file__),
+            "--config", os.path.join(ROOT, keras_file), *(x for s in sets for x in ("--set", s))]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=7200)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench/keras_fit.py failed: {proc.stderr.strip().splitlines()[-1:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"keras": {**out, **reproduction(keras_file, (), data=portable_path(data), epochs=epochs)}}
 
 
 def _aggregate(name: str, seeds: list[dict]) -> dict:
@@ -296,18 +268,28 @@ def _summary(row: dict) -> str:
     return text + (f" ({row['collapsed']} of {len(row['seeds'])} seeds collapsed)" if row["collapsed"] else "")
 
 
-def _stream_checks(by: dict) -> dict:
-    """The issue's bars for the per-step table: ASGD >= 0.905; GS-ASGD within 0.5 points of it;
-    with model-parameter sparsification within 0.7 points and steady downlink compression >= 100x."""
+def _sparse_downlink(row: dict) -> bool:
+    """Whether a row's runs sparsify the downlink: from their resolved config, else (runs that
+    carry none) from the row's overrides."""
+    configs = [r["config"] for r in row.get("runs") or [] if isinstance(r.get("config"), dict)]
+    if configs:
+        return configs[0].get("compression", {}).get("density_down", 0) > 0
+    return "density_down" in " ".join(row.get("overrides") or [])
+
+
+def _stream_checks(by: dict, absolute: bool = True) -> dict:
+    """The issue's bars for the per-step table: ASGD >= 0.905 (Fashion-MNIST's: ``absolute``);
+    GS-ASGD within 0.5 points of it; with model-parameter sparsification within 0.7 points and
+    steady downlink compression >= 100x."""
     checks, asgd = {}, by.get("stream-asgd")
-    if asgd:
+    if asgd and absolute:
         checks["stream-asgd mean>=0.905"] = _v(asgd, "test_accuracy_mean") >= 0.905
     for name, pts in (("stream-gs-asgd", 0.005), ("stream-gs-asgd-ms", 0.007), ("stream-gs-asgd-ms-round", 0.007),
                       ("stream-gs-asgd-samomentum", 0.007)):
         if name in by and asgd:
             checks[f"{name} mean within {100 * pts:g}pt of stream-asgd"] = (
                 _v(asgd, "test_accuracy_mean") - _v(by[name], "test_accuracy_mean") <= pts)
-        if name in by and "density_down" in " ".join(by[name]["overrides"]):
+        if name in by and _sparse_downlink(by[name]):
             checks[f"{name} steady_downlink_ratio>=100"] = _v(by[name], "steady_downlink_ratio_mean") >= 100
     return checks
 
@@ -315,7 +297,10 @@ def _stream_checks(by: dict) -> dict:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1 epoch per variant, no sweep")
-    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--dataset", choices=DATASETS, default="fmnist",
+                    help="whose conf/seed row files the rows train (cifar10: its data.path, make data-cifar10; "
+                         "no sweep, momentum forms or Fashion-MNIST bars)")
+    ap.add_argument("--epochs", type=int, help="epochs per run (default: the row files' train.epochs)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--stream", default="", help="comma-separated stream variants to run "
                     f"({', '.join(STREAM_VARIANTS)}; 'all' for every one)")
@@ -332,33 +317,42 @@ def main(argv=None) -> dict:
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--out-dir", help=argparse.SUPPRESS)
     ap.add_argument("--overrides", help=argparse.SUPPRESS)
+    ap.add_argument("--config", default=BASE, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.one:
-        print(json.dumps(run_variant(a.data, a.one, json.loads(a.overrides), a.epochs, a.out_dir)))
+        print(json.dumps(run_variant(a.data, a.one, json.loads(a.overrides), a.epochs, a.out_dir, a.config)))
         return {}
     if a.seeds < 1:
         raise SystemExit(f"bench/accuracy.py: --seeds must be >= 1, got {a.seeds}")
-    data = ensure_data()
+    jobs_table, stream_table = variants(a.dataset)
+    keras_file, sync_file = seed_file(a.dataset, "keras"), jobs_table["sync-dense"].config
+    fmnist = a.dataset == "fmnist"
+    data = ensure_data() if fmnist else os.path.join(ROOT, file_value(sync_file, "data.path"))
+    if not os.path.isdir(os.path.join(data, "test")):
+        print(f"bench/accuracy.py: data.path {portable_path(data)} of {sync_file}: no prepared dataset "
+              "(make data-cifar10)", file=sys.stderr)
+        raise SystemExit(2)
     out_dir = tempfile.mkdtemp(prefix="sparkcnn-bench-acc-")
-    epochs = 1 if a.quick else a.epochs
-    reference = keras_reference(data, epochs) if a.keras else {}
+    epochs = 1 if a.quick else (a.epochs or file_value(sync_file, "train.epochs"))
+    reference = keras_reference(data, epochs, out_dir, keras_file) if a.keras else {}
     if reference:
         print(f"# keras model.fit: {reference['keras']['test_accuracy']}", file=sys.stderr, flush=True)
     runs = []
     for name in filter(None, a.variants.split(",")):
-        if name not in VARIANTS:
-            raise SystemExit(f"bench/accuracy.py: unknown variant {name!r} (known: {', '.join(VARIANTS)})")
-        runs.append(run_seeds(data, name, VARIANTS[name], epochs, out_dir, a.seeds))
+        if name not in jobs_table:
+            raise SystemExit(f"bench/accuracy.py: unknown variant {name!r} (known: {', '.join(jobs_table)})")
+        runs.append(run_seeds(data, name, jobs_table[name], epochs, out_dir, a.seeds))
         print(f"# {name}: {_summary(runs[-1])}", file=sys.stderr, flush=True)
     stream = []
-    names = list(STREAM_VARIANTS) if a.stream == "all" else list(filter(None, a.stream.split(",")))
+    names = list(stream_table) if a.stream == "all" else list(filter(None, a.stream.split(",")))
     for name in names:
-        if name not in STREAM_VARIANTS:
-            raise SystemExit(f"bench/accuracy.py: unknown stream variant {name!r} (known: {', '.join(STREAM_VARIANTS)})")
-        stream.append(run_seeds(data, name, STREAM_VARIANTS[name], epochs, out_dir, a.seeds))
+        if name not in stream_table:
+            raise SystemExit(f"bench/accuracy.py: unknown stream variant {name!r} "
+                             f"(known: {', '.join(stream_table)})")
+        stream.append(run_seeds(data, name, stream_table[name], epochs, out_dir, a.seeds))
         print(f"# {name}: {_summary(stream[-1])}", file=sys.stderr, flush=True)
     sweep = []
-    if not (a.quick or a.no_sweep):
+    if not (a.quick or a.no_sweep or not fmnist):
         for d, h in SWEEP:
             # 3-epoch runs: a 1-epoch density warm-up leaves 2 steady epochs to measure
             ov = [f"train.steps_per_round={h}", *SPARSE, f"compression.density={d}", "compression.warmup_epochs=1"]
@@ -368,7 +362,7 @@ def main(argv=None) -> dict:
                           "epochs": a.sweep_epochs})
             print(f"# sweep d={d} h={h}: {r['test_accuracy']}", file=sys.stderr, flush=True)
     momentum = []
-    if not (a.quick or a.no_momentum):
+    if not (a.quick or a.no_momentum or not fmnist):
         from bench._common import slice_data
 
         short = slice_data(data, a.momentum_rows, 10000)
@@ -379,7 +373,7 @@ def main(argv=None) -> dict:
                              **{k: r[k] for k in ("test_accuracy", "accuracy_per_epoch", "wall_s",
                                                   "steady_uplink_ratio", "epochs")}})
             print(f"# momentum {form}: {r['test_accuracy']}", file=sys.stderr, flush=True)
-    by = {r["name"]: r for r in runs}
+    by = {r["name"]: r for r in runs} if fmnist else {}  # the jobs rows' bars are Fashion-MNIST's
     checks = {}
     for mode in ("sync", "async"):
         dense = by.get(f"{mode}-dense")
@@ -396,9 +390,10 @@ def main(argv=None) -> dict:
             checks[f"{mode}-sparse-bidir steady_downlink_ratio>=100"] = _v(bidir, "steady_downlink_ratio_mean") >= 100
             if mode == "async" and dense:
                 checks["async-sparse-bidir faster than async-dense"] = _v(bidir, "wall_s_mean") < _v(dense, "wall_s_mean")
-    checks.update(_stream_checks({r["name"]: r for r in stream}))
+    checks.update(_stream_checks({r["name"]: r for r in stream}, absolute=fmnist))
     checks.update({f"{r['name']} no seed collapsed": r["collapsed"] == 0 for r in runs + stream})
-    out = {"bench": "accuracy", "quick": a.quick, "model": "fmnist_cnn", "blocks": 2, "std_ddof": 1, "runs": runs,
+    out = {"bench": "accuracy", "quick": a.quick, "dataset": a.dataset, "std_ddof": 1, "runs": runs,
+           "model": file_value(sync_file, "model.name"), "blocks": file_value(sync_file, "data.num_blocks"),
            "reference": reference, "sweep": sweep, "momentum_forms": momentum, "stream": stream, "checks": checks}
     emit(out)
     return out

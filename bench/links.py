@@ -3,7 +3,8 @@
 A 2-host test bed (:mod:`sparkcnn.testing.testbed`: two network namespaces of one Spark worker
 with one core each, the driver and master on a bridge, each host's link shaped in both
 directions by tbf) trains ``fmnist_cnn`` on Fashion-MNIST, 2 blocks, with these variants
-(``VARIANTS``, the settings of bench/accuracy.py's stream rows and its sync reference):
+(``VARIANTS``: bench/accuracy.py's stream rows and its sync reference, each its conf/seed file,
+whose training command every cell records as ``config_file`` and ``command``):
 
 - ``stream-asgd``: the stream, async, one step per exchange (H = 1), dense both ways;
 - ``stream-gs-asgd``: + uplink sparsification (density 0.001, DGC momentum correction,
@@ -57,27 +58,29 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._common import emit, ensure_data, exit_status, log, slice_data  # noqa: E402
-from bench.accuracy import BIDIR, STREAM, STREAM_SPARSE, run_variant  # noqa: E402
+from bench.accuracy import STREAM_VARIANTS, VARIANTS as JOBS_VARIANTS, run_variant  # noqa: E402
 
 SEED = 42
+# bench/accuracy.py's rows: each trains its conf/seed file (the cells record its command)
 VARIANTS = {
-    "stream-asgd": STREAM,
-    "stream-gs-asgd": STREAM_SPARSE,
-    "stream-gs-asgd-ms": [*STREAM_SPARSE, *BIDIR],
-    "jobs-sync-dense": ["engine.transport=jobs", "engine.mode=sync", "train.steps_per_round=10"],
+    "stream-asgd": STREAM_VARIANTS["stream-asgd"],
+    "stream-gs-asgd": STREAM_VARIANTS["stream-gs-asgd"],
+    "stream-gs-asgd-ms": STREAM_VARIANTS["stream-gs-asgd-ms"],
+    "jobs-sync-dense": JOBS_VARIANTS["sync-dense"],
 }
 RATES = ("unshaped", "1gbit", "100mbit")
 TARGET = 0.88
 
 
 def _cell(data: str, name: str, epochs: int, out_dir: str, rate: str) -> dict:
-    r = run_variant(data, f"links-{rate}-{name}", [*VARIANTS[name], f"run.seed={SEED}"], epochs, out_dir)
+    v = VARIANTS[name]
+    r = run_variant(data, f"links-{rate}-{name}", [*v.sets, f"run.seed={SEED}"], epochs, out_dir, v.config)
     steps = r["steps"] or 1
     keep = ("test_accuracy", "accuracy_per_epoch", "images_per_s", "time_to_0_88_s", "wall_s", "train_wall_s",
             "bytes_up", "bytes_down", "dense_bytes_up", "run_uplink_ratio", "run_downlink_ratio",
             "exposed_comm_ms_per_step", "mean_round_overhead_ms", "state_resets", "replica_resyncs", "seed",
-            "bytes_per_exchange_quantiles", "exchange_slices")
-    return {"link": rate, "overrides": VARIANTS[name], "epochs": epochs, **{k: r.get(k) for k in keep},
+            "bytes_per_exchange_quantiles", "exchange_slices", "config_file", "command")
+    return {"link": rate, "overrides": list(v.sets), "epochs": epochs, **{k: r.get(k) for k in keep},
             "steps": steps, "bytes_up_per_step": r["bytes_up"] / steps, "bytes_down_per_step": r["bytes_down"] / steps,
             **shape_of(r.get("config") or {}), "config_sha256": r.get("config_sha256")}
 
@@ -168,7 +171,8 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 warm = slice_data(data, 4000, 1000)
                 for name in variants:  # TF import, tracing and the codec's compilation in the executors
-                    run_variant(warm, f"links-warm-up-{name}", VARIANTS[name], 1, out_dir)
+                    run_variant(warm, f"links-warm-up-{name}", list(VARIANTS[name].sets), 1, out_dir,
+                                VARIANTS[name].config)
                 warm_up_s = time.perf_counter() - t0
                 runs: dict[str, dict[str, list]] = {rate: {name: [] for name in variants} for rate in rates}
                 for rep in range(args.reps):  # rates in turn within a repetition: drift hits all alike

@@ -226,13 +226,51 @@ def _load(results_dir: str, name: str) -> dict | None:
 
 # ---- sections: each returns its markdown; ``fig(name, title, draw, *data)`` gives a figure link ----
 
+def _setting(run: dict, key: str) -> str | None:
+    """A row's ``section.key`` as text: the last of its overrides that sets it, else the resolved
+    config of the row or of its first run that records one (a row trained from its conf/ file
+    overrides only what differs from the file), else None."""
+    ov = [o for o in _list(run.get("overrides")) if isinstance(o, str) and o.startswith(f"{key}=")]
+    if ov:
+        return ov[-1].split("=", 1)[1]
+    section, name = key.split(".", 1)
+    for r in [run, *_list(run.get("runs"))]:
+        cfg = r.get("config") if isinstance(r, dict) else None
+        if isinstance(cfg, dict) and isinstance(cfg.get(section), dict) and name in cfg[section]:
+            value = cfg[section][name]
+            return str(value).lower() if isinstance(value, bool) else str(value)
+    return None
+
+
 def _h(run: dict) -> str:
-    """Local steps per exchange from the run's overrides; "≈" for async jobs sized by time."""
-    ov = [o for o in _list(run.get("overrides")) if isinstance(o, str)]
-    h = next((o.split("=", 1)[1] for o in ov if o.startswith("train.steps_per_round=")), None)
-    if h and "engine.mode=async" in ov and "engine.transport=stream" not in ov:
+    """Local steps per exchange from the row's settings; "≈" for async jobs sized by time."""
+    h = _setting(run, "train.steps_per_round")
+    if h and _setting(run, "engine.mode") == "async" and _setting(run, "engine.transport") != "stream":
         return f"≈ {h}"
     return h or DASH
+
+
+def _config_file(run: dict | None) -> str:
+    """The conf/ file a row trained, as a code span; a dash for results that did not record it."""
+    f = run.get("config_file") if isinstance(run, dict) else None
+    return f"`{f}`" if isinstance(f, str) and f else DASH
+
+
+def _command(run: dict | None) -> str:
+    """The command that reproduces a row, as a code span, with the seeds it ran (each by
+    ``--set run.seed=S``); a dash for results that did not record it."""
+    cmd = run.get("command") if isinstance(run, dict) else None
+    if not isinstance(cmd, str) or not cmd:
+        return DASH
+    seeds = [s for s in _list(run.get("seeds")) if isinstance(s, int)]
+    said = ", ".join(map(str, seeds))
+    return f"`{cmd}`" + (f", seeds {said} (`--set run.seed=S`)" if len(seeds) > 1 else "")
+
+
+def reproduce_lines(rows: list[tuple[str, dict | None]],
+                    head: str = "Reproduce each row (its config file and command") -> list[str]:
+    """A table's footnote: for each (label, row) the command that reproduces the row."""
+    return [f"{head}; — where the run recorded none):", "", *(f"- {label}: {_command(r)}" for label, r in rows)]
 
 
 def _reached(run: dict, key: str) -> str:
@@ -283,6 +321,7 @@ def seed_table(acc: dict | None, fig) -> str:
             "at that test accuracy, over the seeds that reached it ((k/n) when only k of n did). Bytes: MB "
             "(10^6 bytes) all blocks sent to (up) and received from (down) the driver. Ratios: dense bytes / "
             "actual bytes per exchange once the density warm-up is over (1.0 = uncompressed).", "",
+            *reproduce_lines([(f"{NAMES.get(_name(r), _name(r))} ({_name(r)})", r) for r in rows]), "",
             fig("accuracy.png", "Test accuracy per epoch, one line per variant", _draw_accuracy, rows,
                 _get(acc, "reference", "keras"))]
     block = targets_block(acc, "accuracy", tg.of_accuracy(acc))
@@ -304,7 +343,8 @@ def reference_table(acc: dict | None, thr: dict | None) -> str:
             "Keras: the same model, data, batch size, momentum and learning-rate schedule trained by `model.fit` "
             "in one process with TensorFlow's default threads, evaluated after every epoch as the parallel runs "
             "are. Compute limit: the summed steady images/s of two single-thread processes each training its "
-            "own block with no communication at all; efficiency below is measured against it."]
+            "own block with no communication at all; efficiency below is measured against it.", "",
+            *reproduce_lines([("Keras `model.fit`", keras)])]
     return "\n".join(out)
 
 
@@ -379,7 +419,11 @@ def links_section(ln: dict | None, fig) -> str:
             f"each behind its own link (shaped in both directions: {bed.get('shaping') or DASH}); the driver and the "
             f"master on the bridge. {_g(_get(ln, 'epochs'))} epochs per cell, one seed; {reps}; time to 0.88 "
             "is read at epoch ends (— where no epoch reached it). Exposed communication: ms per local step the "
-            "tasks waited for the driver's replies (stream)."]
+            "tasks waited for the driver's replies (stream).", "",
+            *reproduce_lines(list({f"{LINK_NAMES.get(name, name)} ({name})": c for _, cells in reversed(rates)
+                                   for name, c in cells.items() if isinstance(c, dict)}.items()),
+                             "Reproduce each variant's training (its config file and command; the shaped "
+                             "links are the test bed's")]
     block = targets_block(ln, "links", tg.of_links(ln))
     return "\n".join(out + (["", block] if block else []))
 
@@ -946,9 +990,8 @@ GLANCE = ("sync-dense", "stream-asgd", "stream-gs-asgd", "stream-gs-asgd-ms", "s
 
 
 def _transport(run: dict) -> str:
-    ov = [o for o in _list(run.get("overrides")) if isinstance(o, str)]
-    return ("stream" if "engine.transport=stream" in ov else "jobs") + \
-        (", async" if "engine.mode=async" in ov else ", sync")
+    return ("stream" if _setting(run, "engine.transport") == "stream" else "jobs") + \
+        (", async" if _setting(run, "engine.mode") == "async" else ", sync")
 
 
 def summary_line(all_targets: list) -> str:
@@ -965,19 +1008,22 @@ def glance_block(acc: dict | None) -> str:
         return f"\n{NOT_MEASURED}\n\n"
     body = [[NAMES[_name(r)], f"{_transport(r)}, H = {_h(r)}", _pm(*_stat(r, "test_accuracy"), 4),
              _f(_stat(r, "time_to_0_90_s")[0], 0) + _reached(r, "time_to_0_90_s"),
-             _f(_stat(r, "bytes_up")[0], 1, 1e-6), _f(_stat(r, "bytes_down")[0], 1, 1e-6)] for r in rows]
+             _f(_stat(r, "bytes_up")[0], 1, 1e-6), _f(_stat(r, "bytes_down")[0], 1, 1e-6), _config_file(r)]
+            for r in rows]
     keras = _get(acc, "reference", "keras")
     keras = keras if isinstance(keras, dict) else {}
     body.append(["Keras `model.fit`, one process", DASH, _f(keras.get("test_accuracy"), 4),
-                 _f(keras.get("time_to_0_90_s"), 0), DASH, DASH])
+                 _f(keras.get("time_to_0_90_s"), 0), DASH, DASH, _config_file(keras)])
     return "\n".join([
         "",
-        _table(["Variant", "Transport, mode, H", "Final test accuracy", "Seconds to 0.90", "MB up", "MB down"],
-               body),
+        _table(["Variant", "Transport, mode, H", "Final test accuracy", "Seconds to 0.90", "MB up", "MB down",
+                "Config"], body),
         "",
         f"{_g(_get(acc, 'reference', 'keras', 'epochs'))} epochs of Fashion-MNIST ({_g(_get(acc, 'model'))}), "
         f"{_g(_get(acc, 'blocks'))} blocks; MB: what all blocks sent to (up) and received from (down) the "
-        "driver over the run.",
+        "driver over the run. Config: the file the row trained (— where the run recorded none); "
+        "`sparkcnn train --config FILE` trains it, the Keras row `python bench/keras_fit.py --config FILE`, "
+        "and BENCHMARKS.md gives each row's whole command.",
         "", ""])
 
 

@@ -100,7 +100,7 @@ def test_every_seed_table_row_runs_its_seeds_and_n8_rows_run_apart(monkeypatch):
     calls = []
 
     def fake(kind):
-        def run(data, name, overrides, epochs, out_dir):
+        def run(data, name, overrides, epochs, out_dir, config_file):
             calls.append((kind, name, overrides[-1]))
             return {**_run(int(overrides[-1].split("=")[1]), 0.9), "overrides": overrides}
         return run
@@ -112,14 +112,19 @@ def test_every_seed_table_row_runs_its_seeds_and_n8_rows_run_apart(monkeypatch):
     assert calls == [("here", "sync-dense", "run.seed=42"), ("here", "sync-dense", "run.seed=43"),
                      ("here", "sync-dense", "run.seed=44"), ("child", "stream-gs-asgd-ms-n8", "run.seed=42"),
                      ("child", "stream-gs-asgd-ms-n8", "run.seed=43")]
-    assert jobs["seeds"] == [42, 43, 44] and jobs["overrides"] == accuracy.VARIANTS["sync-dense"]
+    assert jobs["seeds"] == [42, 43, 44] and jobs["overrides"] == []
+    assert jobs["config_file"] == "conf/seed/fmnist_sync_dense.yaml"
+    # the row's command: its file, the bench's shorter run, no seed (the row names its seeds)
+    assert jobs["command"].startswith("sparkcnn train --config conf/seed/fmnist_sync_dense.yaml --set ")
+    assert jobs["command"].endswith(" --set train.epochs=1") and "run.seed" not in jobs["command"]
     assert {"data.num_blocks=8", "engine.master=local[8]"} <= set(n8["overrides"])
+    assert n8["command"].endswith("--set data.num_blocks=8 --set 'engine.master=local[8]'")
 
 
 def test_seed_table_names_its_spread_and_its_blocks():
     render = importlib.import_module("bench.render")
     row = {**accuracy._aggregate("stream-gs-asgd-ms-n8", [_run(0, 0.80), _run(1, 0.82)]),
-           "overrides": accuracy.STREAM_VARIANTS["stream-gs-asgd-ms-n8"]}
+           "overrides": list(accuracy.STREAM_VARIANTS["stream-gs-asgd-ms-n8"].sets)}
     text = render.seed_table({"std_ddof": 1, "stream": [row]}, lambda *a: "")
     assert text.startswith("## Seed experiment (Fashion-MNIST, 2 blocks, 8 where the row says so)")
     assert "mean ± sample standard deviation" in text
@@ -142,13 +147,13 @@ def test_a_result_is_written_into_a_folder_not_made_yet(tmp_path, capsys):
 def test_a_seed_the_guard_stops_is_a_collapsed_row_not_a_failed_bench(monkeypatch):
     from sparkcnn.errors import Diverged
 
-    def here(data, name, overrides, epochs, out_dir):
+    def here(data, name, overrides, epochs, out_dir, config_file):
         seed = int(overrides[-1].split("=")[1])
         if seed == 43:
             raise Diverged("exchange 367: training loss 2.772, at or above chance level")
         return {**_run(seed, 0.90 + (seed - 42) / 100), "overrides": overrides}
 
-    def child(data, name, overrides, epochs, out_dir):
+    def child(data, name, overrides, epochs, out_dir, config_file):
         raise accuracy.Collapsed("exchange 12: the run collapsed")
 
     monkeypatch.setattr(accuracy, "run_variant", here)
@@ -233,3 +238,52 @@ def test_the_momentum_section_shows_training_loss_stopped_seeds_and_the_displace
     assert ("fixed mean plus noise 10 times the spread of the means). What the server applied, projected on the "
             "displacement of dense momentum SGD on the same stream: momentum correction 0.733, SAMomentum 0.186.") \
         in text
+
+
+def test_each_rendered_row_names_its_config_file_and_command(monkeypatch):
+    """A row trained from its conf/seed file shows the file in the README's glance table and its
+    whole command under the seed table, H and transport read from its runs' resolved config; a
+    row of results that predate the record shows a dash."""
+    from sparkcnn import config
+
+    def here(data, name, overrides, epochs, out_dir, config_file):
+        cfg = config.load(f"{accuracy.ROOT}/{config_file}", overrides).to_dict()
+        return {**_run(int(overrides[-1].split("=")[1]), 0.9), "overrides": overrides, "config": cfg}
+
+    monkeypatch.setattr(accuracy, "run_variant", here)
+    ms = accuracy.STREAM_VARIANTS["stream-gs-asgd-ms"]
+    row = accuracy.run_seeds("data/fashion-mnist", "stream-gs-asgd-ms", ms, 10, "o", 3)
+    assert row["overrides"] == [] and row["config_file"] == "conf/seed/fmnist_gs_asgd_ms.yaml"
+    # the file's own data path and epochs: no --set for them
+    assert row["command"] == "sparkcnn train --config conf/seed/fmnist_gs_asgd_ms.yaml"
+    old = {**accuracy._aggregate("sync-dense", [_run(42, 0.91)]), "overrides": ["train.steps_per_round=10"]}
+    keras = {"test_accuracy": 0.9, **accuracy.reproduction(accuracy.seed_file("fmnist", "keras"), ())}
+    acc = {"std_ddof": 1, "runs": [old], "stream": [row], "reference": {"keras": keras}}
+    render = importlib.import_module("bench.render")
+    text = render.seed_table(acc, lambda *a: "")
+    assert ("- GS-ASGD + MS (stream-gs-asgd-ms): `sparkcnn train --config conf/seed/fmnist_gs_asgd_ms.yaml`, "
+            "seeds 42, 43, 44 (`--set run.seed=S`)") in text
+    assert "- Sync SGD, dense (sync-dense): —" in text
+    assert "- Keras `model.fit`: `python bench/keras_fit.py --config conf/seed/fmnist_keras.yaml`" in \
+        render.reference_table(acc, None)
+    glance = render.glance_block(acc)
+    assert "| GS-ASGD + MS | stream, async, H = 1 | 0.9000 ± 0.0000 |" in glance
+    assert glance.count("| `conf/seed/fmnist_gs_asgd_ms.yaml` |") == 1
+    assert "| Sync SGD, dense | jobs, sync, H = 10 |" in glance and "| — |\n| GS-ASGD + MS" in glance
+    assert "| `conf/seed/fmnist_keras.yaml` |" in glance
+
+
+def test_a_links_cell_names_the_command_of_its_variant():
+    """bench/links.py's variants are the seed rows' files; the links section lists each variant's
+    command once, from the first rate that ran it."""
+    links = importlib.import_module("bench.links")
+    assert links.VARIANTS["stream-gs-asgd-ms"].config == "conf/seed/fmnist_gs_asgd_ms.yaml"
+    assert links.VARIANTS["jobs-sync-dense"].config == "conf/seed/fmnist_sync_dense.yaml"
+    cmd = accuracy.reproduction(links.VARIANTS["stream-asgd"].config, ["run.seed=42"], epochs=5)["command"]
+    cell = {"images_per_s": 100.0, "command": cmd}
+    doc = {"rates": {"unshaped": {"stream-asgd": cell, "jobs-sync-dense": {"images_per_s": 90.0}},
+                     "100mbit": {"stream-asgd": {**cell, "command": "other"}}}}
+    text = importlib.import_module("bench.render").links_section(doc, lambda *a: "")
+    assert ("- ASGD, H = 1 (stream-asgd): `sparkcnn train --config conf/seed/fmnist_asgd.yaml "
+            "--set train.epochs=5 --set run.seed=42`") in text
+    assert "- Sync SGD (jobs), H = 10 (jobs-sync-dense): —" in text and "`other`" not in text

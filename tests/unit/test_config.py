@@ -1,4 +1,5 @@
 import dataclasses
+import glob
 import logging
 
 import pytest
@@ -18,7 +19,9 @@ def test_defaults_validate_and_round_trip(tmp_path):
 
 
 def test_repo_configs_load():
-    for name in ("conf/fashion_mnist.yaml", "conf/cifar10_resnet20.yaml"):
+    names = ["conf/fashion_mnist.yaml", "conf/cifar10_resnet20.yaml", *sorted(glob.glob("conf/seed/*.yaml"))]
+    assert len(names) == 14  # the two above and one file per seed-table row, two tables of six
+    for name in names:
         cfg = config.load(name)
         assert cfg.train.epochs >= 1
 
