@@ -732,7 +732,7 @@ def momentum_finding(mo: dict | None) -> str | None:
 
 def cifar_table(cif: dict | None) -> str:
     generated = _get(cif, "throughput_only") is True  # runs before the real data: generated images
-    out = ["## CIFAR-10 " + ("format run (throughput only)" if generated else "(JPEG copy), ResNet-20"), ""]
+    out = ["## " + ("CIFAR-10-format run (throughput only)" if generated else "CIFAR-10 (JPEG copy), ResNet-20"), ""]
     modes = [m for m in _list(_get(cif, "modes")) if isinstance(m, dict)]
     if not modes:
         return "\n".join(out + [NOT_MEASURED])
