@@ -31,7 +31,8 @@ others still run.
 
 Sizes (ResNet-20 trains ~100 images/s per single-thread core on an idle
 machine here): full, batch 32 on 6,400 training rows (sync: 10 rounds after a warm one; async: 20
-jobs of ~10 steps, 10 in the steady window), about 4 minutes on 2 idle cores; ``--quick``, batch 8 on 1,280 rows, about 90 s.
+jobs of ~10 steps, 10 in the steady window), about 4 minutes on 2 idle cores; ``--quick``, batch 8
+on 1,280 rows, about 90 s.
 
     python bench/cifar.py [--quick] [--data DIR]
 """
