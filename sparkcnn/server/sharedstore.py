@@ -34,6 +34,7 @@ not: they leave the tracker out of it, or its exit would unlink a segment still 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import tempfile
@@ -137,12 +138,17 @@ class SharedCandidates:
 
 
 class StoreLock:
-    """The store's critical section (module docstring): reentrant within a thread."""
+    """The store's critical section (module docstring): reentrant within a thread.
+
+    :meth:`section`: a span of a thread's work (one push) in which the section, once the thread
+    takes it, is kept until the span ends, so that its apply, counts, downlink and reply take the
+    record lock once (each entry from outside costs two ``lockf`` calls and the writer word)."""
 
     def __init__(self, fd: int, header: np.ndarray):
         self._fd, self._header = fd, header
         self._threads = threading.RLock()
         self._depth = 0  # nesting of the thread that holds it
+        self._spans: dict[int, bool] = {}  # thread -> its open span keeps the section (False: not taken yet)
 
     def __enter__(self) -> "StoreLock":
         self._threads.acquire()
@@ -159,8 +165,25 @@ class StoreLock:
                 raise StoreTorn(f"parameter-server process {writer} died while it held the shared weights: "
                                 "they may be half-written")
             self._header[WRITER] = os.getpid()
+            me = threading.get_ident()
+            if self._spans.get(me) is False:  # kept until the span ends: one level more
+                self._spans[me] = True
+                self._threads.acquire()
+                self._depth += 1
         self._depth += 1
         return self
+
+    @contextlib.contextmanager
+    def section(self):
+        """Within it, this thread keeps the section from its first entry to the end (class
+        docstring); nothing is taken before that entry (a push's decode runs outside)."""
+        me = threading.get_ident()
+        self._spans[me] = False
+        try:
+            yield self
+        finally:
+            if self._spans.pop(me):
+                self.__exit__(None, None, None)
 
     def __exit__(self, *exc) -> None:
         self._depth -= 1
