@@ -19,9 +19,11 @@ Layout of the segment (numpy views on it; nothing in it is pickled)::
 The critical section (:class:`StoreLock`) is a thread lock for a process's own threads and a
 POSIX record lock (``fcntl.lockf``) on a file every process holds open, for the processes. Every
 write of the segment is inside it, so the version is one counter all processes bump atomically,
-in the same section that moves ``W``. The kernel drops a record lock when its holder dies, so a
-killed process never deadlocks the others; the header's writer word (the holder's pid, cleared on
-the way out) tells the next holder that the segment was left mid-write (:class:`StoreTorn`).
+in the same section that moves ``W``. A push takes it once (:meth:`StoreLock.section`), from its
+apply to its reply's weights, every entry between them nested in that one. The kernel drops a
+record lock when its holder dies, so a killed process never deadlocks the others; the header's
+writer word (the holder's pid, cleared on the way out) tells the next holder that the segment was
+left mid-write (:class:`StoreTorn`).
 
 Why the ring holds 4 P bytes: a reply sends the downlinks since a replica's version only when
 they weigh less than a dense copy of U, 4 P bytes (:meth:`sparkcnn.server.downlink.Downlink.since`),
