@@ -79,9 +79,10 @@ class Channel:
 
     Records are batched: each is kept until the next control line, or until ``FLUSH_S`` after
     the first one kept (a thread of its own flushes them), and goes with them in one write, in
-    order. The driver's reader then wakes once per batch, not once per push (a wake-up costs the
-    driver about as much CPU as relaying four records). A control line goes at once, after the
-    records before it: a cut's part or a stage's end follows every record it covers."""
+    order. The driver's reader then wakes once per batch, not once per push (a wake-up of that
+    thread costs the driver more CPU than writing the record it brings). A control line goes at
+    once, after the records before it: a cut's part or a stage's end follows every record it
+    covers."""
 
     def __init__(self, stream):
         self._stream = stream
