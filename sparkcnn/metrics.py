@@ -34,7 +34,11 @@ class JsonlSink:
             self._fh = open(path, mode, encoding="utf-8")
 
     def write(self, record: dict) -> None:
-        line = json.dumps(record, sort_keys=False, default=_jsonable) + "\n"
+        self.write_encoded(record, encode_line(record))
+
+    def write_encoded(self, record: dict, line: str) -> None:
+        """``record`` as ``line``, its :func:`encode_line` (a server process's, ``ps.servers`` > 1),
+        written as it is."""
         if self._fh is not None:
             self._fh.write(line)
             self._fh.flush()
@@ -55,6 +59,12 @@ class JsonlSink:
             self._fh.close()
         else:
             self.flush()
+
+
+def encode_line(record: dict) -> str:
+    """A record's line in ``metrics.jsonl``, newline included: the one encoding, whichever process
+    makes it (a server process encodes its records once, and the driver writes them as they are)."""
+    return json.dumps(record, sort_keys=False, default=_jsonable) + "\n"
 
 
 def _jsonable(x):

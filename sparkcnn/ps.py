@@ -43,6 +43,7 @@ bytes than that copy of ``U``, so the server keeps neither.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import operator
@@ -178,6 +179,13 @@ class ParameterServer:
         """The lock every method holds (reentrant): a caller holds it across several calls that
         must see no other apply between them (a downlink's cadence check, D and its log entry)."""
         return self._lock
+
+    def section(self):
+        """A context in which the lock, once this thread takes it, is kept until the context ends
+        (a shared store's: :meth:`sparkcnn.server.sharedstore.StoreLock.section`, one record lock
+        per push); with this process's own memory, nothing (its thread lock costs little)."""
+        section = getattr(self._lock, "section", None)
+        return contextlib.nullcontext() if section is None else section()
 
     @property
     def version(self) -> int:

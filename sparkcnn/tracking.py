@@ -100,6 +100,15 @@ class FanOut:
         for s in self.sinks:
             s.write(record)
 
+    def write_encoded(self, record: dict, line: str) -> None:
+        """``record`` and its line as a server process encoded it: the JSONL file writes the line,
+        a tracker takes the record (``ps.servers`` > 1)."""
+        for s in self.sinks:
+            if hasattr(s, "write_encoded"):
+                s.write_encoded(record, line)
+            else:
+                s.write(record)
+
     def flush(self) -> None:
         """Make the records written so far durable, in the sinks that buffer (before a checkpoint)."""
         for s in self.sinks:

@@ -12,6 +12,7 @@ before the transports shared one server.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from dataclasses import fields as dataclass_fields
 
@@ -224,14 +225,23 @@ class Records:
         ``progress_at``: (position, total[, epoch]) on the progress bar."""
         return self.write_line(rec.as_dict(timings, where), progress_at)
 
-    def write_line(self, line: dict, progress_at: tuple | None = None) -> dict:
-        """Write an exchange record's line (one a server process wrote: ``ps.servers`` > 1)."""
+    def write_line(self, line: dict, progress_at: tuple | None = None, encoded: str | None = None) -> dict:
+        """Write an exchange record's line; ``encoded``: its ``metrics.jsonl`` line, when a server
+        process encoded it already (:meth:`write_encoded`), which a sink that can writes as it is."""
         self.history.append(line)
         if self._sink:
-            self._sink.write(line)
+            if encoded is not None and hasattr(self._sink, "write_encoded"):
+                self._sink.write_encoded(line, encoded)
+            else:
+                self._sink.write(line)
         if progress_at is not None:
             self.show(line, progress_at)
         return line
+
+    def write_encoded(self, encoded: str, progress_at: tuple | None = None) -> dict:
+        """Write an exchange record a server process encoded (``ps.servers`` > 1): its line goes to
+        ``metrics.jsonl`` as it is, and is read once for the history, the trackers and the bar."""
+        return self.write_line(json.loads(encoded), progress_at, encoded)
 
     def show(self, line: dict, progress_at: tuple) -> None:
         """A written record on the progress bar at (position, total[, epoch])."""

@@ -245,9 +245,10 @@ class Run:
         """Write an applied exchange's record with what the transport measured."""
         return self.records.write(decision.record, progress_at, timings, where)
 
-    def write_line(self, line: dict, progress_at: tuple | None = None) -> dict:
-        """An exchange record a server process wrote (``ps.servers`` > 1), in this run's records."""
-        return self.records.write_line(line, progress_at)
+    def write_encoded(self, encoded: str, progress_at: tuple | None = None) -> dict:
+        """An exchange record a server process wrote (``ps.servers`` > 1), its ``metrics.jsonl``
+        line as that process encoded it, in this run's records."""
+        return self.records.write_encoded(encoded, progress_at)
 
     def show(self, line: dict, progress_at: tuple) -> None:
         """A record already written, on the progress bar (when the transport shows it later)."""

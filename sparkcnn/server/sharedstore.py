@@ -19,9 +19,11 @@ Layout of the segment (numpy views on it; nothing in it is pickled)::
 The critical section (:class:`StoreLock`) is a thread lock for a process's own threads and a
 POSIX record lock (``fcntl.lockf``) on a file every process holds open, for the processes. Every
 write of the segment is inside it, so the version is one counter all processes bump atomically,
-in the same section that moves ``W``. The kernel drops a record lock when its holder dies, so a
-killed process never deadlocks the others; the header's writer word (the holder's pid, cleared on
-the way out) tells the next holder that the segment was left mid-write (:class:`StoreTorn`).
+in the same section that moves ``W``. A push takes it once (:meth:`StoreLock.section`), from its
+apply to its reply's weights, every entry between them nested in that one. The kernel drops a
+record lock when its holder dies, so a killed process never deadlocks the others; the header's
+writer word (the holder's pid, cleared on the way out) tells the next holder that the segment was
+left mid-write (:class:`StoreTorn`).
 
 Why the ring holds 4 P bytes: a reply sends the downlinks since a replica's version only when
 they weigh less than a dense copy of U, 4 P bytes (:meth:`sparkcnn.server.downlink.Downlink.since`),
@@ -34,6 +36,7 @@ not: they leave the tracker out of it, or its exit would unlink a segment still 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import tempfile
@@ -137,12 +140,17 @@ class SharedCandidates:
 
 
 class StoreLock:
-    """The store's critical section (module docstring): reentrant within a thread."""
+    """The store's critical section (module docstring): reentrant within a thread.
+
+    :meth:`section`: a span of a thread's work (one push) in which the section, once the thread
+    takes it, is kept until the span ends, so that its apply, counts, downlink and reply take the
+    record lock once (each entry from outside costs two ``lockf`` calls and the writer word)."""
 
     def __init__(self, fd: int, header: np.ndarray):
         self._fd, self._header = fd, header
         self._threads = threading.RLock()
         self._depth = 0  # nesting of the thread that holds it
+        self._spans: dict[int, bool] = {}  # thread -> its open span keeps the section (False: not taken yet)
 
     def __enter__(self) -> "StoreLock":
         self._threads.acquire()
@@ -159,8 +167,25 @@ class StoreLock:
                 raise StoreTorn(f"parameter-server process {writer} died while it held the shared weights: "
                                 "they may be half-written")
             self._header[WRITER] = os.getpid()
+            me = threading.get_ident()
+            if self._spans.get(me) is False:  # kept until the span ends: one level more
+                self._spans[me] = True
+                self._threads.acquire()
+                self._depth += 1
         self._depth += 1
         return self
+
+    @contextlib.contextmanager
+    def section(self):
+        """Within it, this thread keeps the section from its first entry to the end (class
+        docstring); nothing is taken before that entry (a push's decode runs outside)."""
+        me = threading.get_ident()
+        self._spans[me] = False
+        try:
+            yield self
+        finally:
+            if self._spans.pop(me):
+                self.__exit__(None, None, None)
 
     def __exit__(self, *exc) -> None:
         self._depth -= 1

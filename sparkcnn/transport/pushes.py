@@ -177,7 +177,14 @@ class PushHandler:
         self.cut.wait_written(self.cond, lambda: self.failure is not None)
         block, t0, c0 = session.block, time.perf_counter(), time.thread_time()
         bsp = self.cfg.engine.mode == "sync"
-        decision = self.server.accept(Arrival.of_push(block, p, (session.stream, session.ordinal)))
+        # one section of the store's lock from the apply to the reply's weights (several server
+        # processes: one record lock per push, not one per write; the decode before stays outside)
+        with self.server.ps.section():
+            decision = self.server.accept(Arrival.of_push(block, p, (session.stream, session.ordinal)))
+            t1, c1 = time.perf_counter(), time.thread_time()
+            weights = None if decision.kind == HELD else self._weights(p.have)
+        # the reply's weights are not the exchange's: its timings leave them out
+        t0, c0 = t0 + time.perf_counter() - t1, c0 + time.thread_time() - c1
         if decision.kind == HELD:  # BSP: the round's last push applies it
             self.stage.keep_push(session, p)
             if not self.cond.wait_for(lambda: p.seq <= self.server.cursors.last_seq[block]
@@ -193,7 +200,7 @@ class PushHandler:
             # a dropped push's replica follows the downlinks since the push like any other reply:
             # a dense copy (0.9 MB) on a 20 Mbit/s link took long enough for the retrained push to
             # be stale again, ten times in a row in one run (a refusal, or shards, still send it)
-            return self._reply(session, have=p.have, retrain=decision.kind == RETRAIN)
+            return self._reply(session, have=p.have, retrain=decision.kind == RETRAIN, weights=weights)
         held = self.stage.take_pushes(p.seq, decision.blocks, session, p) if bsp else [(session, p)]
         self._to_shards([(s, False) for s, _ in held])
         for s, q in held:
@@ -205,13 +212,14 @@ class PushHandler:
         if self.cut.open and (self.cut.complete() if bsp else session.block in self.cut.states):
             if bsp:
                 self.cut.write()
-            else:
+            else:  # held until the checkpoint is written: the reply reads the weights after it
                 self.cut.gather(self.cond, lambda: self.failure is not None)
+                weights = None
         elif not self.cut.open and decision.checkpoint:
             self.cut.begin()
         if bsp:
             self.cond.notify_all()
-        return self._reply(session, p.have)
+        return self._reply(session, p.have, weights=weights)
 
     def _write(self, decision, p: Push, t0: float, c0: float) -> None:
         down, select, encode = self.server.downlink.cpu  # its parts' thread CPU (server/downlink.py)
@@ -227,10 +235,15 @@ class PushHandler:
                                  progress_at=(decision.record.round, total))
         self.server.chaos_after(line["round"])
 
+    def _weights(self, have: int):
+        """The downlink's weights part of a reply to a replica at ``have`` (None: the shards')."""
+        return None if self.server.shards is not None else self.server.downlink.since(have)
+
     def _reply(self, session: Session, have: int, *, retrain: bool = False, refused: str = "",
-               plan=None) -> Reply:
+               plan=None, weights=None) -> Reply:
         """The next lr and density, the block's last staleness and the weights part (the
-        downlink's, or the shards' at the version they answered)."""
+        downlink's, read now unless ``weights`` holds it, or the shards' at the version they
+        answered)."""
         run, block = self.server, session.block
         lr, density = run.schedule_now()
         session.offered.append((lr, density))
@@ -238,7 +251,7 @@ class PushHandler:
                     send_state=self.cut.wants(block), plan=plan)
         if run.shards is not None:
             return Reply(**head, dense=b"", dense_version=session.shard_version)
-        w = run.downlink.since(have)
+        w = weights if weights is not None else self._weights(have)
         return Reply(**head, dense=w.dense, dense_version=w.dense_version, downlinks=w.downlinks)
 
     def stage_state(self, session: Session, m: StageState | None, refused: str = "") -> Reply:

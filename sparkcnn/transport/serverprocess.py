@@ -13,9 +13,10 @@ weights (docs/transports.md, "Several server processes").
                {"cut_done": [position, exchanges, cost_s]}   the driver wrote it: its blocks go on
              and EOF when the driver is done or gone: the service closes and the process exits,
              so a driver that dies, even by SIGKILL, leaves no server behind
-    stdout   {"port": p}; then one JSON line per applied exchange ({"record": <its metrics.jsonl
-             line>}), {"failed": why} when a push fails the run, the answers above, and for a
-             checkpoint inside a stage {"cut_begin": true} (its apply made one due) and
+    stdout   {"port": p}; then one line per applied exchange, its round, a space and its
+             metrics.jsonl line as this process encodes it (:func:`record_line`), in batches
+             (:class:`Channel`); {"failed": why} when a push fails the run, the answers above, and
+             for a checkpoint inside a stage {"cut_begin": true} (its apply made one due) and
              {"cut_part": <its part>} once every block of its own has sent its state (or has none
              to send), the states written as .npy files in the run's cut folder
 
@@ -44,6 +45,7 @@ import threading
 import numpy as np
 
 from sparkcnn.config import from_dict
+from sparkcnn.metrics import encode_line
 from sparkcnn.protocol import TaskSpec
 from sparkcnn.server.run import Run, RunShape
 from sparkcnn.server.sharedstore import SharedStore, StoreAddress
@@ -54,23 +56,70 @@ from sparkcnn.transport.streamcut import Cut
 
 log = logging.getLogger(__name__)
 SETTLE_S = 5.0  # at a stage's end, how long the streams of its ended tasks may take to be counted
+FLUSH_S = 0.05  # longest an applied exchange's record waits before it goes to the driver, in seconds
+
+
+def record_line(record: dict) -> str:
+    """An applied exchange's record as the driver reads it: its ``round``, a space, and its
+    ``metrics.jsonl`` line (:func:`~sparkcnn.metrics.encode_line`, encoded once, here): the driver
+    puts it in order by the round and writes the rest as it is."""
+    return f"{record['round']} {encode_line(record)}"
+
+
+def read_record(line: str) -> tuple[int, str]:
+    """(round, metrics.jsonl line) of a :func:`record_line`; ValueError for any other line."""
+    head, _, encoded = line.partition(" ")
+    if not head.isdigit() or not encoded.startswith("{"):
+        raise ValueError(f"not a record line: {line[:80]!r}")
+    return int(head), encoded
 
 
 class Channel:
-    """The process's stdout to the driver: one JSON line per message, whole, from any thread."""
+    """The process's stdout to the driver: one line per message, whole, from any thread.
+
+    Records are batched: each is kept until the next control line, or until ``FLUSH_S`` after
+    the first one kept (a thread of its own flushes them), and goes with them in one write, in
+    order. The driver's reader then wakes once per batch, not once per push (a wake-up of that
+    thread costs the driver more CPU than writing the record it brings). A control line goes at
+    once, after the records before it: a cut's part or a stage's end follows every record it
+    covers."""
 
     def __init__(self, stream):
-        self._stream, self._lock = stream, threading.Lock()
+        self._stream = stream
+        self._cond = threading.Condition()  # the stream's lock; the flusher waits on it for records
+        self._batch: list[str] = []         # record lines not yet written
+        threading.Thread(target=self._flush_late, name="sparkcnn-records", daemon=True).start()
 
     def send(self, msg: dict) -> None:
         line = json.dumps(msg) + "\n"
-        with self._lock:
-            self._stream.write(line)
-            self._stream.flush()
+        with self._cond:
+            self._batch.append(line)
+            self._flush()
 
     # a Run's record sink (Records.write's): each applied exchange's line goes to the driver
     def write(self, line: dict) -> None:
-        self.send({"record": line})
+        text = record_line(line)
+        with self._cond:
+            self._batch.append(text)
+            if len(self._batch) == 1:
+                self._cond.notify()
+
+    def flush(self) -> None:
+        with self._cond:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._batch:
+            self._stream.write("".join(self._batch))
+            self._stream.flush()
+            self._batch.clear()
+
+    def _flush_late(self) -> None:
+        with self._cond:
+            while True:
+                self._cond.wait_for(lambda: self._batch)
+                self._cond.wait(FLUSH_S)  # the records of the next FLUSH_S join the first
+                self._flush()
 
     # the push handler's backend: a failed push stops the run, which the driver's backend does
     def stop(self) -> None:
@@ -224,6 +273,7 @@ def main() -> int:
             if answer is not None:
                 channel.send(answer)
     finally:
+        channel.flush()
         server.close()
     return 0
 

@@ -6,8 +6,9 @@
                     with the run's token; block b's task gets server b mod K's address
     start_stage(e)  every server plans stage e for its blocks from the driver's merged state;
                     the stage's tasks start once every one has
-    (the stage)     each server's records come back as it applies exchanges and are written in
-                    the order of their ``round``; a failed push, or a server that exits, stops
+    (the stage)     each server's records come back as it applies exchanges, encoded and in
+                    batches, and are written as they are, in the order of their ``round``
+                    (:class:`InOrder`); a failed push, or a server that exits, stops
                     the run's jobs (the stage fails) and is raised when the stage ends
     a cut           a server whose apply makes a checkpoint due says so, and the driver tells the
                     others; each sends its part once its blocks are settled and holds them; with
@@ -35,21 +36,23 @@ import time
 import numpy as np
 
 from sparkcnn.checkpoint import int_keys
-from sparkcnn.transport.serverprocess import setup_line
+from sparkcnn.transport.serverprocess import read_record, setup_line
 
 log = logging.getLogger(__name__)
 
 
 class ServerProcess:
-    """The driver's handle on one server process: its pipe, its answers and its address."""
+    """The driver's handle on one server process: its pipe, its answers and its address.
+    ``on_record(index, round, line)``: each record it sends; ``on_line(index, msg)``: each other
+    message (True: taken, else a control answer)."""
 
-    def __init__(self, index: int, setup: str, lock_fd: int, timeout_s: float, on_line):
+    def __init__(self, index: int, setup: str, lock_fd: int, timeout_s: float, on_line, on_record):
         self.index, self.timeout_s = index, timeout_s
         self.proc = subprocess.Popen([sys.executable, "-m", "sparkcnn.transport.serverprocess"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      pass_fds=(lock_fd,))
         self.answers: queue.Queue = queue.Queue()  # control answers (None: the process is gone)
-        self._on_line = on_line
+        self._on_line, self._on_record = on_line, on_record
         self._lock = threading.Lock()  # the main thread and the reader threads tell it things
         self.tell_line(setup)
         self.reader = threading.Thread(target=self._read, name=f"sparkcnn-server-{index}", daemon=True)
@@ -58,6 +61,14 @@ class ServerProcess:
 
     def _read(self) -> None:
         for line in self.proc.stdout:
+            if not line.startswith("{"):  # a record (serverprocess.record_line): not parsed here
+                try:
+                    rnd, encoded = read_record(line)
+                except ValueError as e:
+                    self._on_line(self.index, {"failed": str(e)})
+                    continue
+                self._on_record(self.index, rnd, encoded)
+                continue
             msg = json.loads(line)
             if not self._on_line(self.index, msg):
                 self.answers.put(msg)
@@ -101,24 +112,25 @@ class ServerProcess:
 
 class InOrder:
     """The servers' records, written in the order of their ``round`` (the servers number them
-    at once, so one may arrive before an earlier one)."""
+    at once, so one may arrive before an earlier one), each its ``metrics.jsonl`` line as its
+    server encoded it (:meth:`sparkcnn.server.run.Run.write_encoded`)."""
 
     def __init__(self, run, first: int):
         self.run, self.next = run, first
-        self._held: dict[int, dict] = {}
+        self._held: dict[int, str] = {}
+        t = run.cfg.train  # the progress bar's total: exchanges in the run
+        self.total = max(1, t.epochs * run.cursors.epoch_samples // max(1, t.batch_size * t.steps_per_round))
 
     @property
     def pending(self) -> int:
         return len(self._held)
 
-    def take(self, line: dict) -> list[int]:
-        """Keep ``line``; write what is now in order. Returns the rounds written."""
-        t = self.run.cfg.train
-        total = max(1, t.epochs * self.run.cursors.epoch_samples // max(1, t.batch_size * t.steps_per_round))
-        self._held[int(line["round"])] = line
+    def take(self, rnd: int, encoded: str) -> list[int]:
+        """Keep exchange ``rnd``'s line; write what is now in order. Returns the rounds written."""
+        self._held[rnd] = encoded
         written = []
         while self.next in self._held:
-            self.run.write_line(self._held.pop(self.next), progress_at=(self.next, total))
+            self.run.write_encoded(self._held.pop(self.next), progress_at=(self.next, self.total))
             written.append(self.next)
             self.next += 1
         return written
@@ -218,7 +230,8 @@ class ServerGroup:
                                    pass_steps=pass_steps, downlink_every=downlink_every,
                                    max_message_bytes=max_message_bytes, run_dir=run_dir,
                                    cut_dir=self.cuts.dir)
-                self.procs.append(ServerProcess(j, setup, store.address.lock_fd, timeout_s, self._line))
+                self.procs.append(ServerProcess(j, setup, store.address.lock_fd, timeout_s, self._line,
+                                                self._record))
         except BaseException:
             self.close()
             raise
@@ -232,13 +245,15 @@ class ServerGroup:
         return self.host, self.procs[block % len(self.procs)].port
 
     # -- the processes' lines (their reader threads) --------------------------------------------------
+    def _record(self, index: int, rnd: int, encoded: str) -> None:
+        """Server ``index``'s record of exchange ``rnd``: written once the ones before it are."""
+        with self._lock:
+            for r in self.order.take(rnd, encoded):
+                self._chaos(r)
+
     def _line(self, index: int, msg: dict) -> bool:
-        """A record, a failure or a cut's (True: taken here); anything else is a control answer."""
-        if "record" in msg:
-            with self._lock:
-                for rnd in self.order.take(msg["record"]):
-                    self._chaos(rnd)
-        elif "failed" in msg:
+        """A failure or a cut's (True: taken here); anything else is a control answer."""
+        if "failed" in msg:
             self.fail(f"parameter server process {index}: {msg['failed']}")
         elif "cut_begin" in msg:
             with self._lock:

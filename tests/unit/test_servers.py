@@ -109,6 +109,8 @@ def test_two_servers_apply_four_blocks_pushes_once_each(driver):
     assert sorted((r["block"], r["seq"]) for r in rounds) == [(b, s) for b in range(BLOCKS)
                                                                for s in range(PUSHES)]
     assert store.version == run.version == n and run.exchange.exchanges == n
+    # a push's apply, its number and its record's version are one section of the store's lock
+    assert [r["version"] for r in rounds] == [r["round"] + 1 for r in rounds]
     assert run.cursors.block_epoch == {b: 1 for b in range(BLOCKS)}  # each ended its pass
     assert run.cursors.block_step == {b: 0 for b in range(BLOCKS)}
     assert run.cursors.last_seq == {b: PUSHES - 1 for b in range(BLOCKS)}
