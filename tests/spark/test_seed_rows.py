@@ -3,9 +3,10 @@
 The command is the one ``bench/rows.py`` records for the row (``sparkcnn train --config
 conf/seed/X.yaml``, or ``python bench/keras_fit.py --config conf/seed/X_keras.yaml`` for the
 Keras reference), with ``--set`` overrides that only make it small: a tiny generated dataset of
-the same shape, one epoch, no warm-ups longer than it, and (CIFAR-10) a smaller batch. Each run
-must train, write its summary, and have trained the file's settings (its ``config.yaml`` is the
-file's config with the small-size overrides and nothing else). One local[2] session for all.
+the same shape, one epoch, no warm-ups longer than it, and (CIFAR-10) a smaller batch and 2
+blocks. Each run must train, write its summary, and have trained the file's settings (its
+``config.yaml`` is the file's config with the small-size overrides and nothing else). One
+local[2] session for all.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ keras_fit = importlib.import_module("bench.keras_fit")
 FILES = sorted(os.path.relpath(p, rows.ROOT)
                for p in glob.glob(os.path.join(rows.ROOT, rows.SEED_DIR, "*.yaml")))
 # what makes a run tiny, per dataset: every other setting is the file's
+# (CIFAR-10's rows run 4 blocks on local[4]: on the tests' local[2] session 2, since a stream row's
+# barrier stage needs a task slot per block)
 SMALL = {"fmnist": ["train.epochs=1", "train.lr_warmup_epochs=0.2"],
-         "cifar10": ["train.epochs=1", "train.lr_warmup_epochs=0.2", "train.batch_size=8"]}
+         "cifar10": ["train.epochs=1", "train.lr_warmup_epochs=0.2", "train.batch_size=8", "data.num_blocks=2"]}
 
 
 def write_tiny_cifar_bin(out: str, train_rows: int, test_rows: int, seed: int = 0) -> str:
