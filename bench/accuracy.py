@@ -96,7 +96,11 @@ def _ratios(records: list[dict], warmup_epochs: float, rounds_per_epoch: int) ->
     dense = sum(r["dense_bytes"] for r in rounds)
     s_up, s_down = sum(r["bytes_up"] for r in steady), sum(r["bytes_down"] for r in steady)
     s_dense = sum(r["dense_bytes"] for r in steady)
+    s_epochs = len(steady) / max(1, rounds_per_epoch)  # epochs the steady state spans
     return {"bytes_up": up, "bytes_down": down, "dense_bytes_up": dense, "dense_bytes_down": dense,
+            # bytes per epoch once the density warm-up is over (the whole run's for a dense row)
+            "steady_bytes_up_per_epoch": s_up / s_epochs if s_epochs else None,
+            "steady_bytes_down_per_epoch": s_down / s_epochs if s_epochs else None,
             "steady_uplink_ratio": s_dense / max(1, s_up), "run_uplink_ratio": dense / max(1, up),
             "steady_downlink_ratio": s_dense / max(1, s_down), "run_downlink_ratio": dense / max(1, down),
             "run_total_ratio": 2 * dense / max(1, up + down),
@@ -183,6 +187,8 @@ def run_variant(data: str, name: str, overrides: list[str], epochs: int, out_dir
             **_ratios(records, cfg.compression.warmup_epochs if cfg.compression.method != "none" else 0, rpe),
             "state_resets": s["state_resets"], "replica_resyncs": s["replica_resyncs"],
             "seed": cfg.run.seed, "time_to_0_88_s": _time_to(records, 0.88),
+            # CIFAR-10's marks (bench/cifar_seeds.py)
+            "time_to_0_70_s": _time_to(records, 0.70), "time_to_0_80_s": _time_to(records, 0.80),
             "steps": sum(r.get("steps", 0) for r in records if r["kind"] == "round"),
             "time_to_0_90_s": _time_to(records, 0.90),
             "exposed_comm_ms_per_step": s.get("exposed_comm_ms_per_step"),
@@ -250,7 +256,9 @@ def _aggregate(name: str, seeds: list[dict]) -> dict:
            "accuracy_per_epoch_mean": (np.mean([r["accuracy_per_epoch"] for r in done], 0).tolist() if done else []),
            "reached_0_90": sum(r["time_to_0_90_s"] is not None for r in done)}
     for key in ("test_accuracy", "wall_s", "time_to_0_88_s", "time_to_0_90_s", "images_per_s", "bytes_up", "bytes_down",
-                "steady_uplink_ratio", "steady_downlink_ratio", "run_downlink_ratio", "exposed_comm_ms_per_step"):
+                "steady_uplink_ratio", "steady_downlink_ratio", "run_downlink_ratio",
+                "exposed_comm_ms_per_step", "time_to_0_70_s", "time_to_0_80_s",
+                "steady_bytes_up_per_epoch", "steady_bytes_down_per_epoch"):
         out[f"{key}_mean"], out[f"{key}_std"] = stat(key)
     return out
 
