@@ -31,7 +31,8 @@ FILES = sorted(os.path.relpath(p, rows.ROOT)
 # (CIFAR-10's rows run 4 blocks on local[4]: on the tests' local[2] session 2, since a stream row's
 # barrier stage needs a task slot per block)
 SMALL = {"fmnist": ["train.epochs=1", "train.lr_warmup_epochs=0.2"],
-         "cifar10": ["train.epochs=1", "train.lr_warmup_epochs=0.2", "train.batch_size=8", "data.num_blocks=2"]}
+         "cifar10": ["train.epochs=1", "train.lr_warmup_epochs=0.2", "train.batch_size=8",
+                     "data.num_blocks=2"]}
 
 
 def write_tiny_cifar_bin(out: str, train_rows: int, test_rows: int, seed: int = 0) -> str:
