@@ -32,6 +32,10 @@ def _label(row: dict) -> str:
             + (f", {collapsed} collapsed" if isinstance(collapsed, int) and collapsed else "") + ")")
 
 
+def _epochs(x) -> str:
+    return _plural(x, "epoch") if isinstance(x, int) and not isinstance(x, bool) else f"{_g(x)} epochs"
+
+
 def _mb(row: dict, key: str) -> str:
     return _pm(*_stat(row, key), 1, 1e-6)
 
@@ -71,7 +75,7 @@ def _two_blocks(two) -> list[str]:
             else "No ratio: a row did not reach 0.80 (or did not run)")
     whose = "table" if two.get("keras_from") == "table" else "comparison"
     return out + [_table(["Row", "Blocks", "Final accuracy", "To 0.80 (s)", "Wall (s)"], body), "",
-                  f"Both on the same budget, {_g(two.get('epochs'))} epochs; the Keras row is the "
+                  f"Both on the same budget, {_epochs(two.get('epochs'))}; the Keras row is the "
                   f"{whose}'s own. {said}. Two blocks are one per core of this machine: the speed "
                   "comparison, where the 4-block table is not.", "",
                   *(f"- {_label(r)}: {_config_file(r)}, {_command(r)}" for r in rows)]
@@ -103,7 +107,7 @@ def cifar_seed_section(doc: dict | None) -> str:
     out += [measured(doc, NAME), ""]
     if rows:
         out += [_main_table(rows), "",
-                f"{_g(_get(doc, 'epochs'))} epochs per run, seeds {seeds} (`run.seed`); rows over seeds "
+                f"{_epochs(_get(doc, 'epochs'))} per run, seeds {seeds} (`run.seed`); rows over seeds "
                 f"give {spread}. The distributed rows run the blocks shown on `local[N]`, two tasks a core "
                 "of this 2-core machine at 4: the table is about accuracy and bytes, its times are reported "
                 "but the speed claims come from the 2-block comparison below. To 0.70 / 0.80: seconds to "
