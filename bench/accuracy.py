@@ -39,9 +39,8 @@ batch size, momentum and lr schedule (TF's default threads), its accuracy per ep
 to 0.88 and 0.90: what the parallel runs are compared with.
 
 ``--dataset cifar10``: the same rows from the ``cifar10_*.yaml`` files (ResNet-20 on
-``data/cifar10``, their epochs unless ``--epochs``), relative checks only; the CIFAR-10 seed table
-is ``--dataset cifar10 --keras --variants sync-dense --stream
-stream-asgd,stream-gs-asgd,stream-gs-asgd-ms,stream-gs-asgd-samomentum``.
+``data/cifar10``, their epochs unless ``--epochs``), relative checks only; the CIFAR-10 seed
+table, with its 2-block comparison and its longer run, is ``bench/cifar_seeds.py``.
 
     python bench/accuracy.py [--quick] [--variants sync-dense,sync-sparse] [--no-sweep] [--no-momentum]
                              [--stream all --seeds 3] [--keras] [--dataset fmnist|cifar10]
@@ -96,7 +95,11 @@ def _ratios(records: list[dict], warmup_epochs: float, rounds_per_epoch: int) ->
     dense = sum(r["dense_bytes"] for r in rounds)
     s_up, s_down = sum(r["bytes_up"] for r in steady), sum(r["bytes_down"] for r in steady)
     s_dense = sum(r["dense_bytes"] for r in steady)
+    s_epochs = len(steady) / max(1, rounds_per_epoch)  # epochs the steady state spans
     return {"bytes_up": up, "bytes_down": down, "dense_bytes_up": dense, "dense_bytes_down": dense,
+            # bytes per epoch once the density warm-up is over (the whole run's for a dense row)
+            "steady_bytes_up_per_epoch": s_up / s_epochs if s_epochs else None,
+            "steady_bytes_down_per_epoch": s_down / s_epochs if s_epochs else None,
             "steady_uplink_ratio": s_dense / max(1, s_up), "run_uplink_ratio": dense / max(1, up),
             "steady_downlink_ratio": s_dense / max(1, s_down), "run_downlink_ratio": dense / max(1, down),
             "run_total_ratio": 2 * dense / max(1, up + down),
@@ -140,15 +143,17 @@ class Collapsed(Exception):
     """A run the divergence guard stopped (sparkcnn.errors.Diverged), in this process or a child."""
 
 
-def run_seeds(data: str, name: str, variant: Variant, epochs: int, out_dir: str, seeds: int) -> dict:
+def run_seeds(data: str, name: str, variant: Variant, epochs: int, out_dir: str, seeds: int,
+              own_process: bool = False) -> dict:
     """``name`` over ``seeds`` seeds (``run.seed`` 42, 43, ...), aggregated, with the row's
     reproduction (its file and command, without the seed). A seed the guard stopped is kept as a
     collapsed run (its reason, no accuracy) and the others still run: a collapse is a result of
-    the table, not a failure of the bench."""
+    the table, not a failure of the bench. ``own_process``: every seed in a child process (its
+    own Spark session on the master its file names), as a run whose overrides set one is."""
     from sparkcnn.errors import Diverged
 
     overrides, path = list(variant.sets), portable_path(data)
-    run = run_isolated if _own_process(overrides) else run_variant
+    run = run_isolated if own_process or _own_process(overrides) else run_variant
     out = []
     for i in range(seeds):
         seeded = [*overrides, f"run.seed={42 + i}"]
@@ -183,6 +188,8 @@ def run_variant(data: str, name: str, overrides: list[str], epochs: int, out_dir
             **_ratios(records, cfg.compression.warmup_epochs if cfg.compression.method != "none" else 0, rpe),
             "state_resets": s["state_resets"], "replica_resyncs": s["replica_resyncs"],
             "seed": cfg.run.seed, "time_to_0_88_s": _time_to(records, 0.88),
+            # CIFAR-10's marks (bench/cifar_seeds.py)
+            "time_to_0_70_s": _time_to(records, 0.70), "time_to_0_80_s": _time_to(records, 0.80),
             "steps": sum(r.get("steps", 0) for r in records if r["kind"] == "round"),
             "time_to_0_90_s": _time_to(records, 0.90),
             "exposed_comm_ms_per_step": s.get("exposed_comm_ms_per_step"),
@@ -218,11 +225,15 @@ def exchange_slices(records: list[dict], points: int = 20) -> dict:
 
 
 def keras_reference(data: str, epochs: int, out_dir: str,
-                    keras_file: str = seed_file("fmnist", "keras")) -> dict:
+                    keras_file: str = seed_file("fmnist", "keras"), seed: int | None = None,
+                    extra: tuple[str, ...] = ()) -> dict:
     """Single-process Keras ``model.fit`` of the row file ``keras_file`` on ``data`` for ``epochs``
     epochs (bench/keras_fit.py), in a child process so that this one's TF (and Spark's workers) do
-    not share its threads; its wall includes each epoch's evaluation, as the engines' does."""
-    sets = [f"data.path={data}", f"train.epochs={epochs}", f"run.out_dir={out_dir}"]
+    not share its threads; its wall includes each epoch's evaluation, as the engines' does.
+    ``seed``: its ``run.seed`` (default: the file's); ``extra``: more ``--set`` overrides."""
+    seeded = [*extra, *([f"run.seed={seed}"] if seed is not None else [])]
+    sets = [f"data.path={data}", f"train.epochs={epochs}", f"run.out_dir={out_dir}", *seeded,
+            *([f"run.name=keras-{seed}"] if seed is not None else [])]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     argv = [sys.executable, os.path.abspath(keras_fit.__file__),
             "--config", os.path.join(ROOT, keras_file), *(x for s in sets for x in ("--set", s))]
@@ -230,7 +241,7 @@ def keras_reference(data: str, epochs: int, out_dir: str,
     if proc.returncode != 0:
         raise RuntimeError(f"bench/keras_fit.py failed: {proc.stderr.strip().splitlines()[-1:]}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {"keras": {**out, **reproduction(keras_file, (), data=portable_path(data), epochs=epochs)}}
+    return {"keras": {**out, **reproduction(keras_file, seeded, data=portable_path(data), epochs=epochs)}}
 
 
 def _aggregate(name: str, seeds: list[dict]) -> dict:
@@ -250,7 +261,9 @@ def _aggregate(name: str, seeds: list[dict]) -> dict:
            "accuracy_per_epoch_mean": (np.mean([r["accuracy_per_epoch"] for r in done], 0).tolist() if done else []),
            "reached_0_90": sum(r["time_to_0_90_s"] is not None for r in done)}
     for key in ("test_accuracy", "wall_s", "time_to_0_88_s", "time_to_0_90_s", "images_per_s", "bytes_up", "bytes_down",
-                "steady_uplink_ratio", "steady_downlink_ratio", "run_downlink_ratio", "exposed_comm_ms_per_step"):
+                "steady_uplink_ratio", "steady_downlink_ratio", "run_downlink_ratio",
+                "exposed_comm_ms_per_step", "time_to_0_70_s", "time_to_0_80_s",
+                "steady_bytes_up_per_epoch", "steady_bytes_down_per_epoch"):
         out[f"{key}_mean"], out[f"{key}_std"] = stat(key)
     return out
 

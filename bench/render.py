@@ -4,7 +4,7 @@
     python bench/render.py --check-fresh [--out BENCHMARKS.md] [RESULTS_DIR]
 
 RESULTS_DIR holds what ``bench/run_all.py`` saved: ``<name>.json`` per benchmark (accuracy,
-throughput, jobcost, scale, balance, cifar, costmodel, links) and ``run_all.json``. The text is a pure
+accuracy-cifar10, throughput, jobcost, scale, balance, cifar, costmodel, links) and ``run_all.json``. The text is a pure
 function of those JSONs (fixed decimals, no clock, no absolute path of the repository), so
 ``--check`` can re-render it and diff it against the committed files; the PNG figures, written
 into ``RESULTS_DIR/figures/``, are not compared (matplotlib versions draw differently). A missing
@@ -156,16 +156,17 @@ def measured(doc: dict | None, name: str) -> str:
             f"{' (dirty tree)' if p.get('git_dirty') is True else ''} ({name}.json).")
 
 
-def targets_block(doc: dict | None, name: str, ts: list) -> str:
+def targets_block(doc: dict | None, name: str, ts: list, script: str | None = None) -> str:
     """One section's table of its targets, holding or not: the figure each is judged on, the
-    verdict under the project's rule (``bench/targets.py``) and the repetitions behind it."""
+    verdict under the project's rule (``bench/targets.py``) and the repetitions behind it.
+    ``name``: the results file; ``script``: the bench that printed it, when named otherwise."""
     if not ts:
         return ""
     body = [[t.name, t.figure, f"**{t.verdict}**" if t.verdict == tg.MISSES else t.verdict, t.evidence] for t in ts]
     return "\n".join([
         measured(doc, name), "",
         _table(["Target", "Figure", "Verdict", "Repetitions"], body), "",
-        f"Targets of `bench/{name}.py`: {tg.summary(ts)}. A speed or latency target is judged on the median of "
+        f"Targets of `bench/{script or name}.py`: {tg.summary(ts)}. A speed or latency target is judged on the median of "
         f"at least {tg.MIN_REPS} repetitions, a tail latency on every repetition, an accuracy target on the mean "
         f"of at least {tg.MIN_SEEDS} seeds (± their sd); with fewer it is not judged, whatever the bench printed."])
 
@@ -1205,7 +1206,10 @@ def render(results_dir: str, figures_dir: str | None = None, *, doc: str | None 
         top += ["", "**This is a quick run (`--quick`): short forms of every benchmark, whose figures are not the "
                 "published ones.**"]
     docs_dir = os.path.relpath(os.path.join(ROOT, "docs"), os.path.dirname(doc))
-    sections = [seed_table(d["accuracy"], fig), momentum_section(d["momentum"], fig),
+    from bench.render_cifar import cifar_seed_section  # it borrows this module's helpers
+
+    sections = [seed_table(d["accuracy"], fig), cifar_seed_section(d["accuracy-cifar10"]),
+                momentum_section(d["momentum"], fig),
                 reference_table(d["accuracy"], d["throughput"]),
                 throughput_table(d["throughput"]), cifar_table(d["cifar"]),
                 scale_section(d["scale"], d["costmodel"], fig), links_section(d["links"], fig),

@@ -368,6 +368,66 @@ def of_momentum(mo: dict | None) -> list[Target]:
     return out
 
 
+def _row_accuracy(row) -> tuple[float | None, float | None, int, int]:
+    """(mean, sd, seeds, seeds collapsed) of a row of accuracy-cifar10.json (an aggregate over seeds)."""
+    if not isinstance(row, dict):
+        return None, None, 0, 0
+    mean, sd = row.get("test_accuracy_mean"), row.get("test_accuracy_std")
+    collapsed = row.get("collapsed") if _num(row.get("collapsed")) else 0
+    return (mean if _num(mean) else None), (sd if _num(sd) else None), _seeds(row), collapsed
+
+
+def _gaps(rows: list, base, bound) -> tuple[str, int | None, bool | None]:
+    """(figure, seeds, met) of ``rows`` each within ``bound`` points of ``base`` or above it: each
+    row's mean minus the base's, in points; seeds, the fewest any of them ran. A row with a
+    collapsed seed misses; a missing mean (or bound) leaves it undecided (None)."""
+    b_mean, _, b_n, _ = _row_accuracy(base)
+    parts, ns, met = [], [b_n], [] if _num(bound) else [None]  # (1e-9: a mean at the bound, in floats)
+    for r in rows:
+        mean, sd, n, collapsed = _row_accuracy(r)
+        ns.append(n)
+        gap = 100 * (mean - b_mean) if mean is not None and b_mean is not None else None
+        met.append(False if collapsed else None if gap is None or not _num(bound) else gap >= -bound - 1e-9)
+        parts.append(f"{r.get('name', '—')} {_pm(mean, sd)} ({_fmt(gap, 2)} points"
+                     + (f", {collapsed} collapsed)" if collapsed else ")"))
+    verdict = False if False in met else None if None in met or not rows else True
+    return "; ".join(parts) or "—", (min(ns) if rows and min(ns) > 0 else None), verdict
+
+
+def of_accuracy_cifar(doc: dict | None) -> list[Target]:
+    """accuracy-cifar10.json's three targets, each on the mean of at least MIN_SEEDS seeds: every
+    distributed row within ``within_keras_points`` of the Keras row at the same epochs; GS-ASGD
+    and GS-ASGD + MS within ``within_asgd_points`` of ASGD or above it; the longer GS-ASGD + MS
+    run >= ``long_at_least``. A row with a collapsed seed misses its bound."""
+    t = _get(doc, "targets")
+    if not isinstance(t, dict):
+        return []
+    rows = {r.get("name"): r for r in (_get(doc, "rows") or []) if isinstance(r, dict)}
+    keras, epochs = _get(doc, "keras"), _get(doc, "epochs")
+    out = []
+    bound = t.get("within_keras_points")
+    figure, n, met = _gaps(list(rows.values()), keras, bound)
+    k_mean, k_sd, _, _ = _row_accuracy(keras)
+    out.append(Target(f"every distributed row within {_fmt(bound, 1)} points of Keras `model.fit` at "
+                      f"{_fmt(epochs, 0)} epochs", f"Keras {_pm(k_mean, k_sd)}; {figure}",
+                      *judge(ACCURACY, n, met)))
+    bound = t.get("within_asgd_points")
+    sparse = [rows[k] for k in ("stream-gs-asgd", "stream-gs-asgd-ms") if k in rows]
+    figure, n, met = _gaps(sparse, rows.get("stream-asgd"), bound)
+    met = met if len(sparse) == 2 else None  # both rows, or no verdict
+    a_mean, a_sd, _, _ = _row_accuracy(rows.get("stream-asgd"))
+    out.append(Target(f"GS-ASGD and GS-ASGD + MS within {_fmt(bound, 1)} points of ASGD or above it "
+                      "(the seeds' claim)", f"ASGD {_pm(a_mean, a_sd)}; {figure}", *judge(ACCURACY, n, met)))
+    bound, long = t.get("long_at_least"), _get(doc, "long")
+    mean, sd, n, collapsed = _row_accuracy(long)
+    met = None if mean is None or not _num(bound) else (mean >= bound and not collapsed)
+    out.append(Target(f"GS-ASGD + MS, {_get(long, 'model') or 'ResNet-20'}, {_fmt(_get(long, 'epochs'), 0)} "
+                      f"epochs at {_fmt(_get(long, 'blocks'), 0)} blocks: test accuracy >= {_fmt(bound, 2)}",
+                      _pm(mean, sd) + (f" ({collapsed} collapsed)" if collapsed else ""),
+                      *judge(ACCURACY, n or None, met)))
+    return out
+
+
 def of_folder(docs: dict[str, dict | None]) -> dict[str, list[Target]]:
     """bench name -> its targets, for the JSONs a render reads (name -> parsed JSON or None)."""
     return {"accuracy": of_accuracy(docs.get("accuracy")), "momentum": of_momentum(docs.get("momentum")),
@@ -376,7 +436,8 @@ def of_folder(docs: dict[str, dict | None]) -> dict[str, list[Target]]:
             "linkmodel": of_linkmodel(docs.get("linkmodel")), "psload": of_psload(docs.get("psload")),
             "shardmodel": of_shardmodel(docs.get("shardmodel"), docs.get("psload")),
             "servermodel": of_servermodel(docs.get("servermodel")), "cifar": of_cifar(docs.get("cifar")),
-            "balance": of_targets_met(docs.get("balance"))}
+            "balance": of_targets_met(docs.get("balance")),
+            "accuracy-cifar10": of_accuracy_cifar(docs.get("accuracy-cifar10"))}
 
 
 def of_result(name: str, doc: dict | None) -> list[Target]:

@@ -99,3 +99,61 @@ def test_the_floor_target_needs_its_cpu_on_the_median_and_its_p99_in_every_repet
     assert t.verdict == tg.MISSES and "1 over the bound" in t.evidence
     assert tg.of_cpu(_floor_run(0.19, [3.0] * 3))[0].verdict == tg.NOT_JUDGED
     assert tg.of_cpu({"cases": []}) == []  # a run without that case judges nothing
+
+
+# -- the CIFAR-10 seed table (accuracy-cifar10.json) ---------------------------------------------------
+
+def _cifar() -> dict:
+    """A small accuracy-cifar10.json: Keras 0.8600, the rows 0.855 down to 0.842 (one seed of the
+    SAMomentum row collapsed), the longer run 0.905 over one seed."""
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "data", "accuracy-cifar10.json")
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def _set_mean(doc: dict, name: str, mean: float, collapsed: int = 0) -> None:
+    row = next(r for r in doc["rows"] if r["name"] == name)
+    row["test_accuracy_mean"], row["collapsed"] = mean, collapsed
+
+
+def test_cifar_targets_are_three_each_judged_on_two_seeds_and_the_long_run_needs_two():
+    keras_row, sparse, long = tg.of_accuracy_cifar(_cifar())
+    # a row with a collapsed seed misses the 1.5-point bound, whatever its mean over the rest
+    assert keras_row.verdict == tg.MISSES and "1 collapsed" in keras_row.figure
+    assert "stream-asgd 0.8500 ± 0.0020 (-1.00 points)" in keras_row.figure
+    assert sparse.verdict == tg.HOLDS and sparse.evidence == "2 seeds, mean"
+    assert "(-0.20 points)" in sparse.figure and "(-0.25 points)" in sparse.figure
+    assert long.verdict == tg.NOT_JUDGED and long.evidence == "1 seed (needs 2)" and long.figure == "0.9050"
+    assert "90 epochs at 2 blocks" in long.name and ">= 0.90" in long.name
+    assert tg.of_folder({"accuracy-cifar10": _cifar()})["accuracy-cifar10"][1] == sparse
+    assert tg.of_result("accuracy-cifar10", _cifar()) == [keras_row, sparse, long]
+
+
+def test_cifar_bounds_hold_at_the_bound_and_miss_past_it():
+    doc = _cifar()
+    _set_mean(doc, "stream-gs-asgd-samomentum", 0.8450)  # 1.5 points under Keras, no collapse
+    assert tg.of_accuracy_cifar(doc)[0].verdict == tg.HOLDS
+    _set_mean(doc, "sync-dense", 0.8440)  # 1.6 points under
+    assert tg.of_accuracy_cifar(doc)[0].verdict == tg.MISSES
+    _set_mean(doc, "stream-gs-asgd-ms", 0.8460)  # 0.4 points under ASGD
+    assert tg.of_accuracy_cifar(doc)[1].verdict == tg.MISSES
+    _set_mean(doc, "stream-gs-asgd-ms", 0.8600)  # above ASGD: holds
+    assert tg.of_accuracy_cifar(doc)[1].verdict == tg.HOLDS
+    doc["long"]["seeds"], doc["long"]["test_accuracy_mean"] = [42, 43], 0.8990
+    assert tg.of_accuracy_cifar(doc)[2].verdict == tg.MISSES
+    doc["long"]["test_accuracy_mean"] = 0.9010
+    assert tg.of_accuracy_cifar(doc)[2].verdict == tg.HOLDS
+
+
+def test_cifar_targets_over_one_seed_or_parts_not_run_are_shown_not_judged():
+    doc = _cifar()
+    for r in [doc["keras"], *doc["rows"]]:
+        r["seeds"] = [42]
+    # one seed is too few, even for the row whose seed collapsed
+    assert [t.evidence for t in tg.of_accuracy_cifar(doc)[:2]] == ["1 seed (needs 2)"] * 2
+    parts = {**_cifar(), "keras": None, "rows": [], "long": None}  # --parts two-blocks
+    assert [t.verdict for t in tg.of_accuracy_cifar(parts)] == [tg.NOT_JUDGED] * 3
+    assert tg.of_accuracy_cifar({"rows": []}) == [] and tg.of_accuracy_cifar(None) == []

@@ -437,7 +437,7 @@ def targets_in_json(folder: str) -> int:
             + ("passed" in load("linkmodel")) + ("target" in load("psload")) + ("target" in load("shardmodel"))
             + ("servers_target" in load("psload")) + ("cpu_target" in load("psload"))
             + 2 * ("target" in load("servermodel")) + ("target" in load("cifar"))
-            + len(momentum))
+            + len(momentum) + len(load("accuracy-cifar10").get("targets") or {}))
 
 
 VERDICT_ROW = re.compile(r"^\| .+ \| (holds|\*\*misses\*\*|not judged) \| [^|]+ \|$", re.M)
@@ -513,3 +513,55 @@ def test_the_servers_block_shows_each_k_and_its_verdict_and_a_readme_line_names_
     assert f"({os.path.relpath(other, ROOT)}/psload.json)" in block
     assert cli(results, "--out", tmp_path / "B.md", "--readme", readme).returncode == 0
     assert cli(results, "--out", tmp_path / "B.md", "--readme", readme, "--check").returncode == 0
+
+
+# -- the CIFAR-10 seed table beside the Fashion-MNIST one ------------------------------------------------
+
+CIFAR_FIXTURE = os.path.join(os.path.dirname(__file__), "data", "accuracy-cifar10.json")
+
+
+def _cells(doc: str, label: str) -> list[str]:
+    [row] = [ln for ln in doc.splitlines() if ln.startswith(f"| {label}")]
+    return [c.strip() for c in row.strip("|").split("|")]
+
+
+def test_the_cifar_seed_table_renders_beside_the_fashion_mnist_one(results):
+    shutil.copyfile(CIFAR_FIXTURE, results / "accuracy-cifar10.json")
+    doc = render.render(str(results))["benchmarks"]
+    assert doc.index("## Seed experiment (Fashion-MNIST, 2 blocks") < doc.index(
+        "## Seed experiment on CIFAR-10 (JPEG copy)")
+    cifar = section(doc, "## Seed experiment on CIFAR-10 (JPEG copy)")
+    assert "(accuracy-cifar10.json)" in cifar.splitlines()[2]  # its machine, command, date and commit
+    ms = _cells(cifar, "GS-ASGD + MS (+ model-parameter sparsification) (2 seeds)")
+    # model, blocks, accuracy, to 0.70, to 0.80, wall, MB up / down over the run, then per steady epoch
+    assert ms[1:] == ["resnet20", "4", "0.8475 ± 0.0010", "440.0 ± 12.5", "880.0 ± 20.0", "1400.0 ± 10.0",
+                      "1200.0 ± 0.0", "3100.0 ± 0.0", "11.0 ± 0.0", "130.0 ± 0.0"]
+    table = cifar[:cifar.index("### Two blocks")]
+    assert _cells(table, "Keras `model.fit`, one process (2 seeds)")[1:3] == ["resnet20", "1"]
+    assert _cells(cifar, "GS-ASGD + MS + SAMomentum (2 seeds, 1 collapsed)")[3] == "0.8420"  # no sd of one
+    two = section(doc, "### Two blocks: GS-ASGD + MS against Keras, time to 0.80")
+    assert _cells(two, "GS-ASGD + MS, 2 blocks (2 seeds)")[1:4] == ["2", "0.8490 ± 0.0020", "500.0 (1/2)"]
+    assert "over GS-ASGD + MS's: 1.240" in two and "15 epochs" in two
+    long = section(doc, "### Longer run: GS-ASGD + MS")
+    assert _cells(long, "GS-ASGD + MS, longer run (1 seed)")[1:5] == ["resnet20", "2", "90", "0.9050"]
+    # every row names its file and its command, the seeds beside it
+    for variant in ("keras", "sync_dense", "asgd", "gs_asgd", "gs_asgd_ms", "gs_asgd_samomentum"):
+        assert f"`conf/seed/cifar10_{variant}.yaml`, `" in cifar
+    assert "--set data.num_blocks=2 --set data.test_blocks=2 --set 'engine.master=local[2]'`" in two
+    assert "--set train.epochs=90" in long
+    verdicts = VERDICT_ROW.findall(cifar)
+    assert verdicts == ["**misses**", "holds", "not judged"]
+    assert "Targets of `bench/cifar_seeds.py`: 1 hold, 1 miss, 1 not judged, of 3." in cifar
+
+
+def test_the_cifar_targets_are_counted_with_the_rest(results):
+    before = render.render(str(results))["benchmarks"]
+    heading = "## Seed experiment on CIFAR-10 (JPEG copy)"
+    assert section(before, heading).splitlines()[2] == render.NOT_MEASURED
+    shutil.copyfile(CIFAR_FIXTURE, results / "accuracy-cifar10.json")
+    doc = render.render(str(results))["benchmarks"]
+    rows = VERDICT_ROW.findall(doc)
+    assert len(rows) == targets_in_json(str(results)) == len(VERDICT_ROW.findall(before)) + 3
+    hold, miss, nj = rows.count("holds"), rows.count("**misses**"), rows.count("not judged")
+    line = f"**Targets: {hold} hold, {miss} miss, {nj} not judged, of {len(rows)}**"
+    assert doc.splitlines()[2].startswith(line)

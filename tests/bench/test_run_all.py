@@ -63,16 +63,23 @@ def test_the_archive_move_leaves_the_tree_clean_for_the_benchmarks(tmp_path):
 
 def test_the_full_plan_runs_the_seed_table_and_every_benchmark():
     full, quick = ra.benchmarks(False, 3), ra.benchmarks(True, 3)
-    assert list(full) == ["accuracy", "throughput", "jobcost", "scale", "balance", "cifar", "costmodel", "links",
-                          "linkmodel", "psload", "shardmodel", "servermodel", "momentum", "divergence"]
+    assert list(full) == ["accuracy", "accuracy-cifar10", "throughput", "jobcost", "scale", "balance",
+                          "cifar", "costmodel", "links", "linkmodel", "psload", "shardmodel", "servermodel",
+                          "momentum", "divergence"]
+    # no standalone cluster, and not the CIFAR-10 seed table (hours on the real data)
     assert list(quick) == ["accuracy", "throughput", "jobcost", "scale", "cifar", "psload",
-                           "shardmodel", "servermodel", "momentum", "divergence"]  # no standalone cluster
+                           "shardmodel", "servermodel", "momentum", "divergence"]
     assert full["divergence"][full["divergence"].index("--seeds") + 1] == "10"
     assert {"--keras", "--stream", "all"} <= set(full["accuracy"]) and "--quick" not in full["accuracy"]
     assert full["accuracy"][full["accuracy"].index("--seeds") + 1] == "3"
     assert all("--quick" in argv for name, argv in quick.items()
                if name not in ("jobcost", "shardmodel", "servermodel", "momentum", "divergence"))
     assert all(os.path.isfile(os.path.join(ra.ROOT, "bench", argv[0])) for argv in full.values())
+    # the CIFAR-10 seed table: 2 seeds a row fit its budget, fewer when run_all is asked for fewer
+    cifar = full["accuracy-cifar10"]
+    assert cifar[0] == "cifar_seeds.py" and cifar[cifar.index("--seeds") + 1] == "2"
+    assert ra.benchmarks(False, 1)["accuracy-cifar10"][-1] == "1"
+    assert "accuracy-cifar10" in ra.fresh.READ  # the render reads what run_all saves
 
 
 @pytest.mark.parametrize("argv, message", [(["--only", "nope"], "unknown benchmark 'nope'"),
