@@ -109,6 +109,10 @@ KEPT: dict[str, tuple[str, str]] = {
     "2026-12-07-servers": (
         ("`bench/psload.py --servers 1 2`: one and two parameter-server processes (`ps.servers`) at 16 "
          "and 64 workers, the CPU per push summed over the driver and every server, 5 repetitions each"),
+        "the servers' figures before the records' relay and the store's lock were cut; named by an open issue"),
+    "2026-12-07-servers-2": (
+        ("the same psload run after the servers' records went in batches, encoded once, and a push took the "
+         "store's lock once; `servermodel.json`, the speed-up predicted from it with K server processes"),
         "the README's servers block (`<!-- results servers: -->` line); named by an open issue"),
     "2026-12-07-workerstep-2": (
         ("`bench/workerstep.py --base main`: the same figures with the out-of-place policies' buffers "
