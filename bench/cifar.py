@@ -34,7 +34,7 @@ machine here): full, batch 32 on 6,400 training rows (sync: 10 rounds after a wa
 jobs of ~10 steps, 10 in the steady window), about 4 minutes on 2 idle cores; ``--quick``, batch 8
 on 1,280 rows, about 90 s.
 
-    python bench/cifar.py [--quick] [--data DIR]
+    python bench/cifar.py [--quick] [--data DIR] [--out F]
 """
 
 from __future__ import annotations
@@ -175,6 +175,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="batch 8 on a 1280-row sample, about 90 s")
     ap.add_argument("--data", default=CIFAR, help="a prepared CIFAR-10 (default: make data-cifar10's)")
+    ap.add_argument("--out", default=None, help="also write the JSON here")
     a = ap.parse_args(argv)
     why = prepared(a.data)
     if why:
@@ -211,7 +212,7 @@ def main(argv=None) -> int:
         out["target"] = {"trained_at_least": TRAINED_AT_LEAST, "met": all(m["trained"] for m in modes)}
     out["parameters"] = _parameters()  # after the engines: TF is imported here by then
     out["bench_wall_s"] = time.perf_counter() - t_start
-    emit(out)
+    emit(out, a.out)
     return exit_status("cifar")
 
 
