@@ -114,6 +114,10 @@ KEPT: dict[str, tuple[str, str]] = {
         ("the same psload run after the servers' records went in batches, encoded once, and a push took the "
          "store's lock once; `servermodel.json`, the speed-up predicted from it with K server processes"),
         "the README's servers block (`<!-- results servers: -->` line); named by an open issue"),
+    "2026-12-07-cifar": (
+        ("`bench/cifar.py` on the real CIFAR-10 (JPEG copy): ResNet-20's images/s, bytes per exchange and "
+         "test accuracy per mode, on a seeded sample of 6,400 training and 1,000 test images"),
+        "the first speed figures on the real data, each with the accuracy its run reached; named by an open issue"),
     "2026-12-07-workerstep-2": (
         ("`bench/workerstep.py --base main`: the same figures with the out-of-place policies' buffers "
          "in one block (head) beside main (base), in one run, each repetition a child process"),
