@@ -568,21 +568,27 @@ def servers_choice(sv: dict | None) -> str:
             f"per-step speed-up, {picks}.")
 
 
+def speed_up_table(by: dict, best: dict | None) -> tuple[list, str]:
+    """A model's predicted speed-ups (``by``: K -> its ``speed_up`` by N, ``best``: N -> K):
+    (the Ks, the table of N by K with the best K of each N)."""
+    ks = sorted(by, key=lambda k: int(k) if str(k).isdigit() else 0)
+    ns = list((_get(by, ks[0], "speed_up") or {}).keys())
+    body = [[n, *[_f(_get(by, k, "speed_up", n), 1) for k in ks], _g(_get(best, n))] for n in ns]
+    return ks, _table(["Workers N", *[f"K = {k}" for k in ks], "Best K"], body)
+
+
 def servermodel_section(sv: dict | None, pl: dict | None = None) -> str:
     """servermodel.json: the per-step speed-up predicted with K server processes that split the workers."""
     out = ["## Predicted speed-up with K server processes", ""]
     by = _get(sv, "by_servers")
     if not isinstance(by, dict) or not by:
         return "\n".join(out + [NOT_MEASURED])
-    ks = sorted(by, key=int)
-    ns = list((_get(by, ks[0], "speed_up") or {}).keys())
-    body = [[n, *[_f(_get(by, k, "speed_up", n), 1) for k in ks], _g(_get(sv, "best_servers", n))] for n in ns]
+    ks, table = speed_up_table(by, _get(sv, "best_servers"))
     f, v = _get(sv, "fit") or {}, _get(sv, "validation") or {}
     caps = ", ".join(f"K = {k}: {_f(_get(by, k, 'capacity_pushes_per_s'), 0)}" for k in ks)
     held = "; ".join(f"K = {k}: {_f(_get(x, 'predicted'), 0)} predicted, {_f(_get(x, 'measured'), 0)} measured"
                      for k, x in _items(v.get("by_servers")))
-    out += [measured(sv, "servermodel"), "",
-            _table(["Workers N", *[f"K = {k}" for k in ks], "Best K"], body), "",
+    out += [measured(sv, "servermodel"), "", table, "",
             f"Per-step GS-ASGD + MS, a core per worker and per server process on a driver host of "
             f"{_g(_get(sv, 'cores'))} cores, a {_g(_get(sv, 'gbit'))} Gbit/s driver link, steps of "
             f"{_f(_get(sv, 'step_ms'), 1)} ms and {_f(_get(sv, 'worker_ms'), 2)} ms of a worker's CPU outside "
@@ -602,13 +608,10 @@ def shardmodel_section(sm: dict | None, pl: dict | None = None) -> str:
     by = _get(sm, "by_shards")
     if not isinstance(by, dict) or not by:
         return "\n".join(out + [NOT_MEASURED])
-    ks = sorted(by, key=lambda k: int(k) if str(k).isdigit() else 0)
-    ns = list((_get(by, ks[0], "speed_up") or {}).keys())
-    body = [[n, *[_f(_get(by, k, "speed_up", n), 1) for k in ks], _g(_get(sm, "best_shards", n))] for n in ns]
+    ks, table = speed_up_table(by, _get(sm, "best_shards"))
     f, t = _get(sm, "fit") or {}, _get(sm, "target") or {}
     caps = ", ".join(f"K = {k}: {_f(_get(by, k, 'capacity_pushes_per_s'), 0)}" for k in ks)
-    out += [measured(sm, "shardmodel"), "",
-            _table(["Workers N", *[f"K = {k}" for k in ks], "Best K"], body), "",
+    out += [measured(sm, "shardmodel"), "", table, "",
             f"Per-step GS-ASGD + MS, a core per worker and per server process, a {_g(_get(sm, 'gbit'))} Gbit/s "
             f"driver link, steps of {_f(_get(sm, 'step_ms'), 1)} ms. Costs per push measured by `bench/psload.py` "
             f"(at N = {_g(_get(sm, 'fitted_at_workers'))}): one server {_f(f.get('c_1_ms'), 3)} ms; with shards "
