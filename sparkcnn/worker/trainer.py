@@ -164,6 +164,7 @@ class Trainer:
         self._momentum_buf = None  # mask_momentum's
         self._last_call: tuple = (None, None, None)  # (images, labels, call) of the last gradient call
         self.tf_thread_s = 0.0  # the calling thread's CPU inside the TF step calls, summed (time.thread_time)
+        self.step_ended_at = 0.0  # wall clock (s since the epoch) when the last call's first step ended
         # called directly (_direct), not through the polymorphic call with an array converted on
         # the way: the four calls of an exchange in the local-step form (load the weights, read
         # them, factor masking's read and write of the momentum) took 2.1 ms of the calling
@@ -223,7 +224,9 @@ class Trainer:
         loss_sum, correct, seen = 0.0, 0, 0
         for i, idx in enumerate(batches):
             loss, c = self._tf_call(step, *self._batch_tensors(images, labels, idx, augment, i))
-            loss_sum += float(loss) * len(idx)
+            loss_sum += float(loss) * len(idx)  # float(): the step has ended
+            if i == 0:
+                self.step_ended_at = time.time()
             correct += int(c)
             seen += len(idx)
         return loss_sum, correct, seen
@@ -245,6 +248,7 @@ class Trainer:
                                 *self._batch_tensors(images, labels, idx, augment))
         # read-only, no copy: the array keeps the tensor alive (``.numpy()`` would copy P entries)
         flat = np.asarray(out)
+        self.step_ended_at = time.time()
         p = flat.size - 2
         return flat[:p], float(flat[p]) * len(idx), int(flat[p + 1]), len(idx)
 
