@@ -62,9 +62,11 @@ def store(spec: TaskSpec, split: str, num_blocks: int, block: int, chunks, ctx: 
     h, w, c = shape
     images = np.concatenate([np.frombuffer(ch[2], np.uint8) for ch in chunks] or [np.empty(0, np.uint8)])
     labels = np.concatenate([np.frombuffer(ch[3], np.int32) for ch in chunks] or [np.empty(0, np.int32)])
-    blockstore.put_block(local_root(spec, ctx), spec.run_id, split, num_blocks, block,
-                         images.reshape(-1, h, w, c), labels)
-    get_trainer(spec, ctx, f"placing {split} block {block} attempt {ctx.attempt}")
+    images = images.reshape(-1, h, w, c)
+    blockstore.put_block(local_root(spec, ctx), spec.run_id, split, num_blocks, block, images, labels)
+    trainer = get_trainer(spec, ctx, f"placing {split} block {block} attempt {ctx.attempt}")
+    if split == "train":
+        trainer.warm_up(images, labels, spec.per_step)
     return block, int(len(labels))
 
 

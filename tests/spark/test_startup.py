@@ -2,6 +2,9 @@
 
 import time
 
+import numpy as np
+import pytest
+
 from sparkcnn.backends.inprocess import LocalBackend
 from sparkcnn.clock import process_started
 from sparkcnn.train import build_engine
@@ -18,3 +21,58 @@ def test_the_first_round_records_when_its_first_step_ended_after_the_process_sta
     assert before < first["first_step_s"] <= time.time() - process_started()
     assert "first_step_s" not in second  # the start-up is the engine's first exchange only
     assert engine.server.summary(1.0)["first_step_s"] == first["first_step_s"]
+
+
+def _spec(seed=0, per_step=False):
+    from sparkcnn.protocol import TaskSpec
+
+    return TaskSpec(run_id="t-warm", num_blocks=1, test_blocks=1,
+                    model_name="tests.spark.test_trainer:tiny_bn", input_shape=(8, 8, 1), num_classes=3,
+                    seed=seed, batch_size=4, momentum=0.9, weight_decay=1e-4, layout=(), per_step=per_step)
+
+
+@pytest.mark.parametrize("per_step", [False, True])
+def test_a_warmed_up_trainer_steps_bit_identically_to_a_cold_one(per_step):
+    from sparkcnn.worker.trainer import Trainer
+
+    rng = np.random.default_rng(4)
+    x, y = rng.integers(0, 255, (16, 8, 8, 1)).astype(np.uint8), rng.integers(0, 3, 16).astype(np.int32)
+    cold, warm = Trainer(_spec(per_step=per_step)), Trainer(_spec(per_step=per_step))
+    w = rng.standard_normal(cold.offsets[-1]).astype(np.float32) * 0.1
+    m = rng.standard_normal(cold.offsets[-1]).astype(np.float32) * 0.01
+    for tr in (cold, warm):
+        tr.set_flat(w)
+        tr.set_momentum(m)
+    warm.warm_up(x[8:], y[8:], per_step)  # other rows than the steps': nothing of them may stay
+    assert warm.warmed and not cold.warmed
+    np.testing.assert_array_equal(warm.get_flat(), w)
+    batches = [np.arange(0, 4), np.arange(4, 8)]
+    if per_step:
+        got = [tr.gradient(x, y, batches[0], at=w) for tr in (cold, warm)]
+        np.testing.assert_array_equal(got[0][0], got[1][0])
+        assert got[0][1:] == got[1][1:]
+    else:
+        assert cold.train(x, y, batches, 0.05) == warm.train(x, y, batches, 0.05)
+    for read in ("get_flat", "get_momentum"):
+        np.testing.assert_array_equal(getattr(cold, read)(), getattr(warm, read)())
+    assert int(cold.opt.iterations.numpy()) == int(warm.opt.iterations.numpy())
+
+
+def test_placing_a_training_block_warms_the_worker_up_and_a_test_block_does_not(tmp_path):
+    from sparkcnn.protocol import TaskContextInfo
+    from sparkcnn.worker import blocks, blockstore
+    from sparkcnn.worker.trainer import get_trainer
+
+    rng = np.random.default_rng(5)
+    x, y = rng.integers(0, 255, (6, 8, 8, 1)).astype(np.uint8), rng.integers(0, 3, 6).astype(np.int32)
+    ctx = TaskContextInfo(local_dir=str(tmp_path))
+    chunk = [(0, 0, x.tobytes(), y.tobytes())]
+    spec = _spec(seed=11)  # a trainer of its own in this process
+    assert blocks.store(spec, "test", 1, 0, chunk, ctx, (8, 8, 1)) == (0, 6)
+    trainer = get_trainer(spec, ctx)
+    assert not trainer.warmed
+    assert blocks.store(spec, "train", 1, 0, chunk, ctx, (8, 8, 1)) == (0, 6)
+    assert trainer.warmed
+    images, labels = blockstore.get_block(str(tmp_path), spec.run_id, "train", 1, 0)
+    np.testing.assert_array_equal(images, x)
+    np.testing.assert_array_equal(labels, y)
