@@ -15,6 +15,7 @@ import os
 import secrets
 import tempfile
 import time
+from functools import partial
 
 import numpy as np
 
@@ -142,8 +143,9 @@ def build_engine(cfg, backend, run_id: str, sink=None, progress=None, run_dir: s
     """Model, task spec, placed blocks and engine for ``cfg`` on ``backend`` (benchmarks and tests
     use it too); ``frames``: (train, test) from :func:`resolve_frames`, else ``cfg.data``'s.
 
-    Placing the blocks is the run's warm-up (data to the executors, TF import, model
-    build): its time is ``engine.warmup_s``.
+    Placing the training blocks is the run's warm-up (data to the executors, TF import, model
+    build, the step traced): its time is ``engine.warmup_s``. The test blocks are placed by the
+    first evaluation (``Backend.place_later``), except on the stream transport.
     """
     from sparkcnn.transport.jobs_async import AsyncEngine
     from sparkcnn.transport.jobs_sync import SyncEngine
@@ -160,12 +162,14 @@ def build_engine(cfg, backend, run_id: str, sink=None, progress=None, run_dir: s
 
         check_limits(backend, spec.num_blocks, cfg.engine.mode == "sync")
     rows = backend.place("train", train_f, spec.num_blocks, spec, spread=cfg.engine.transport == "stream")
-    if spec.test_blocks:
-        backend.place("test", test_f, spec.test_blocks, spec)
     from sparkcnn.data.source import release
 
-    for f in (train_f, test_f):  # an image folder's decoded rows: the blocks hold them now
-        release(f)
+    release(train_f)  # an image folder's decoded rows: the blocks hold them now
+    if spec.test_blocks and cfg.engine.transport == "stream":  # its barrier stages hold every slot
+        backend.place("test", test_f, spec.test_blocks, spec)
+        release(test_f)
+    elif spec.test_blocks:  # first read by the first evaluation: placed then, after the first step
+        backend.place_later("test", test_f, spec.test_blocks, spec, after=partial(release, test_f))
     if cfg.engine.transport == "stream":
         from sparkcnn.transport.stream import StreamEngine as cls
     else:

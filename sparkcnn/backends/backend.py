@@ -41,6 +41,14 @@ class Backend(abc.ABC):
         ``split`` and keep each resident where its tasks will run; returns block -> rows.
         ``spread``: every block on a task slot of its own (the stream's barrier stages need it)."""
 
+    def place_later(self, split: str, frame, num_blocks: int, spec, after=None) -> None:
+        """:meth:`place` ``split``'s blocks by the first job over them, then call ``after()``
+        (release what the frame holds). Here: at once; a backend whose placement is a Spark job
+        may wait, so that the training's first step need not wait for the test blocks."""
+        self.place(split, frame, num_blocks, spec)
+        if after is not None:
+            after()
+
     @abc.abstractmethod
     def map_blocks(self, fn, blocks, description: str = "", universe: int | None = None,
                    split: str = "train", tree_depth: int | None = None) -> list:

@@ -76,3 +76,39 @@ def test_placing_a_training_block_warms_the_worker_up_and_a_test_block_does_not(
     images, labels = blockstore.get_block(str(tmp_path), spec.run_id, "train", 1, 0)
     np.testing.assert_array_equal(images, x)
     np.testing.assert_array_equal(labels, y)
+
+
+def test_the_test_blocks_are_placed_by_the_first_evaluation_not_before_the_first_round(spark, tiny_cfg):
+    from sparkcnn.backends.spark import SparkBackend
+    from sparkcnn.transport import tasks
+
+    placed = []
+
+    class Recording(SparkBackend):
+        def place(self, split, *args, **kwargs):
+            placed.append(split)
+            return super().place(split, *args, **kwargs)
+
+    cfg = tiny_cfg.replace(run__deterministic=True)
+    backend = Recording(spark, "t-later")
+    engine = build_engine(cfg, backend, "t-later")[0]
+    engine.run_round(0)
+    assert placed == ["train"]
+    got = tasks.evaluate(backend, engine.spec, engine.W, 0)
+    assert placed == ["train", "test"]
+    tasks.evaluate(backend, engine.spec, engine.W, 0)
+    assert placed == ["train", "test"]  # once
+    # the same weights on blocks placed at once, in this process: the same test set, evaluated alike
+    local = LocalBackend("t-later-local")
+    local.place("test", engine_frames(cfg)[1], engine.spec.test_blocks, engine.spec)
+    want = tasks.evaluate(local, engine.spec, engine.W, 0)
+    assert got["test_samples"] == want["test_samples"] == 400
+    assert got["test_accuracy"] == want["test_accuracy"]
+    assert abs(got["test_loss"] - want["test_loss"]) < 1e-5
+    backend.close()
+
+
+def engine_frames(cfg):
+    from sparkcnn.data.source import local_prepared
+
+    return local_prepared(cfg.data)
