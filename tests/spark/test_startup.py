@@ -112,3 +112,45 @@ def engine_frames(cfg):
     from sparkcnn.data.source import local_prepared
 
     return local_prepared(cfg.data)
+
+
+def _block_rows(spec, split: str, num_blocks: int):
+    """A task function: (block, sorted (image digest, label) of its rows) as the block store holds it."""
+
+    def rows(block, ctx):
+        import hashlib
+
+        from sparkcnn.worker import blockstore
+        from sparkcnn.worker.task import local_root
+
+        images, labels = blockstore.get_block(local_root(spec, ctx), spec.run_id, split, num_blocks, block)
+        return block, sorted((hashlib.sha1(x.tobytes()).hexdigest(), int(y)) for x, y in zip(images, labels))
+
+    return rows
+
+
+def test_a_local_prepared_split_is_placed_from_its_files_every_row_in_one_block(spark, tiny_cfg, monkeypatch):
+    import hashlib
+
+    from sparkcnn.backends.placement import local_files
+    from sparkcnn.backends.spark import SparkBackend
+    from sparkcnn.data.parquet_io import read_split_numpy
+    from sparkcnn.data.source import attach
+
+    train = attach(spark, engine_frames(tiny_cfg)[0])
+    assert local_files(train, "local[2]") and not local_files(train, "spark://127.0.0.1:7077")
+    cfg = tiny_cfg.replace(data__num_blocks=3)
+
+    def through_the_jvm(*args):
+        raise AssertionError("a local prepared split went through the DataFrame")
+
+    monkeypatch.setattr("sparkcnn.backends.placement.packed_chunks", through_the_jvm)
+    backend = SparkBackend(spark, "t-files")
+    engine = build_engine(cfg, backend, "t-files")[0]
+    got = dict(backend.map_blocks(_block_rows(engine.spec, "train", 3), [0, 1, 2], universe=3))
+    x, y = read_split_numpy(train.origin)
+    want = sorted((hashlib.sha1(im.tobytes()).hexdigest(), int(lb)) for im, lb in zip(x, y))
+    assert sorted(r for rows in got.values() for r in rows) == want  # every row, once
+    sizes = [len(got[k]) for k in range(3)]
+    assert max(sizes) - min(sizes) <= len(local_files(train, "local[2]"))  # round-robin per file
+    backend.close()
