@@ -118,13 +118,14 @@ def resolve_transport(cfg, backend):
 def resolve_frames(cfg, backend, data=None, test_data=None, local=None):
     """(train, test or None) :class:`~sparkcnn.data.source.Frame` s, checked
     (see :mod:`sparkcnn.data.source`);
-    ``local``: frames of :func:`~sparkcnn.data.source.local_prepared`, read through ``backend``'s session."""
+    ``local``: frames of :func:`~sparkcnn.data.source.local_prepared`, read through ``backend``'s session
+    unless it places a split from its directory (``Backend.places_paths``)."""
     from sparkcnn.data.source import attach, local_prepared, training_frames
 
     if local is None and data is None and test_data is None:
         local = local_prepared(cfg.data)
-    if local is not None:
-        train, test = (attach(backend.spark, f) for f in local)
+    if local is not None:  # read as DataFrames only for a backend that places nothing else
+        train, test = local if backend.places_paths else (attach(backend.spark, f) for f in local)
     elif backend.spark is None:
         raise BadInput("engine.master=inprocess trains on a prepared dataset on a local data.path only")
     else:

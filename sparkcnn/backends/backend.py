@@ -29,6 +29,7 @@ class Backend(abc.ABC):
 
     spark = None  # the SparkSession the run uses (None: no Spark)
     resident = True  # block data and state stay on the executor between jobs (Spark Connect: no)
+    places_paths = False  # place() takes a prepared split whose ``df`` is still its directory
 
     @property
     @abc.abstractmethod

@@ -99,9 +99,11 @@ def local_pairs(sc, files: list[str], shape: tuple, num_blocks: int):
     return sc.parallelize(files, len(files)).mapPartitionsWithIndex(read)
 
 
-def place_blocks(frame, split: str, num_blocks: int, spec, spread: bool, name: str):
+def place_blocks(spark, frame, split: str, num_blocks: int, spec, spread: bool, name: str):
     """(the persisted marker RDD, block -> rows) of ``split``'s ``num_blocks`` blocks, placed as
-    the module docstring says; ``name``: the RDD's name in the Spark UI."""
+    the module docstring says; ``name``: the RDD's name in the Spark UI. ``frame.df`` may still
+    be a prepared split's directory (:func:`~sparkcnn.data.source.local_prepared`): read through
+    ``spark`` here unless its files are read directly."""
     from pyspark import StorageLevel
 
     shape = tuple(frame.shape)
@@ -111,10 +113,14 @@ def place_blocks(frame, split: str, num_blocks: int, spec, spread: bool, name: s
 
         yield store_block(spec, split, num_blocks, k, [v for _, v in it], spark_task_context(), shape)
 
-    sc = frame.df.sparkSession.sparkContext
+    sc = spark.sparkContext
     files = local_files(frame, sc.master)
-    pairs = (local_pairs(sc, files, shape, num_blocks) if files
-             else packed_chunks(frame, num_blocks).rdd.map(_chunk_pair))
+    if files:
+        pairs = local_pairs(sc, files, shape, num_blocks)
+    else:
+        from sparkcnn.data.source import attach
+
+        pairs = packed_chunks(attach(spark, frame), num_blocks).rdd.map(_chunk_pair)
     pairs = pairs.partitionBy(num_blocks, _block_partition)
     stored = (pairs.barrier() if spread else pairs).mapPartitionsWithIndex(store)
     rdd = stored.persist(StorageLevel.MEMORY_ONLY)

@@ -37,6 +37,10 @@ class SparkBackend(Backend):
     the Python workers, not in Spark's block manager.
     """
 
+    # a prepared split's directory is placed from its files on a local master, else read then:
+    # a run on one never reads it as a DataFrame (the schema's jobs, ~1.5 s of its start)
+    places_paths = True
+
     def __init__(self, spark, run_id: str, pool: str | None = None):
         self.spark = spark
         self.sc = spark.sparkContext
@@ -59,7 +63,7 @@ class SparkBackend(Backend):
         """Blocks through Spark itself, no shared path, each at home on an executor
         (:mod:`sparkcnn.backends.placement`); the marker RDD is kept for the jobs over them."""
         self._describe(f"sparkcnn {self.run_id} place {split} blocks")
-        rdd, sizes = place_blocks(frame, split, num_blocks, spec, spread,
+        rdd, sizes = place_blocks(self.spark, frame, split, num_blocks, spec, spread,
                                   name=f"sparkcnn {self.run_id} {split} blocks")
         old = self._marker_rdds.pop((split, num_blocks), None)
         if old is not None:

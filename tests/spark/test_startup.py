@@ -7,7 +7,7 @@ import pytest
 
 from sparkcnn.backends.inprocess import LocalBackend
 from sparkcnn.clock import process_started
-from sparkcnn.train import build_engine
+from sparkcnn.train import build_engine, resolve_frames
 
 
 def _engine(cfg, run_id):
@@ -146,7 +146,9 @@ def test_a_local_prepared_split_is_placed_from_its_files_every_row_in_one_block(
 
     monkeypatch.setattr("sparkcnn.backends.placement.packed_chunks", through_the_jvm)
     backend = SparkBackend(spark, "t-files")
-    engine = build_engine(cfg, backend, "t-files")[0]
+    frames = resolve_frames(cfg, backend)
+    assert all(isinstance(f.df, str) for f in frames)  # never read as a DataFrame
+    engine = build_engine(cfg, backend, "t-files", frames=frames)[0]
     got = dict(backend.map_blocks(_block_rows(engine.spec, "train", 3), [0, 1, 2], universe=3))
     x, y = read_split_numpy(train.origin)
     want = sorted((hashlib.sha1(im.tobytes()).hexdigest(), int(lb)) for im, lb in zip(x, y))
