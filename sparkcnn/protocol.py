@@ -157,6 +157,7 @@ class ExchangeResult:
     state: dict | None = None  # the block's state arrays, when the order asked for them
     sumsq: tuple = ()          # stream with shards: ||S_k||^2 of each shard's piece (payload is b"")
     piece: tuple = ()          # stream with shards: (stream, ordinal), the pieces' key on the shards
+    first_step_at: float = 0.0  # wall clock (s since the epoch) when its first step ended; 0: no step
 
 
 @dataclass(frozen=True)

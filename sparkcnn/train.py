@@ -15,6 +15,7 @@ import os
 import secrets
 import tempfile
 import time
+from functools import partial
 
 import numpy as np
 
@@ -117,13 +118,14 @@ def resolve_transport(cfg, backend):
 def resolve_frames(cfg, backend, data=None, test_data=None, local=None):
     """(train, test or None) :class:`~sparkcnn.data.source.Frame` s, checked
     (see :mod:`sparkcnn.data.source`);
-    ``local``: frames of :func:`~sparkcnn.data.source.local_prepared`, read through ``backend``'s session."""
+    ``local``: frames of :func:`~sparkcnn.data.source.local_prepared`, read through ``backend``'s session
+    unless it places a split from its directory (``Backend.places_paths``)."""
     from sparkcnn.data.source import attach, local_prepared, training_frames
 
     if local is None and data is None and test_data is None:
         local = local_prepared(cfg.data)
-    if local is not None:
-        train, test = (attach(backend.spark, f) for f in local)
+    if local is not None:  # read as DataFrames only for a backend that places nothing else
+        train, test = local if backend.places_paths else (attach(backend.spark, f) for f in local)
     elif backend.spark is None:
         raise BadInput("engine.master=inprocess trains on a prepared dataset on a local data.path only")
     else:
@@ -142,8 +144,9 @@ def build_engine(cfg, backend, run_id: str, sink=None, progress=None, run_dir: s
     """Model, task spec, placed blocks and engine for ``cfg`` on ``backend`` (benchmarks and tests
     use it too); ``frames``: (train, test) from :func:`resolve_frames`, else ``cfg.data``'s.
 
-    Placing the blocks is the run's warm-up (data to the executors, TF import, model
-    build): its time is ``engine.warmup_s``.
+    Placing the training blocks is the run's warm-up (data to the executors, TF import, model
+    build, the step traced): its time is ``engine.warmup_s``. The test blocks are placed by the
+    first evaluation (``Backend.place_later``), except on the stream transport.
     """
     from sparkcnn.transport.jobs_async import AsyncEngine
     from sparkcnn.transport.jobs_sync import SyncEngine
@@ -160,12 +163,14 @@ def build_engine(cfg, backend, run_id: str, sink=None, progress=None, run_dir: s
 
         check_limits(backend, spec.num_blocks, cfg.engine.mode == "sync")
     rows = backend.place("train", train_f, spec.num_blocks, spec, spread=cfg.engine.transport == "stream")
-    if spec.test_blocks:
-        backend.place("test", test_f, spec.test_blocks, spec)
     from sparkcnn.data.source import release
 
-    for f in (train_f, test_f):  # an image folder's decoded rows: the blocks hold them now
-        release(f)
+    release(train_f)  # an image folder's decoded rows: the blocks hold them now
+    if spec.test_blocks and cfg.engine.transport == "stream":  # its barrier stages hold every slot
+        backend.place("test", test_f, spec.test_blocks, spec)
+        release(test_f)
+    elif spec.test_blocks:  # first read by the first evaluation: placed then, after the first step
+        backend.place_later("test", test_f, spec.test_blocks, spec, after=partial(release, test_f))
     if cfg.engine.transport == "stream":
         from sparkcnn.transport.stream import StreamEngine as cls
     else:

@@ -29,6 +29,7 @@ class Backend(abc.ABC):
 
     spark = None  # the SparkSession the run uses (None: no Spark)
     resident = True  # block data and state stay on the executor between jobs (Spark Connect: no)
+    places_paths = False  # place() takes a prepared split whose ``df`` is still its directory
 
     @property
     @abc.abstractmethod
@@ -40,6 +41,14 @@ class Backend(abc.ABC):
         """Cut ``frame`` (:class:`~sparkcnn.data.source.Frame`) into ``num_blocks`` blocks of
         ``split`` and keep each resident where its tasks will run; returns block -> rows.
         ``spread``: every block on a task slot of its own (the stream's barrier stages need it)."""
+
+    def place_later(self, split: str, frame, num_blocks: int, spec, after=None) -> None:
+        """:meth:`place` ``split``'s blocks by the first job over them, then call ``after()``
+        (release what the frame holds). Here: at once; a backend whose placement is a Spark job
+        may wait, so that the training's first step need not wait for the test blocks."""
+        self.place(split, frame, num_blocks, spec)
+        if after is not None:
+            after()
 
     @abc.abstractmethod
     def map_blocks(self, fn, blocks, description: str = "", universe: int | None = None,

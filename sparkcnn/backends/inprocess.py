@@ -68,6 +68,8 @@ class LocalClusterView(ClusterView):
 class LocalBackend(Backend):
     """In-process backend: blocks run one after another in this Python process."""
 
+    places_paths = True  # it reads the split's files itself
+
     max_attempts = 4  # like spark.task.maxFailures: a failed task is retried as attempt + 1
 
     def __init__(self, run_id: str = "local"):

@@ -50,6 +50,8 @@ class Frame:
                                    # to unpersist once its blocks are placed (:func:`release`)
     stats: tuple | None = None     # (mean, std), per-channel pixel statistics in [0, 1] units: a prepared
                                    # dataset's train split's (data.normalize); None for other inputs
+    local_dir: str | None = None   # a prepared split's directory on the driver's file system (None: other
+                                   # inputs), which executors of a local master read directly
 
 
 def is_dataframe(x) -> bool:
@@ -225,7 +227,8 @@ def _prepared(spark, path: str, split: str) -> Frame:
         raise BadInput(f"data.path {path!r}: the train split is empty")
     df = spark.read.parquet(split_dir).select("image", "label") if spark is not None else split_dir
     return Frame(df, "binary", tuple(int(v) for v in shape), tuple(classes), rows, split_dir,
-                 stats=(tuple(mean), tuple(std)) if mean and std else None)
+                 stats=(tuple(mean), tuple(std)) if mean and std else None,
+                 local_dir=None if is_uri(path) else split_dir)
 
 
 def _images(spark, root: str, dcfg, classes) -> Frame:

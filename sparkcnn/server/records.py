@@ -62,6 +62,7 @@ class Timings:
     downlink_cpu_s: float | None = None   # the downlink: choice of D, U += D, its encoding (0: none made)
     select_cpu_s: float | None = None     # the scan's choice of D's entries (0: the candidate set settled it)
     encode_cpu_s: float | None = None     # the downlink's encoding
+    first_step_s: float | None = None     # a sync engine's first round: process start -> first step's end
 
     def fields(self) -> dict:
         # every field is a float or None: no asdict, whose deep copy cost 10 us per record (one
@@ -283,6 +284,8 @@ class Records:
             "dense_bytes_up": dense, "dense_bytes_down": dense,
             "mean_round_overhead_ms": _mean_ms(h, "round_overhead_s"),
             "mean_round_compute_ms": _mean_ms(h, "compute_s"),
+            # start-up: the driver process's start to the first training step's end (sync rounds)
+            "first_step_s": next((r["first_step_s"] for r in h if "first_step_s" in r), None),
             "executors": sorted(self.executors),
             "executor_tasks": dict(sorted(self.executors.items())),
             **counters.as_dict(),  # the guard's among them: rejected_deltas, loss_spikes

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 
+from sparkcnn.clock import process_started
 from sparkcnn.server.run import Run
 
 
@@ -35,3 +36,11 @@ class Transport:
     def warmed_up(started: float | None) -> float:
         """Seconds since ``started`` (the placement of the blocks began): the run's warm-up."""
         return 0.0 if started is None else time.perf_counter() - started
+
+    @staticmethod
+    def first_step_s(results) -> float | None:
+        """Seconds from this process's start to the earliest end of a first step among ``results``
+        (results of this engine's first exchange: the run's start-up as a user waits for it); None
+        when none stepped. The executors' clocks are taken to agree with this one (one machine)."""
+        ended = [r.first_step_at for r in results if r.first_step_at > 0]
+        return min(ended) - process_started() if ended else None

@@ -180,6 +180,7 @@ class SyncEngine(Transport):
             if x.block in applied and x.seq == t:
                 taken.setdefault(x.block, x)
         fresh = list(taken.values())
+        first = self.first_step_s(fresh) if self.last_applied_round is None else None
         self.last_applied_round = t
         self.balancer.observe(fresh)
         if order.return_state:
@@ -194,7 +195,7 @@ class SyncEngine(Transport):
             compute_s=max((x.compute_s for x in fresh), default=0.0),
             round_overhead_s=(t1 - t0) - max((x.task_s for x in fresh), default=0.0),
             images_per_s=decision.record.samples / wall if wall > 0 else 0.0,
-            idle_fraction=max(0.0, 1.0 - busy / (wall * slots)) if wall > 0 else 0.0)
+            idle_fraction=max(0.0, 1.0 - busy / (wall * slots)) if wall > 0 else 0.0, first_step_s=first)
         # which GPU trained each block: Spark's addresses and what its TensorFlow saw
         where = Where(tasks=tuple(TaskStat(x.block, x.compute_s, x.prep_s, x.encode_s, x.pid, x.executor,
                                            None if x.gpus is None else ",".join(x.gpus),

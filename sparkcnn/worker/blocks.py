@@ -29,9 +29,9 @@ def assign_blocks(part: int, start: int, n: int, num_blocks: int) -> np.ndarray:
     return (part + start + np.arange(n)) % num_blocks
 
 
-def pack(batches, part: int, kind: str, shape: tuple, num_blocks: int):
-    """Arrow batches of (image, label) rows of input partition ``part`` -> chunk batches
-    (:data:`CHUNK_SCHEMA`), one per block that has rows in a batch."""
+def pack_rows(batches, part: int, kind: str, shape: tuple, num_blocks: int):
+    """Arrow batches of (image, label) rows of input partition ``part`` -> per batch, its number
+    and the chunks of the blocks that have rows in it: ``(seq, [(block, images bytes, labels bytes)])``."""
     start = 0
     for seq, batch in enumerate(batches):
         n = batch.num_rows
@@ -45,10 +45,32 @@ def pack(batches, part: int, kind: str, shape: tuple, num_blocks: int):
         for k in np.unique(blocks):
             sel = blocks == k
             rows.append((int(k), np.ascontiguousarray(images[sel]).tobytes(), labels[sel].tobytes()))
+        yield seq, rows
+
+
+def pack(batches, part: int, kind: str, shape: tuple, num_blocks: int):
+    """Arrow batches of (image, label) rows of input partition ``part`` -> chunk batches
+    (:data:`CHUNK_SCHEMA`), one per block that has rows in a batch."""
+    for seq, rows in pack_rows(batches, part, kind, shape, num_blocks):
         yield pa.RecordBatch.from_arrays(
             [pa.array([r[0] for r in rows], pa.int32()), pa.array([part] * len(rows), pa.int32()),
              pa.array([seq] * len(rows), pa.int32()), pa.array([r[1] for r in rows], pa.large_binary()),
              pa.array([r[2] for r in rows], pa.large_binary())], schema=CHUNK_SCHEMA)
+
+
+def pack_files(paths, part: int, shape: tuple, num_blocks: int, batch_rows: int):
+    """A prepared split's Parquet files (``paths``, input partition ``part``), read here, as
+    ``(block, (part, seq, images bytes, labels bytes))`` pairs: :func:`pack_rows` over their
+    batches of ``batch_rows`` rows."""
+    import pyarrow.parquet as pq
+
+    def batches():
+        for path in paths:
+            yield from pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=["image", "label"])
+
+    for seq, rows in pack_rows(batches(), part, "binary", shape, num_blocks):
+        for k, images, labels in rows:
+            yield k, (part, seq, images, labels)
 
 
 def store(spec: TaskSpec, split: str, num_blocks: int, block: int, chunks, ctx: TaskContextInfo,
@@ -62,9 +84,11 @@ def store(spec: TaskSpec, split: str, num_blocks: int, block: int, chunks, ctx: 
     h, w, c = shape
     images = np.concatenate([np.frombuffer(ch[2], np.uint8) for ch in chunks] or [np.empty(0, np.uint8)])
     labels = np.concatenate([np.frombuffer(ch[3], np.int32) for ch in chunks] or [np.empty(0, np.int32)])
-    blockstore.put_block(local_root(spec, ctx), spec.run_id, split, num_blocks, block,
-                         images.reshape(-1, h, w, c), labels)
-    get_trainer(spec, ctx, f"placing {split} block {block} attempt {ctx.attempt}")
+    images = images.reshape(-1, h, w, c)
+    blockstore.put_block(local_root(spec, ctx), spec.run_id, split, num_blocks, block, images, labels)
+    trainer = get_trainer(spec, ctx, f"placing {split} block {block} attempt {ctx.attempt}")
+    if split == "train":
+        trainer.warm_up(images, labels, spec.per_step)
     return block, int(len(labels))
 
 

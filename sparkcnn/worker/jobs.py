@@ -187,7 +187,8 @@ def run_block_exchange(spec: TaskSpec, order: ExchangeOrder, block: int,
         prep_s=t1 - task.t0, compute_s=t2 - t1, encode_s=t3 - t2, task_s=time.perf_counter() - task.t0,
         state_reset=state_reset, state_stale=state_stale, replica_resync=resynced, view_bytes=view_bytes,
         pid=os.getpid(), executor=task.executor, lr=order.lr, density=order.density, first_step=start,
-        gpus=ctx.gpus, devices=os.environ.get(VISIBLE), state=new_state if order.return_state else None)
+        gpus=ctx.gpus, devices=os.environ.get(VISIBLE), state=new_state if order.return_state else None,
+        first_step_at=task.trainer.step_ended_at if batches else 0.0)
 
 
 def _policy_state(policy) -> dict:
