@@ -318,6 +318,17 @@ def of_cifar(cif: dict | None) -> list[Target]:
                    figure, *judge(COUNT, 1, _bool(t.get("met"))))]
 
 
+def of_firststep(fs: dict | None) -> list[Target]:
+    """A run's start-up: the median seconds from the process's start to its first step."""
+    t = _get(fs, "target")
+    if not isinstance(t, dict):
+        return []
+    each = ", ".join(_fmt(_get(r, "first_step_s"), 1) for r in (_get(fs, "each") or []))
+    return [Target(f"first step within {_fmt(t.get('first_step_s_at_most'), 0)} s of the process's start",
+                   f"{_fmt(_get(fs, 'median_first_step_s'), 1)} s (median; each: {each or '—'} s)",
+                   *judge(SPEED, t.get("repetitions"), _bool(t.get("met"))))]
+
+
 def of_servermodel(sv: dict | None) -> list[Target]:
     """The servers' model: its predicted speed-up at N = 64 on a driver host of at most 8 cores, on
     the repetitions of the psload costs it read; and its check on the held-out capacities."""
@@ -436,6 +447,7 @@ def of_folder(docs: dict[str, dict | None]) -> dict[str, list[Target]]:
             "linkmodel": of_linkmodel(docs.get("linkmodel")), "psload": of_psload(docs.get("psload")),
             "shardmodel": of_shardmodel(docs.get("shardmodel"), docs.get("psload")),
             "servermodel": of_servermodel(docs.get("servermodel")), "cifar": of_cifar(docs.get("cifar")),
+            "firststep": of_firststep(docs.get("firststep")),
             "balance": of_targets_met(docs.get("balance")),
             "accuracy-cifar10": of_accuracy_cifar(docs.get("accuracy-cifar10"))}
 

@@ -157,3 +157,19 @@ def test_cifar_targets_over_one_seed_or_parts_not_run_are_shown_not_judged():
     parts = {**_cifar(), "keras": None, "rows": [], "long": None}  # --parts two-blocks
     assert [t.verdict for t in tg.of_accuracy_cifar(parts)] == [tg.NOT_JUDGED] * 3
     assert tg.of_accuracy_cifar({"rows": []}) == [] and tg.of_accuracy_cifar(None) == []
+
+
+def test_the_first_step_target_is_judged_on_the_median_of_five_runs():
+    def doc(firsts):
+        from bench import firststep
+
+        med = sorted(firsts)[len(firsts) // 2]
+        return {"median_first_step_s": med, "each": [{"first_step_s": f} for f in firsts],
+                "target": {"first_step_s_at_most": firststep.TARGET_S, "repetitions": len(firsts),
+                           "met": med <= firststep.TARGET_S}}
+
+    (t,) = tg.of_firststep(doc([18.0, 19.5, 21.0, 17.2, 30.0]))
+    assert t.verdict == tg.HOLDS and "19.5 s (median; each: 18.0, 19.5, 21.0, 17.2, 30.0 s)" in t.figure
+    assert tg.of_firststep(doc([22.0] * 5))[0].verdict == tg.MISSES
+    assert tg.of_firststep(doc([12.0] * 3))[0].verdict == tg.NOT_JUDGED
+    assert tg.of_firststep({"each": []}) == []
