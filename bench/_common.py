@@ -346,6 +346,42 @@ def steady_rate(rows: list[tuple[float, dict]], skip_first: int, skip_last: int)
             "samples": samples, "records": len(sel) - 1, "first": skip_first, "last": len(rows) - skip_last - 1}
 
 
+def add_model_args(ap, psload_help: str) -> None:
+    """The arguments of a speed-up model fitted on psload's costs (bench/shardmodel.py,
+    bench/servermodel.py): the psload result, and the step from a throughput result or given."""
+    ap.add_argument("--psload", required=True, help=psload_help)
+    ap.add_argument("--throughput", help="a bench/throughput.py result: the step and the worker's CPU")
+    ap.add_argument("--step-ms", type=float, default=0.0, help="one worker's training step (ms)")
+    ap.add_argument("--worker-ms", type=float, default=0.0, help="a worker's CPU per step outside training")
+    ap.add_argument("--gbit", type=float, default=10.0, help="the driver's link (Gbit/s)")
+
+
+def model_step(throughput: str) -> tuple[float, float] | str:
+    """(one worker's step alone in ms, a worker's CPU per step outside training in ms) from a
+    bench/throughput.py result (its ``solo_step_ms`` and its ``async_h1_sparse`` stream case), or
+    why not."""
+    try:
+        with open(throughput, encoding="utf-8") as fh:
+            tp = json.load(fh)
+        cpu = tp["stream"]["async_h1_sparse"]["cpu"]
+        return (sum(tp["solo_step_ms"]) / len(tp["solo_step_ms"]),
+                max(0.0, cpu["cpu_ms"]["workers"] - cpu["training_cpu_ms"]))
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as e:
+        return f"{throughput}: no solo_step_ms or async_h1_sparse CPU ({e})"
+
+
+def take_model_step(a, bench: str) -> bool:
+    """With ``--throughput``, ``a.step_ms`` and ``a.worker_ms`` from it (:func:`model_step`);
+    False, the reason printed on one line, when it holds none."""
+    if a.throughput:
+        got = model_step(a.throughput)
+        if isinstance(got, str):
+            print(f"{bench}: {got}", file=sys.stderr)
+            return False
+        a.step_ms, a.worker_ms = got
+    return True
+
+
 def median(xs) -> float | None:
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None

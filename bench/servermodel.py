@@ -41,7 +41,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import emit  # noqa: E402
+from bench._common import add_model_args, emit, take_model_step  # noqa: E402
 
 NS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TARGET_FRACTION, TARGET_AT, TARGET_CORES = 0.8, 64, 8
@@ -84,26 +84,10 @@ def validation(cases: list[dict]) -> dict:
             "within": WITHIN, "passed": worst <= WITHIN}
 
 
-def _step(a) -> tuple[float, float] | str:
-    """(step ms, worker ms) from the throughput result, or why not."""
-    try:
-        with open(a.throughput, encoding="utf-8") as fh:
-            tp = json.load(fh)
-        cpu = tp["stream"]["async_h1_sparse"]["cpu"]
-        return (sum(tp["solo_step_ms"]) / len(tp["solo_step_ms"]),
-                max(0.0, cpu["cpu_ms"]["workers"] - cpu["training_cpu_ms"]))
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as e:
-        return f"servermodel: {a.throughput}: no solo_step_ms or async_h1_sparse CPU ({e})"
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--psload", required=True, help="a bench/psload.py result with --servers 1 2 at two N")
-    ap.add_argument("--throughput", help="a bench/throughput.py result: the step and the worker's CPU")
-    ap.add_argument("--step-ms", type=float, default=0.0, help="one worker's training step (ms)")
-    ap.add_argument("--worker-ms", type=float, default=0.0, help="a worker's CPU per step outside training")
+    add_model_args(ap, "a bench/psload.py result with --servers 1 2 at two N")
     ap.add_argument("--cores", type=int, default=TARGET_CORES, help="the driver host's cores")
-    ap.add_argument("--gbit", type=float, default=10.0, help="the driver's link (Gbit/s)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     try:
@@ -118,12 +102,8 @@ def main(argv=None) -> int:
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"servermodel: {a.psload}: not a psload result with servers 1 and 2 ({e})", file=sys.stderr)
         return 2
-    if a.throughput:
-        got = _step(a)
-        if isinstance(got, str):
-            print(got, file=sys.stderr)
-            return 2
-        a.step_ms, a.worker_ms = got
+    if not take_model_step(a, "servermodel"):
+        return 2
     if a.step_ms <= 0 or a.worker_ms < 0 or a.gbit <= 0 or a.cores < 2:
         print("servermodel: --step-ms and --gbit must be > 0, --worker-ms >= 0, --cores >= 2",
               file=sys.stderr)

@@ -40,7 +40,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import emit  # noqa: E402
+from bench._common import add_model_args, emit, take_model_step  # noqa: E402
 from sparkcnn.shards import shard_ranges  # noqa: E402
 
 KS = (1, 2, 4, 8)
@@ -94,11 +94,7 @@ def predict(f: dict, layout: list[int], step_s: float, worker_s: float, link_pus
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--psload", required=True, help="a bench/psload.py result with K = 1 and K > 1 cases")
-    ap.add_argument("--throughput", help="a bench/throughput.py result: the step and the worker's CPU from it")
-    ap.add_argument("--step-ms", type=float, default=0.0, help="one worker's training step (ms)")
-    ap.add_argument("--worker-ms", type=float, default=0.0, help="a worker's CPU per step outside training (ms)")
-    ap.add_argument("--gbit", type=float, default=10.0, help="the driver's link (Gbit/s)")
+    add_model_args(ap, "a bench/psload.py result with K = 1 and K > 1 cases")
     ap.add_argument("--at", type=int, default=0, help="fit on the cases at this N (default: the largest N "
                     "measured at every K)")
     ap.add_argument("--out", default=None)
@@ -112,16 +108,8 @@ def main(argv=None) -> int:
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"shardmodel: {a.psload}: not a psload result with a layout ({e})", file=sys.stderr)
         return 2
-    if a.throughput:
-        try:
-            with open(a.throughput, encoding="utf-8") as fh:
-                tp = json.load(fh)
-            a.step_ms = sum(tp["solo_step_ms"]) / len(tp["solo_step_ms"])
-            cpu = tp["stream"]["async_h1_sparse"]["cpu"]
-            a.worker_ms = max(0.0, cpu["cpu_ms"]["workers"] - cpu["training_cpu_ms"])
-        except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as e:
-            print(f"shardmodel: {a.throughput}: no solo_step_ms or async_h1_sparse CPU ({e})", file=sys.stderr)
-            return 2
+    if not take_model_step(a, "shardmodel"):
+        return 2
     if a.step_ms <= 0 or a.worker_ms < 0 or a.gbit <= 0:
         print("shardmodel: --step-ms and --gbit must be > 0, --worker-ms >= 0", file=sys.stderr)
         return 2
