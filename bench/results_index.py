@@ -118,6 +118,10 @@ KEPT: dict[str, tuple[str, str]] = {
         ("`bench/cifar.py` on the real CIFAR-10 (JPEG copy): ResNet-20's images/s, bytes per exchange and "
          "test accuracy per mode, on a seeded sample of 6,400 training and 1,000 test images"),
         "the first speed figures on the real data, each with the accuracy its run reached; named by an open issue"),
+    "2026-12-07-augment": (
+        ("`bench/augment.py` on the real CIFAR-10 sample with ResNet-20: `data.augment=crop_flip`'s cost per "
+         "minibatch against the step, and the test accuracy of a run without and with it"),
+        "the augmentation's cost figure; named by an open issue"),
     "2026-12-07-firststep": (
         ("`bench/firststep.py`: seconds from `sparkcnn train --config conf/cifar10_resnet20.yaml`'s start to "
          "its first step on `make data-cifar10`'s data, 5 runs, each with the machine's load"),
