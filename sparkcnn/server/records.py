@@ -207,10 +207,13 @@ class Records:
         self.executors: dict[str, int] = {}  # executor -> training results it delivered
         self._sink = None
         self._progress = progress
+        self._keep = True  # the history is kept (False: a server process, whose driver keeps it)
 
-    def open(self, sink, history: list[dict] = (), epochs: list[dict] = ()) -> None:
-        """Write to ``sink`` from now on, after the records a resumed run keeps."""
-        self._sink = sink
+    def open(self, sink, history: list[dict] = (), epochs: list[dict] = (), keep: bool = True) -> None:
+        """Write to ``sink`` from now on, after the records a resumed run keeps; ``keep``: whether
+        ``history`` grows with them (a server process's records are the driver's to keep: it would
+        hold every one of a long run for nothing)."""
+        self._sink, self._keep = sink, keep
         self.history[:0], self.epochs[:0] = list(history), list(epochs)
 
     def flush(self) -> None:
@@ -229,7 +232,8 @@ class Records:
     def write_line(self, line: dict, progress_at: tuple | None = None, encoded: str | None = None) -> dict:
         """Write an exchange record's line; ``encoded``: its ``metrics.jsonl`` line, when a server
         process encoded it already (:meth:`write_encoded`), which a sink that can writes as it is."""
-        self.history.append(line)
+        if self._keep:
+            self.history.append(line)
         if self._sink:
             if encoded is not None and hasattr(self._sink, "write_encoded"):
                 self._sink.write_encoded(line, encoded)

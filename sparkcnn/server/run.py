@@ -236,9 +236,11 @@ class Run:
             self.schedule.raise_density()
 
     # -- records ------------------------------------------------------------------------------
-    def open_records(self, sink, history: list[dict] = (), epochs: list[dict] = ()) -> None:
-        """Write records to ``sink``, after those a resumed run keeps (``history``, ``epochs``)."""
-        self.records.open(sink, history, epochs)
+    def open_records(self, sink, history: list[dict] = (), epochs: list[dict] = (),
+                     keep: bool = True) -> None:
+        """Write records to ``sink``, after those a resumed run keeps (``history``, ``epochs``);
+        ``keep``: False where another process keeps the run's history (a server process)."""
+        self.records.open(sink, history, epochs, keep)
 
     def write(self, decision: Decision, timings: Timings, where: Where = Where(),
               progress_at: tuple | None = None) -> dict:

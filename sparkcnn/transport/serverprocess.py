@@ -220,7 +220,7 @@ class BlockServer:
         # a run_dir only for the cadence of checkpoints inside a stage: the driver writes them
         self.run = Run(cfg, spec, self.store.W, shape, backend=None, evaluate=None, shared=self.store,
                        run_dir=setup["run_dir"] if cfg.checkpoint.every_rounds > 0 else None)
-        self.run.open_records(channel)
+        self.run.open_records(channel, keep=False)  # the driver keeps the run's history
         stage = Stage(cfg.train.steps_per_round, lookahead=overlap, overlap=overlap)
         cut = ServerCut(self.run, stage, channel, spec, self.blocks, cfg.engine.stream_timeout_s,
                         setup["cut_dir"])

@@ -132,3 +132,22 @@ def test_a_channel_sends_records_before_a_control_line_and_late_ones_alone():
 def test_a_line_that_is_not_a_record_is_refused(line):
     with pytest.raises(ValueError, match="not a record line"):
         read_record(line)
+
+
+def test_a_server_process_sends_its_records_and_keeps_no_history(tmp_path):
+    """A server process's Run opens its records with keep=False: every record still goes to the
+    channel, whole, but none stays in its history (the driver keeps the run's)."""
+    cfg = make_cfg("async", h=1, blocks=BLOCKS, density_down=0.1, extra=("engine.transport=stream",))
+    run = make_run(cfg, make_spec(cfg), initial_weights(3), RunShape({b: PUSHES for b in range(BLOCKS)},
+                                                                     bsp=False, downlink_every=2))
+    out = io.StringIO()
+    channel = Channel(out)
+    run.open_records(channel, keep=False)
+    rng = np.random.default_rng(1)
+    for b in range(BLOCKS):
+        d = run.accept(arrival(b, 0, run.version, 0, 1, 0.05, random_payload(rng, "float16")))
+        run.write(d, Timings(compute_s=0.01), Where(transport="stream"))
+    channel.flush()
+    sent = [read_record(line) for line in out.getvalue().splitlines(keepends=True)]
+    assert [json.loads(line)["round"] for _, line in sent] == list(range(BLOCKS))
+    assert run.history == []
