@@ -38,7 +38,7 @@ NOT_MEASURED = ("bench/render.py",)  # shows results; bench/results/ is never a 
 VERSIONS = ("python", "tensorflow", "keras", "pyspark", "numpy", "pyarrow")
 MANIFEST = "manifest.json"
 # the results a render reads, as bench/run_all.py saves them (<name>.json)
-READ = ("accuracy", "accuracy-cifar10", "throughput", "jobcost", "scale", "balance", "cifar", "costmodel",
+READ = ("accuracy", "accuracy-cifar10", "links-cifar10", "throughput", "jobcost", "scale", "balance", "cifar", "costmodel",
         "links", "linkmodel", "psload", "shardmodel", "servermodel", "momentum", "run_all")
 RESULTS_LINE = re.compile(r"^<!-- results: (.+?) -->$", re.M)
 

@@ -72,14 +72,18 @@ RATES = ("unshaped", "1gbit", "100mbit")
 TARGET = 0.88
 
 
-def _cell(data: str, name: str, epochs: int, out_dir: str, rate: str) -> dict:
-    v = VARIANTS[name]
-    r = run_variant(data, f"links-{rate}-{name}", [*v.sets, f"run.seed={SEED}"], epochs, out_dir, v.config)
+def _cell(data: str, name: str, epochs: int, out_dir: str, rate: str, variant=None, run=run_variant,
+          run_name: str | None = None) -> dict:
+    """One variant at one link rate (``variant``: its row, default ``VARIANTS[name]``; ``run``: what
+    trains it, ``run_variant``'s arguments)."""
+    v = variant or VARIANTS[name]
+    r = run(data, run_name or f"links-{rate}-{name}", [*v.sets, f"run.seed={SEED}"], epochs, out_dir,
+            config_file=v.config)
     steps = r["steps"] or 1
-    keep = ("test_accuracy", "accuracy_per_epoch", "images_per_s", "time_to_0_88_s", "wall_s", "train_wall_s",
-            "bytes_up", "bytes_down", "dense_bytes_up", "run_uplink_ratio", "run_downlink_ratio",
+    keep = ("test_accuracy", "accuracy_per_epoch", "images_per_s", "time_to_0_88_s", "time_to_0_60_s", "wall_s",
+            "train_wall_s", "bytes_up", "bytes_down", "dense_bytes_up", "run_uplink_ratio", "run_downlink_ratio",
             "exposed_comm_ms_per_step", "mean_round_overhead_ms", "state_resets", "replica_resyncs", "seed",
-            "bytes_per_exchange_quantiles", "exchange_slices", "config_file", "command")
+            "bytes_per_exchange_quantiles", "exchange_slices", "config_file", "command", "made")
     return {"link": rate, "overrides": list(v.sets), "epochs": epochs, **{k: r.get(k) for k in keep},
             "steps": steps, "bytes_up_per_step": r["bytes_up"] / steps, "bytes_down_per_step": r["bytes_down"] / steps,
             **shape_of(r.get("config") or {}), "config_sha256": r.get("config_sha256")}
@@ -126,6 +130,33 @@ def _checks(rates: dict, gate: float) -> dict:
     return checks
 
 
+def on_testbed(bench: str, rates: list[str], variants: list[str], reps: int, epochs: int, cell, warm_up):
+    """Every variant at every rate on the 2-host test bed, ``reps`` times (the rates in turn within a
+    repetition: the machine's drift falls on all alike): ``cell(name, rate, rep)`` makes each cell,
+    after ``warm_up()`` once. The cluster, its session and the executors' Python workers live
+    through the whole run. (cells {rate: {name: [one per repetition]}}, warm-up s, test bed)."""
+    from sparkcnn.testing import standalone
+    from sparkcnn.testing.testbed import TestBed
+
+    with TestBed(hosts=2, cores=1) as bed:
+        spark = standalone.session(bed.cluster, f"sparkcnn-{bench}",
+                                   conf={"spark.executor.extraJavaOptions": standalone.FAST_START_JAVA_OPTS})
+        try:
+            t0 = time.perf_counter()
+            warm_up()
+            warm_up_s = time.perf_counter() - t0
+            runs: dict[str, dict[str, list]] = {rate: {name: [] for name in variants} for rate in rates}
+            for rep in range(reps):
+                for rate in rates:
+                    bed.reshape(None if rate == "unshaped" else rate)
+                    for name in variants:
+                        log("%s: repetition %d/%d, %s %s (%d epochs)", bench, rep + 1, reps, rate, name, epochs)
+                        runs[rate][name].append(cell(name, rate, rep))
+            return runs, warm_up_s, bed.describe()
+        finally:
+            spark.stop()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--epochs", type=int, default=5)
@@ -137,8 +168,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=1, help="repetitions per cell (medians are judged)")
     p.add_argument("--out", help="also write the JSON here")
     args = p.parse_args(argv)
-    from sparkcnn.testing import standalone
-    from sparkcnn.testing.testbed import TestBed, parse_rate, unavailable_reason
+    from sparkcnn.testing.testbed import parse_rate, unavailable_reason
 
     rates = [r.strip() for r in args.rates.split(",") if r.strip()]
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -162,33 +192,21 @@ def main(argv=None) -> int:
     if args.train_rows:
         data = slice_data(data, args.train_rows, args.test_rows or max(1000, args.train_rows // 6))
     out_dir = tempfile.mkdtemp(prefix="sparkcnn-links-")
-    results: dict[str, dict] = {}
     try:
-        with TestBed(hosts=2, cores=1) as bed:
-            spark = standalone.session(bed.cluster, "sparkcnn-links",
-                                       conf={"spark.executor.extraJavaOptions": standalone.FAST_START_JAVA_OPTS})
-            try:
-                t0 = time.perf_counter()
-                warm = slice_data(data, 4000, 1000)
-                for name in variants:  # TF import, tracing and the codec's compilation in the executors
-                    run_variant(warm, f"links-warm-up-{name}", list(VARIANTS[name].sets), 1, out_dir,
-                                VARIANTS[name].config)
-                warm_up_s = time.perf_counter() - t0
-                runs: dict[str, dict[str, list]] = {rate: {name: [] for name in variants} for rate in rates}
-                for rep in range(args.reps):  # rates in turn within a repetition: drift hits all alike
-                    for rate in rates:
-                        bed.reshape(None if rate == "unshaped" else rate)
-                        for name in variants:
-                            log("links: repetition %d/%d, %s %s (%d epochs)", rep + 1, args.reps, rate, name,
-                                args.epochs)
-                            c = _cell(data, name, args.epochs, out_dir, rate)
-                            runs[rate][name].append(c)
-                            log("links: %s %s: %.0f images/s, accuracy %.4f, time to 0.88 %s", rate, name,
-                                c["images_per_s"], c["test_accuracy"], c["time_to_0_88_s"])
-                results = {rate: {name: _repeated(rs) for name, rs in cells.items()} for rate, cells in runs.items()}
-                testbed = bed.describe()
-            finally:
-                spark.stop()
+        warm = slice_data(data, 4000, 1000)
+
+        def warm_up():  # TF import, tracing and the codec's compilation in the executors
+            for name in variants:
+                run_variant(warm, f"links-warm-up-{name}", list(VARIANTS[name].sets), 1, out_dir, VARIANTS[name].config)
+
+        def cell(name, rate, rep):
+            c = _cell(data, name, args.epochs, out_dir, rate)
+            log("links: %s %s: %.0f images/s, accuracy %.4f, time to 0.88 %s", rate, name, c["images_per_s"],
+                c["test_accuracy"], c["time_to_0_88_s"])
+            return c
+
+        runs, warm_up_s, testbed = on_testbed("links", rates, variants, args.reps, args.epochs, cell, warm_up)
+        results = {rate: {name: _repeated(rs) for name, rs in cells.items()} for rate, cells in runs.items()}
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     checks = _checks(results, args.gate)

@@ -951,9 +951,10 @@ def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def headline(acc: dict | None, thr: dict | None, doc_link: str, mo: dict | None = None, summary: str = "") -> str:
-    """The README block: three numbers, one line each, the momentum finding when measured, and
-    the targets' summary line with a link to the whole document."""
+def headline(acc: dict | None, thr: dict | None, doc_link: str, mo: dict | None = None, summary: str = "",
+             cifar: str | None = None) -> str:
+    """The README block: three numbers, one line each, the momentum finding when measured, the
+    CIFAR-10 line (``cifar``) and the targets' summary line with a link to the whole document."""
     by = {_name(r): r for r in seed_rows(acc)}
     ms = by.get("stream-gs-asgd-ms", {})
     seeds = _plural(len(ms["seeds"]), "seed") if isinstance(ms.get("seeds"), list) else f"{DASH} seeds"
@@ -981,6 +982,7 @@ def headline(acc: dict | None, thr: dict | None, doc_link: str, mo: dict | None 
         f"- **Uplink bytes, H = 1:** GS-ASGD sends {_f(up['stream-gs-asgd'], 1, 1e-6)} MB, ASGD "
         f"{_f(up['stream-asgd'], 1, 1e-6)} MB ({_f(fewer, 1)}x fewer).",
         *([finding] if finding else []),
+        *([cifar] if cifar else []),
         "",
         (f"{summary}; every target, table, figure and the machine they were measured on: " if summary else
          "Every table, figure and the machine they were measured on: ")
@@ -1209,9 +1211,11 @@ def render(results_dir: str, figures_dir: str | None = None, *, doc: str | None 
         top += ["", "**This is a quick run (`--quick`): short forms of every benchmark, whose figures are not the "
                 "published ones.**"]
     docs_dir = os.path.relpath(os.path.join(ROOT, "docs"), os.path.dirname(doc))
-    from bench.render_cifar import cifar_seed_section  # it borrows this module's helpers
+    from bench.render_cifar import (cifar_headline, cifar_links_section,  # they borrow this module's helpers
+                                    cifar_seed_section)
 
     sections = [seed_table(d["accuracy"], fig), cifar_seed_section(d["accuracy-cifar10"]),
+                cifar_links_section(d["links-cifar10"]),
                 momentum_section(d["momentum"], fig),
                 reference_table(d["accuracy"], d["throughput"]),
                 throughput_table(d["throughput"]), cifar_table(d["cifar"]),
@@ -1228,7 +1232,7 @@ def render(results_dir: str, figures_dir: str | None = None, *, doc: str | None 
                    _load(os.path.join(ROOT, servers_dir), "servermodel"))
     return {"benchmarks": "\n\n".join(["\n".join(top), *sections]) + "\n",
             "headline": headline(d["accuracy"], d["throughput"], os.path.relpath(doc, readme_dir), d["momentum"],
-                                 summary_line(every)),
+                                 summary_line(every), cifar_headline(d["accuracy-cifar10"], d["links-cifar10"])),
             "glance": glance_block(d["accuracy"]),
             "transports": transports_block(d["throughput"], d["jobcost"]), "servers": servers_block(*servers)}
 

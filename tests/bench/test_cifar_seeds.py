@@ -16,7 +16,7 @@ def test_the_table_rows_train_4_blocks_on_local4_and_the_comparisons_2_on_local2
         assert rows.file_value(f, "model.name") == "resnet20"
     keras = rows.seed_file("cifar10", "keras")
     epochs = {rows.file_value(rows.seed_file("cifar10", v), "train.epochs") for v in rows.ROWS}
-    assert epochs == {15}  # one budget for every row, Keras's too
+    assert epochs == {10}  # one budget for every row, Keras's too
     two = rows.Variant(rows.seed_file("cifar10", "gs_asgd_ms"), cs.TWO_BLOCKS)
     assert cs._blocks(two) == 2 and "engine.master=local[2]" in two.sets
     row = cs.described({"name": "x", "seeds": [42]}, two)
@@ -29,6 +29,8 @@ def test_the_table_rows_train_4_blocks_on_local4_and_the_comparisons_2_on_local2
     (["--seeds", "0"], "--seeds must be >= 1, got 0"),
     (["--long-epochs", "0"], "--long-epochs must be >= 1, got 0"),
     (["--data", "{tmp}/missing"], "data <tmp>/missing: no prepared dataset (make data-cifar10)"),
+    (["--budget-min", "30"], "--budget-min needs --runs and a positive number of minutes, got 30.0"),
+    (["--runs", "{tmp}/runs", "--budget-min", "0"], "--budget-min needs --runs and a positive number"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
@@ -39,4 +41,4 @@ def test_bad_input_exits_2_with_one_line(argv, message, capsys, tmp_path):
 
 def test_the_targets_it_prints_are_the_three_the_render_judges():
     assert cs.TARGETS == {"within_keras_points": 1.5, "within_asgd_points": 0.3, "long_at_least": 0.90}
-    assert cs.LONG_EPOCHS == 90 and cs.PARTS == ("table", "two-blocks", "long")
+    assert cs.LONG_EPOCHS == 75 and cs.PARTS == ("table", "two-blocks", "long")

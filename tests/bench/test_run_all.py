@@ -64,9 +64,9 @@ def test_the_archive_move_leaves_the_tree_clean_for_the_benchmarks(tmp_path):
 def test_the_full_plan_runs_the_seed_table_and_every_benchmark():
     full, quick = ra.benchmarks(False, 3), ra.benchmarks(True, 3)
     assert list(full) == ["accuracy", "accuracy-cifar10", "throughput", "jobcost", "scale", "balance",
-                          "cifar", "costmodel", "links", "linkmodel", "psload", "shardmodel", "servermodel",
-                          "momentum", "divergence"]
-    # no standalone cluster, and not the CIFAR-10 seed table (hours on the real data)
+                          "cifar", "costmodel", "links", "linkmodel", "links-cifar10", "psload", "shardmodel",
+                          "servermodel", "momentum", "divergence"]
+    # no standalone cluster, and not the CIFAR-10 benches (hours on the real data)
     assert list(quick) == ["accuracy", "throughput", "jobcost", "scale", "cifar", "psload",
                            "shardmodel", "servermodel", "momentum", "divergence"]
     assert full["divergence"][full["divergence"].index("--seeds") + 1] == "10"
@@ -78,7 +78,12 @@ def test_the_full_plan_runs_the_seed_table_and_every_benchmark():
     # the CIFAR-10 seed table: 2 seeds a row fit its budget, fewer when run_all is asked for fewer
     cifar = full["accuracy-cifar10"]
     assert cifar[0] == "cifar_seeds.py" and cifar[cifar.index("--seeds") + 1] == "2"
-    assert ra.benchmarks(False, 1)["accuracy-cifar10"][-1] == "1"
+    # both CIFAR-10 benches keep their runs in the results folder, so that they can go on later
+    assert cifar[cifar.index("--runs") + 1] == "{out}/cifar10-runs"
+    links = full["links-cifar10"]
+    assert links[0] == "cifar_links.py" and links[links.index("--linkmodel") + 1] == "{out}/linkmodel.json"
+    one = ra.benchmarks(False, 1)["accuracy-cifar10"]
+    assert one[one.index("--seeds") + 1] == "1"
     assert "accuracy-cifar10" in ra.fresh.READ  # the render reads what run_all saves
 
 
