@@ -135,6 +135,11 @@ KEPT: dict[str, tuple[str, str]] = {
          "machine and 5 beside three spinning processes, taken in turn, each with its late replies, "
          "the server's collections and stalls, and the load"),
         "the cause of the reply tails (the cores taken, not a pause of the server); named by an open issue"),
+    "2026-12-07-final": (
+        ("the final set at one tree, filled over several sittings by `bench/run_all.py --only ... --out` "
+         "invocations: every Fashion-MNIST benchmark, then the test-bed ones and the CIFAR-10 benches, "
+         "whose runs `cifar10-runs/` and `links-cifar10-runs/` keep between sittings"),
+        "the folder BENCHMARKS.md and the README are rendered from once it is complete; named by an open issue"),
     "archive": (
         ("results from before the dated folders (bench/run_all.py moves older results here): "
          "`accuracy-stream.json`, the seed comparison; `throughput`, `jobcost`, `scale`, `balance`, "
