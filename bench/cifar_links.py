@@ -46,14 +46,13 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import linkmodel  # noqa: E402
-from bench._common import ROOT, emit, exit_status, log, portable_path  # noqa: E402
+from bench._common import ROOT, emit, exit_status, log, median, portable_path  # noqa: E402
 from bench.accuracy import run_variant  # noqa: E402
 from bench.cifar import sample_cifar  # noqa: E402
 from bench.links import _cell, on_testbed  # noqa: E402
@@ -68,16 +67,11 @@ TARGET_ACCURACY, SPEEDUP = 0.60, 3.0
 KEY = "time_to_0_60_s"
 
 
-def _median(xs):
-    xs = [x for x in xs if isinstance(x, (int, float))]
-    return statistics.median(xs) if xs else None
-
-
 def repeated(reps: list[dict]) -> dict:
     """One cell from its repetitions: the first's record with the medians of the figures, and
     every repetition's (a repetition that never reached 0.60 makes the median None)."""
     keys = (KEY, "images_per_s", "test_accuracy", "exposed_comm_ms_per_step")
-    med = {k: _median(r[k] for r in reps) if all(r[k] is not None for r in reps) else None for k in keys}
+    med = {k: median(r[k] for r in reps) if all(r[k] is not None for r in reps) else None for k in keys}
     return {**reps[0], **med, "reps": len(reps),
             "repetitions": [{k: r[k] for k in (*keys, "accuracy_per_epoch", "made")} for r in reps]}
 
