@@ -54,7 +54,7 @@ def test_the_model_slows_the_dense_row_behind_a_slow_link_and_the_speedup_is_jud
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--reps", "0"], "--epochs and --reps must be >= 1, got 3, 0"),
+    (["--reps", "0"], "--epochs and --reps must be >= 1, got 4, 0"),
     (["--rates", "unshaped,fast"], "--rates: "),
     (["--budget-min", "10"], "--budget-min needs --runs"),
     (["--data", "{tmp}/none"], "data <tmp>/none: no prepared dataset (make data-cifar10)"),
